@@ -1,0 +1,1 @@
+//! Static HTTP/1.1 file server.

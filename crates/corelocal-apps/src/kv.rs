@@ -1,0 +1,1 @@
+//! memcached text-protocol server.

@@ -1,0 +1,1 @@
+//! RPC microbenchmark server.

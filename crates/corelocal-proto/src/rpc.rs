@@ -1,0 +1,1 @@
+//! MegaPipe RPC framing (sans-IO).

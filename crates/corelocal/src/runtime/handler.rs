@@ -1,0 +1,258 @@
+//! The sans-IO application interface.
+//!
+//! A server is a [`Service`] (shared by all workers, e.g. a key-value store) that makes one
+//! [`Handler`] per connection. The runtime does all I/O: it hands the handler the bytes
+//! received so far, the handler consumes what it can parse, appends responses to an [`Output`]
+//! and says what to do next. Handlers never touch sockets, threads or clocks: time is passed in.
+
+use std::fs::File;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// What the runtime knows about a new connection.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnInfo {
+    /// Index of the worker that owns the connection.
+    pub worker: usize,
+    /// The client's address, when the backend knows it.
+    pub peer: Option<SocketAddr>,
+    /// Time of accept.
+    pub now: Instant,
+}
+
+/// Why a handler asks to close a connection; counted in the worker's stats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CloseReason {
+    /// Normal end (one-shot service done, `Connection: close`, `quit`).
+    Done,
+    /// The client sent something that does not parse; the response (if any) is flushed first.
+    BadRequest,
+    /// A request exceeded a size limit.
+    TooLarge,
+}
+
+/// What the handler wants after processing input.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Next {
+    /// Keep the connection and read more input.
+    Read,
+    /// Flush the output, then close.
+    Close(CloseReason),
+}
+
+/// The result of one [`Handler::on_input`] call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Step {
+    /// Bytes of the input consumed (the runtime drops them from the front of its buffer).
+    pub consumed: usize,
+    /// Requests completed in this call (for the stats).
+    pub requests: u32,
+    /// What to do next.
+    pub next: Next,
+}
+
+impl Step {
+    /// Consumed `consumed` bytes, completed `requests`, keep reading.
+    pub fn read(consumed: usize, requests: u32) -> Step {
+        Step {
+            consumed,
+            requests,
+            next: Next::Read,
+        }
+    }
+
+    /// Consumed `consumed` bytes, completed `requests`, then close for `reason`.
+    pub fn close(consumed: usize, requests: u32, reason: CloseReason) -> Step {
+        Step {
+            consumed,
+            requests,
+            next: Next::Close(reason),
+        }
+    }
+}
+
+/// A region of an open file to send after the bytes written before it (sent with sendfile or
+/// the backend's zero-copy path, never copied through user space by the runtime).
+#[derive(Debug, Clone)]
+pub struct FileRegion {
+    /// The open file.
+    pub file: Arc<File>,
+    /// Start offset in the file.
+    pub offset: u64,
+    /// Bytes to send.
+    pub len: u64,
+}
+
+/// Response bytes (and file regions) waiting to be sent on one connection, in order.
+///
+/// Bytes are appended to one contiguous buffer; a file region is anchored at the byte position
+/// where it was pushed, so pipelined responses keep their order.
+#[derive(Debug, Default)]
+pub struct Output {
+    bytes: Vec<u8>,
+    /// Byte offset into `bytes` where the region goes, and the region. Sorted by offset.
+    files: Vec<(usize, FileRegion)>,
+}
+
+impl Output {
+    /// An empty output.
+    pub fn new() -> Output {
+        Output::default()
+    }
+
+    /// Appends bytes.
+    pub fn write(&mut self, data: &[u8]) {
+        self.bytes.extend_from_slice(data);
+    }
+
+    /// The byte buffer, for formatting responses in place (`write!` through `std::io::Write`).
+    pub fn bytes_mut(&mut self) -> &mut Vec<u8> {
+        &mut self.bytes
+    }
+
+    /// Queues a file region after the bytes written so far.
+    pub fn push_file(&mut self, region: FileRegion) {
+        if region.len > 0 {
+            self.files.push((self.bytes.len(), region));
+        }
+    }
+
+    /// Bytes (not counting file regions) waiting to be sent.
+    pub fn byte_len(&self) -> usize {
+        self.bytes.len()
+    }
+
+    /// Bytes plus file-region lengths waiting to be sent.
+    pub fn total_len(&self) -> u64 {
+        self.bytes.len() as u64 + self.files.iter().map(|(_, f)| f.len).sum::<u64>()
+    }
+
+    /// Whether nothing is waiting.
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty() && self.files.is_empty()
+    }
+
+    /// The next thing to send: the bytes before the first file region, or that region.
+    pub fn front(&self) -> OutputFront<'_> {
+        match self.files.first() {
+            Some((0, region)) => OutputFront::File(region),
+            Some((at, _)) => OutputFront::Bytes(&self.bytes[..*at]),
+            None if self.bytes.is_empty() => OutputFront::Empty,
+            None => OutputFront::Bytes(&self.bytes),
+        }
+    }
+
+    /// Marks `n` bytes of the front as sent (bytes or file region, whichever [`front`] gave).
+    ///
+    /// [`front`]: Output::front
+    pub fn advance(&mut self, n: usize) {
+        if let Some((0, region)) = self.files.first_mut() {
+            assert!(n as u64 <= region.len, "advanced past a file region");
+            region.offset += n as u64;
+            region.len -= n as u64;
+            if region.len == 0 {
+                self.files.remove(0);
+            }
+            return;
+        }
+        let limit = self.files.first().map_or(self.bytes.len(), |(at, _)| *at);
+        assert!(n <= limit, "advanced past the bytes in front");
+        self.bytes.drain(..n);
+        for (at, _) in &mut self.files {
+            *at -= n;
+        }
+    }
+
+    /// Drops everything queued.
+    pub fn clear(&mut self) {
+        self.bytes.clear();
+        self.files.clear();
+    }
+}
+
+/// The next part of an [`Output`] to send.
+#[derive(Debug)]
+pub enum OutputFront<'a> {
+    /// Nothing to send.
+    Empty,
+    /// Bytes to send.
+    Bytes(&'a [u8]),
+    /// A file region to send.
+    File(&'a FileRegion),
+}
+
+/// Per-connection protocol state.
+pub trait Handler: Send + 'static {
+    /// Processes `input` (every byte received and not yet consumed), appending responses to
+    /// `out`. Consuming nothing and returning [`Next::Read`] means "need more bytes"; the
+    /// runtime closes the connection with [`CloseReason::TooLarge`] if its input buffer limit
+    /// is reached without progress.
+    fn on_input(&mut self, input: &[u8], out: &mut Output, now: Instant) -> Step;
+
+    /// The peer closed its sending side with `input` still unconsumed (usually empty).
+    /// The default closes once the output is flushed.
+    fn on_eof(&mut self, input: &[u8], out: &mut Output, now: Instant) -> Next {
+        let _ = (input, out, now);
+        Next::Close(CloseReason::Done)
+    }
+}
+
+/// A server application: shared state plus a factory of per-connection handlers.
+pub trait Service: Send + Sync + 'static {
+    /// The per-connection handler.
+    type Conn: Handler;
+
+    /// A short name for logs and stats ("rpc", "http", "kv").
+    fn name(&self) -> &'static str;
+
+    /// Makes the handler of a new connection.
+    fn connect(&self, info: &ConnInfo) -> Self::Conn;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn region(len: u64) -> FileRegion {
+        FileRegion {
+            file: Arc::new(File::open("/dev/null").unwrap()),
+            offset: 10,
+            len,
+        }
+    }
+
+    #[test]
+    fn output_keeps_bytes_and_files_in_order() {
+        let mut out = Output::new();
+        out.write(b"head1");
+        out.push_file(region(7));
+        out.write(b"head2");
+        assert_eq!(out.total_len(), 17);
+        match out.front() {
+            OutputFront::Bytes(b) => assert_eq!(b, b"head1"),
+            other => panic!("{other:?}"),
+        }
+        out.advance(3);
+        out.advance(2);
+        match out.front() {
+            OutputFront::File(f) => assert_eq!((f.offset, f.len), (10, 7)),
+            other => panic!("{other:?}"),
+        }
+        out.advance(7);
+        match out.front() {
+            OutputFront::Bytes(b) => assert_eq!(b, b"head2"),
+            other => panic!("{other:?}"),
+        }
+        out.advance(5);
+        assert!(out.is_empty());
+        assert!(matches!(out.front(), OutputFront::Empty));
+    }
+
+    #[test]
+    fn empty_file_regions_are_ignored() {
+        let mut out = Output::new();
+        out.push_file(region(0));
+        assert!(out.is_empty());
+    }
+}
