@@ -19,3 +19,5 @@ pub mod cpu;
 pub mod listen;
 pub mod runtime;
 pub mod sys;
+#[doc(hidden)]
+pub mod testing;

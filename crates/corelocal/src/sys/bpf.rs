@@ -1,1 +1,328 @@
-//! (being written)
+//! The `bpf(2)` syscall: map create / update / lookup / delete and program load with the
+//! verifier log returned in the error.
+
+use crate::bpf::insn::EbpfInsn;
+use std::ffi::CString;
+use std::fmt;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+const BPF_MAP_CREATE: libc::c_long = 0;
+const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
+const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
+const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
+const BPF_PROG_LOAD: libc::c_long = 5;
+/// Verifier log buffer size for a failed load (the kernel truncates beyond it).
+const VERIFIER_LOG_BYTES: usize = 64 * 1024;
+
+/// `BPF_MAP_TYPE_*` values corelocal uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum MapType {
+    /// `BPF_MAP_TYPE_ARRAY`.
+    Array = 2,
+    /// `BPF_MAP_TYPE_CPUMAP`.
+    CpuMap = 16,
+    /// `BPF_MAP_TYPE_REUSEPORT_SOCKARRAY`.
+    ReuseportSockArray = 20,
+}
+
+/// `BPF_PROG_TYPE_*` values corelocal uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum ProgType {
+    /// `BPF_PROG_TYPE_SOCKET_FILTER`.
+    SocketFilter = 1,
+    /// `BPF_PROG_TYPE_XDP`.
+    Xdp = 6,
+    /// `BPF_PROG_TYPE_SK_REUSEPORT`.
+    SkReuseport = 21,
+}
+
+/// `BPF_SK_REUSEPORT_SELECT`: expected attach type of a plain select program.
+pub const ATTACH_SK_REUSEPORT_SELECT: u32 = 39;
+/// `BPF_SK_REUSEPORT_SELECT_OR_MIGRATE`.
+pub const ATTACH_SK_REUSEPORT_SELECT_OR_MIGRATE: u32 = 40;
+/// `BPF_ANY` update flag.
+pub const BPF_ANY: u64 = 0;
+
+/// A failed `bpf(2)` call, with the verifier's log when a program was rejected.
+#[derive(Debug)]
+pub struct BpfError {
+    /// Which command failed.
+    pub op: &'static str,
+    /// The errno.
+    pub source: io::Error,
+    /// The verifier log (empty unless a program load failed).
+    pub log: String,
+}
+
+impl fmt::Display for BpfError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "bpf {}: {}", self.op, self.source)?;
+        if !self.log.is_empty() {
+            write!(f, "\nverifier log:\n{}", self.log.trim_end())?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for BpfError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.source)
+    }
+}
+
+impl BpfError {
+    /// Whether the kernel refused for lack of privilege (EPERM/EACCES).
+    pub fn is_permission(&self) -> bool {
+        matches!(
+            self.source.raw_os_error(),
+            Some(libc::EPERM) | Some(libc::EACCES)
+        )
+    }
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct MapCreateAttr {
+    map_type: u32,
+    key_size: u32,
+    value_size: u32,
+    max_entries: u32,
+    map_flags: u32,
+    inner_map_fd: u32,
+    numa_node: u32,
+    map_name: [u8; 16],
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct MapElemAttr {
+    map_fd: u32,
+    _pad: u32,
+    key: u64,
+    value: u64,
+    flags: u64,
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct ProgLoadAttr {
+    prog_type: u32,
+    insn_cnt: u32,
+    insns: u64,
+    license: u64,
+    log_level: u32,
+    log_size: u32,
+    log_buf: u64,
+    kern_version: u32,
+    prog_flags: u32,
+    prog_name: [u8; 16],
+    prog_ifindex: u32,
+    expected_attach_type: u32,
+}
+
+fn sys_bpf<T>(cmd: libc::c_long, attr: &mut T) -> io::Result<libc::c_long> {
+    // SAFETY: `attr` is a live, properly sized #[repr(C)] bpf_attr prefix; the kernel reads at
+    // most size_of::<T>() bytes and any pointers inside it refer to buffers the caller keeps
+    // alive for the duration of the call.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd,
+            attr as *mut T as *mut libc::c_void,
+            std::mem::size_of::<T>() as libc::c_uint,
+        )
+    };
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(rc)
+    }
+}
+
+fn name16(name: &str) -> [u8; 16] {
+    let mut out = [0u8; 16];
+    for (o, b) in out.iter_mut().zip(
+        name.bytes()
+            .filter(|b| b.is_ascii_alphanumeric() || *b == b'_')
+            .take(15),
+    ) {
+        *o = b;
+    }
+    out
+}
+
+fn owned(fd: libc::c_long) -> OwnedFd {
+    // SAFETY: the kernel just returned this new descriptor, which nothing else owns.
+    unsafe { OwnedFd::from_raw_fd(fd as RawFd) }
+}
+
+/// A BPF map.
+#[derive(Debug)]
+pub struct Map {
+    fd: OwnedFd,
+    key_size: u32,
+    value_size: u32,
+    max_entries: u32,
+}
+
+impl Map {
+    /// Creates a map.
+    pub fn create(
+        map_type: MapType,
+        key_size: u32,
+        value_size: u32,
+        max_entries: u32,
+        name: &str,
+    ) -> Result<Map, BpfError> {
+        let mut attr = MapCreateAttr {
+            map_type: map_type as u32,
+            key_size,
+            value_size,
+            max_entries,
+            map_name: name16(name),
+            ..Default::default()
+        };
+        let fd = sys_bpf(BPF_MAP_CREATE, &mut attr).map_err(|source| BpfError {
+            op: "map create",
+            source,
+            log: String::new(),
+        })?;
+        Ok(Map {
+            fd: owned(fd),
+            key_size,
+            value_size,
+            max_entries,
+        })
+    }
+
+    /// The map's descriptor.
+    pub fn raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    /// Number of entries the map was created with.
+    pub fn max_entries(&self) -> u32 {
+        self.max_entries
+    }
+
+    fn elem(
+        &self,
+        op: &'static str,
+        cmd: libc::c_long,
+        key: &[u8],
+        value: Option<*mut u8>,
+        flags: u64,
+    ) -> Result<(), BpfError> {
+        assert_eq!(key.len(), self.key_size as usize, "key size");
+        let mut attr = MapElemAttr {
+            map_fd: self.raw_fd() as u32,
+            key: key.as_ptr() as u64,
+            value: value.map_or(0, |v| v as u64),
+            flags,
+            ..Default::default()
+        };
+        sys_bpf(cmd, &mut attr)
+            .map(|_| ())
+            .map_err(|source| BpfError {
+                op,
+                source,
+                log: String::new(),
+            })
+    }
+
+    /// `map[key] = value`.
+    pub fn update(&self, key: &[u8], value: &[u8], flags: u64) -> Result<(), BpfError> {
+        assert_eq!(value.len(), self.value_size as usize, "value size");
+        // The kernel only reads through the value pointer for an update.
+        self.elem(
+            "map update",
+            BPF_MAP_UPDATE_ELEM,
+            key,
+            Some(value.as_ptr() as *mut u8),
+            flags,
+        )
+    }
+
+    /// `map[key]`, or `None` when the key has no entry (ENOENT).
+    pub fn lookup(&self, key: &[u8]) -> Result<Option<Vec<u8>>, BpfError> {
+        let mut value = vec![0u8; self.value_size as usize];
+        match self.elem(
+            "map lookup",
+            BPF_MAP_LOOKUP_ELEM,
+            key,
+            Some(value.as_mut_ptr()),
+            0,
+        ) {
+            Ok(()) => Ok(Some(value)),
+            Err(e) if e.source.raw_os_error() == Some(libc::ENOENT) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Deletes `map[key]`.
+    pub fn delete(&self, key: &[u8]) -> Result<(), BpfError> {
+        self.elem("map delete", BPF_MAP_DELETE_ELEM, key, None, 0)
+    }
+
+    /// `map[key] = value` for u32 keys and values.
+    pub fn update_u32(&self, key: u32, value: u32) -> Result<(), BpfError> {
+        self.update(&key.to_ne_bytes(), &value.to_ne_bytes(), BPF_ANY)
+    }
+
+    /// `map[key]` for u32 keys and values.
+    pub fn lookup_u32(&self, key: u32) -> Result<Option<u32>, BpfError> {
+        Ok(self
+            .lookup(&key.to_ne_bytes())?
+            .map(|v| u32::from_ne_bytes([v[0], v[1], v[2], v[3]])))
+    }
+}
+
+/// A loaded BPF program.
+#[derive(Debug)]
+pub struct Program {
+    fd: OwnedFd,
+}
+
+impl Program {
+    /// Loads a program; on rejection the error carries the verifier log.
+    pub fn load(
+        prog_type: ProgType,
+        expected_attach_type: u32,
+        insns: &[EbpfInsn],
+        name: &str,
+    ) -> Result<Program, BpfError> {
+        let license = CString::new("GPL").expect("static string");
+        let mut log = vec![0u8; VERIFIER_LOG_BYTES];
+        let mut attr = ProgLoadAttr {
+            prog_type: prog_type as u32,
+            insn_cnt: insns.len() as u32,
+            insns: insns.as_ptr() as u64,
+            license: license.as_ptr() as u64,
+            log_level: 1,
+            log_size: log.len() as u32,
+            log_buf: log.as_mut_ptr() as u64,
+            prog_name: name16(name),
+            expected_attach_type,
+            ..Default::default()
+        };
+        match sys_bpf(BPF_PROG_LOAD, &mut attr) {
+            Ok(fd) => Ok(Program { fd: owned(fd) }),
+            Err(source) => {
+                let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
+                Err(BpfError {
+                    op: "prog load",
+                    source,
+                    log: String::from_utf8_lossy(&log[..end]).into_owned(),
+                })
+            }
+        }
+    }
+
+    /// The program's descriptor.
+    pub fn raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+}

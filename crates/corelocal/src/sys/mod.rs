@@ -17,4 +17,5 @@
 pub mod affinity;
 pub mod bpf;
 pub mod epoll;
+pub mod process;
 pub mod socket;

@@ -1,0 +1,140 @@
+//! The steering programs, as instruction lists (pure: map descriptors are parameters).
+
+use super::insn::{self, cbpf, CbpfInsn, Cond, EbpfInsn, Size, R0, R1, R10, R2, R3, R4, R6};
+
+/// `bpf_map_lookup_elem`.
+pub const HELPER_MAP_LOOKUP_ELEM: i32 = 1;
+/// `bpf_get_smp_processor_id`.
+pub const HELPER_GET_SMP_PROCESSOR_ID: i32 = 8;
+/// `bpf_sk_select_reuseport`.
+pub const HELPER_SK_SELECT_REUSEPORT: i32 = 82;
+/// `SK_PASS`.
+pub const SK_PASS: i32 = 1;
+/// Offset of `hash` in `struct sk_reuseport_md` (4-byte loads only).
+pub const MD_HASH_OFFSET: i16 = 32;
+
+/// Map descriptors the SK_REUSEPORT select program reads.
+#[derive(Debug, Clone, Copy)]
+pub struct SelectMaps {
+    /// ARRAY u32 → u32, `flow_groups` entries: `worker + 1` to override a flow group, 0 = none.
+    pub group_override_fd: i32,
+    /// ARRAY u32 → u32 indexed by CPU: `worker + 1`, 0 = no local worker (kernel hash).
+    pub cpu_to_worker_fd: i32,
+    /// REUSEPORT_SOCKARRAY u32 → u64: slot `worker` = that worker's listener.
+    pub sockarray_fd: i32,
+}
+
+/// The SK_REUSEPORT select program:
+///
+/// ```text
+/// slot = override[md->hash & (G-1)] ?: cpu_to_worker[smp_processor_id()]
+/// if slot: bpf_sk_select_reuseport(md, sockarray, slot - 1, 0)
+/// return SK_PASS      // no selection (or an empty slot) falls back to the kernel's hash
+/// ```
+///
+/// Values are stored as `worker + 1` so that the zero-filled ARRAY maps mean "no entry".
+pub fn reuseport_select(maps: SelectMaps, flow_groups: u32) -> Vec<EbpfInsn> {
+    assert!(
+        flow_groups.is_power_of_two() && flow_groups <= 1 << 30,
+        "flow groups must be a power of two"
+    );
+    let [ov0, ov1] = insn::ld_map_fd(R1, maps.group_override_fd);
+    let [cpu0, cpu1] = insn::ld_map_fd(R1, maps.cpu_to_worker_fd);
+    let [sa0, sa1] = insn::ld_map_fd(R2, maps.sockarray_fd);
+    let program = vec![
+        /* 0 */ insn::mov64_reg(R6, R1),
+        /* 1 */ insn::ldx_mem(Size::W, R2, R6, MD_HASH_OFFSET),
+        /* 2 */ insn::and64_imm(R2, (flow_groups - 1) as i32),
+        /* 3 */ insn::stx_mem(Size::W, R10, R2, -4),
+        /* 4 */ ov0,
+        /* 5 */ ov1,
+        /* 6 */ insn::mov64_reg(R2, R10),
+        /* 7 */ insn::add64_imm(R2, -4),
+        /* 8 */ insn::call(HELPER_MAP_LOOKUP_ELEM),
+        /* 9 */ insn::jmp_imm(Cond::Eq, R0, 0, 2), // -> 12 (by CPU)
+        /* 10 */ insn::ldx_mem(Size::W, R2, R0, 0),
+        /* 11 */ insn::jmp_imm(Cond::Ne, R2, 0, 10), // -> 22 (select)
+        /* 12 */ insn::call(HELPER_GET_SMP_PROCESSOR_ID),
+        /* 13 */ insn::stx_mem(Size::W, R10, R0, -4),
+        /* 14 */ cpu0,
+        /* 15 */ cpu1,
+        /* 16 */ insn::mov64_reg(R2, R10),
+        /* 17 */ insn::add64_imm(R2, -4),
+        /* 18 */ insn::call(HELPER_MAP_LOOKUP_ELEM),
+        /* 19 */ insn::jmp_imm(Cond::Eq, R0, 0, 11), // -> 31 (pass)
+        /* 20 */ insn::ldx_mem(Size::W, R2, R0, 0),
+        /* 21 */ insn::jmp_imm(Cond::Eq, R2, 0, 9), // -> 31 (pass)
+        /* 22 */ insn::add64_imm(R2, -1),
+        /* 23 */ insn::stx_mem(Size::W, R10, R2, -8),
+        /* 24 */ insn::mov64_reg(R1, R6),
+        /* 25 */ sa0,
+        /* 26 */ sa1,
+        /* 27 */ insn::mov64_reg(R3, R10),
+        /* 28 */ insn::add64_imm(R3, -8),
+        /* 29 */ insn::mov64_imm(R4, 0),
+        /* 30 */ insn::call(HELPER_SK_SELECT_REUSEPORT),
+        /* 31 */ insn::mov64_imm(R0, SK_PASS),
+        /* 32 */ insn::exit(),
+    ];
+    program
+}
+
+/// The classic "steer by CPU" program: `return index_of[cpu]`, where `cpu_to_index` maps each
+/// CPU that has a worker to that worker's listener position in the kernel's `socks[]` array.
+/// CPUs not listed return an out-of-range index, which makes the kernel fall back to its hash.
+///
+/// With the identity mapping this is the two-instruction program of the kernel selftest
+/// `reuseport_bpf_cpu.c` (`A = cpu; return A`).
+pub fn cbpf_cpu_select(cpu_to_index: &[(u32, u32)]) -> Vec<CbpfInsn> {
+    let identity = cpu_to_index.iter().all(|&(cpu, idx)| cpu == idx);
+    if identity {
+        return vec![cbpf::ld_ancillary(cbpf::SKF_AD_CPU), cbpf::ret_a()];
+    }
+    // A jump table: `if A == cpu return index`, one comparison per worker (≤ 255 so the
+    // 8-bit jump offsets suffice), then "no match" = u32::MAX → hash fallback.
+    assert!(
+        cpu_to_index.len() <= 120,
+        "cBPF jump table is limited to 120 workers"
+    );
+    let mut prog = vec![cbpf::ld_ancillary(cbpf::SKF_AD_CPU)];
+    for &(cpu, idx) in cpu_to_index {
+        prog.push(cbpf::jeq(cpu, 0, 1));
+        prog.push(cbpf::ret_k(idx));
+    }
+    prog.push(cbpf::ret_k(u32::MAX));
+    prog
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn select_program_jumps_land_where_the_comments_say() {
+        let maps = SelectMaps {
+            group_override_fd: 3,
+            cpu_to_worker_fd: 4,
+            sockarray_fd: 5,
+        };
+        let p = reuseport_select(maps, 4096);
+        assert_eq!(p.len(), 33);
+        let target = |i: usize| (i as i64 + 1 + p[i].off as i64) as usize;
+        assert_eq!(target(9), 12);
+        assert_eq!(target(11), 22);
+        assert_eq!(target(19), 31); // pass: r0 = SK_PASS
+        assert_eq!(target(21), 31);
+        assert_eq!(p[31].imm, SK_PASS);
+        assert_eq!(p[2].imm, 4095);
+        assert_eq!(p[30].imm, HELPER_SK_SELECT_REUSEPORT);
+    }
+
+    #[test]
+    fn cbpf_identity_is_the_selftest_program() {
+        let p = cbpf_cpu_select(&[(0, 0), (1, 1)]);
+        assert_eq!(p.len(), 2);
+        let p = cbpf_cpu_select(&[(0, 1), (1, 0)]);
+        assert_eq!(p.len(), 6);
+        assert_eq!(p[2].k, 1);
+        assert_eq!(p.last().unwrap().k, u32::MAX);
+    }
+}
