@@ -3,6 +3,8 @@
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
+mod duration;
+mod serve;
 mod sim;
 
 /// corelocal: process every TCP connection on one core.
@@ -13,8 +15,12 @@ struct Cli {
     command: Command,
 }
 
+// One value per process, parsed once: the size difference between variants does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run a server: one pinned worker per CPU, per-core listeners.
+    Serve(serve::Command),
     /// Load generator: rpc, crr, http, kv workloads.
     Bench(corelocal_bench::Command),
     /// Inspect and plan IRQ / RPS / XPS / RFS / RSS layouts.
@@ -26,6 +32,7 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Serve(cmd) => serve::run(cmd),
         Command::Bench(cmd) => corelocal_bench::run(cmd),
         Command::Tune(cmd) => corelocal_tune::run(cmd),
         Command::Sim(cmd) => sim::run(cmd),

@@ -164,11 +164,40 @@ impl Output {
         }
     }
 
+    /// Removes and returns the next thing to send: the bytes before the first file region
+    /// (reusing `spare`'s allocation when the whole buffer goes), or that region.
+    pub fn take_front(&mut self, mut spare: Vec<u8>) -> Option<Chunk> {
+        match self.files.first() {
+            Some((0, _)) => Some(Chunk::File(self.files.remove(0).1)),
+            Some((at, _)) => {
+                let at = *at;
+                spare.clear();
+                spare.extend_from_slice(&self.bytes[..at]);
+                self.advance(at);
+                Some(Chunk::Bytes(spare))
+            }
+            None if self.bytes.is_empty() => None,
+            None => {
+                spare.clear();
+                Some(Chunk::Bytes(std::mem::replace(&mut self.bytes, spare)))
+            }
+        }
+    }
+
     /// Drops everything queued.
     pub fn clear(&mut self) {
         self.bytes.clear();
         self.files.clear();
     }
+}
+
+/// A part of an [`Output`] taken out to send.
+#[derive(Debug)]
+pub enum Chunk {
+    /// Bytes.
+    Bytes(Vec<u8>),
+    /// A file region.
+    File(FileRegion),
 }
 
 /// The next part of an [`Output`] to send.
@@ -247,6 +276,21 @@ mod tests {
         out.advance(5);
         assert!(out.is_empty());
         assert!(matches!(out.front(), OutputFront::Empty));
+    }
+
+    #[test]
+    fn take_front_moves_bytes_and_regions_out_in_order() {
+        let mut out = Output::new();
+        out.write(b"a");
+        out.push_file(region(3));
+        out.write(b"bc");
+        assert!(matches!(out.take_front(Vec::new()), Some(Chunk::Bytes(b)) if b == b"a"));
+        assert!(matches!(out.take_front(Vec::new()), Some(Chunk::File(f)) if f.len == 3));
+        assert!(
+            matches!(out.take_front(Vec::with_capacity(9)), Some(Chunk::Bytes(b)) if b == b"bc")
+        );
+        assert!(out.take_front(Vec::new()).is_none());
+        assert!(out.is_empty());
     }
 
     #[test]

@@ -1,7 +1,75 @@
-//! The per-core runtime: workers, the sans-IO handler API, stats and backends.
+//! The per-core runtime (MegaPipe §3.2–3.4): one worker thread per CPU, pinned, owning its
+//! listener, backend, connections and buffers; nothing connection-related is shared.
+//!
+//! - [`handler`]: the sans-IO application API ([`Service`], [`Handler`], [`Output`]).
+//! - [`backend`]: the submit / reap / wait interface every backend implements.
+//! - [`worker`]: the loop that drives a handler over a backend.
+//! - [`server`]: binding, starting, stats, graceful stop.
+//! - [`stats`]: per-worker counters on their own cache lines.
 
+pub mod backend;
 pub mod handler;
+pub mod server;
+pub mod stats;
+pub mod worker;
 
+pub use backend::{Backend, Completion, Op};
 pub use handler::{
-    CloseReason, ConnInfo, FileRegion, Handler, Next, Output, OutputFront, Service, Step,
+    Chunk, CloseReason, ConnInfo, FileRegion, Handler, Next, Output, OutputFront, Service, Step,
 };
+pub use server::{BackendKind, Server, ServerConfig, ServerError};
+pub use stats::{ErrorKind, Snapshot, WorkerSnapshot, WorkerStats};
+
+use std::time::Duration;
+
+/// A limit on everything a connection or worker can hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Unconsumed input per connection; reaching it without progress closes as too large.
+    pub input_bytes_max: usize,
+    /// Pending output per connection above which reading pauses (resumes at half).
+    pub output_bytes_max: usize,
+    /// Open connections per worker; accepting pauses at the limit.
+    pub conns_per_worker_max: usize,
+    /// A connection with no traffic for this long is closed.
+    pub idle_timeout: Duration,
+    /// On stop, requests in progress get this long to finish.
+    pub drain_timeout: Duration,
+    /// Receive buffers per worker.
+    pub recv_bufs: u32,
+    /// Bytes per receive buffer.
+    pub recv_buf_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            input_bytes_max: 64 * 1024,
+            output_bytes_max: 1 << 20,
+            conns_per_worker_max: 100_000,
+            idle_timeout: Duration::from_secs(60),
+            drain_timeout: Duration::from_secs(5),
+            recv_bufs: 256,
+            recv_buf_bytes: 16 * 1024,
+        }
+    }
+}
+
+impl Limits {
+    /// Checks the limits make sense.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.input_bytes_max == 0 || self.output_bytes_max == 0 {
+            return Err("buffer limits must be positive".into());
+        }
+        if self.conns_per_worker_max == 0 {
+            return Err("connections per worker must be positive".into());
+        }
+        if self.recv_bufs == 0 || self.recv_buf_bytes == 0 {
+            return Err("the receive pool must not be empty".into());
+        }
+        if self.idle_timeout.is_zero() {
+            return Err("idle timeout must be positive".into());
+        }
+        Ok(())
+    }
+}

@@ -1,1 +1,479 @@
-//! (being written)
+//! The epoll [`Backend`]: the baseline, and the fallback when io_uring is refused.
+//!
+//! Completions are emulated on readiness: a queued send is attempted at `submit` and finishes
+//! on EPOLLOUT if the socket buffer was full; multishot accept / receive are level-triggered
+//! interests that produce one accept batch / one read per readiness event. Received bytes land
+//! in a fixed pool of buffers; when the pool is empty, reading waits (level-triggered epoll
+//! reports the socket again) until the worker releases buffers.
+
+use crate::runtime::backend::{Backend, BatchStats, BufId, Completion, ConnId, Op, Wake};
+use crate::runtime::handler::FileRegion;
+use crate::sys::socket;
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::Arc;
+use std::time::Duration;
+
+const TOKEN_WAKER: u64 = 0;
+const TOKEN_LISTENER: u64 = 1 << 32;
+const TOKEN_CONN: u64 = 2 << 32;
+const TOKEN_ID_MASK: u64 = 0xffff_ffff;
+/// Events taken per `epoll_wait`.
+const EVENTS_MAX: usize = 256;
+/// Connections accepted per listener readiness event before going back to the loop.
+const ACCEPT_BATCH_MAX: usize = 64;
+/// Bytes moved per sendfile call.
+const SENDFILE_CHUNK_BYTES: usize = 1 << 20;
+
+/// Sizes of the receive-buffer pool.
+#[derive(Debug, Clone, Copy)]
+pub struct PoolConfig {
+    /// Buffers in the pool.
+    pub bufs: u32,
+    /// Bytes per buffer.
+    pub buf_bytes: usize,
+}
+
+/// A send in progress (the socket buffer filled before all of it went out).
+#[derive(Debug)]
+enum PendingSend {
+    Bytes { buf: Vec<u8>, sent: usize },
+    File { region: FileRegion, sent: u64 },
+}
+
+#[derive(Debug)]
+struct ConnIo {
+    fd: OwnedFd,
+    recv_on: bool,
+    registered: bool,
+    interest: u32,
+    pending: Option<PendingSend>,
+}
+
+/// Wakes an epoll worker through an eventfd.
+#[derive(Debug)]
+struct EventFdWaker {
+    fd: OwnedFd,
+}
+
+impl Wake for EventFdWaker {
+    fn wake(&self) {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a live u64 to our eventfd. A full counter (EAGAIN) means
+        // a wake-up is already pending, which is all we need.
+        let _ = unsafe {
+            libc::write(
+                self.fd.as_raw_fd(),
+                &one as *const u64 as *const libc::c_void,
+                8,
+            )
+        };
+    }
+}
+
+/// The epoll backend of one worker.
+#[derive(Debug)]
+pub struct EpollBackend {
+    epfd: OwnedFd,
+    waker: Arc<EventFdWaker>,
+    queued: Vec<Op>,
+    ready: VecDeque<Completion>,
+    events: Vec<libc::epoll_event>,
+    listeners: Vec<Option<RawFd>>,
+    conns: Vec<Option<ConnIo>>,
+    pool: Vec<u8>,
+    pool_free: Vec<BufId>,
+    buf_bytes: usize,
+    stats: BatchStats,
+}
+
+fn cvt(rc: libc::c_int) -> io::Result<libc::c_int> {
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(rc)
+    }
+}
+
+fn would_block(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::WouldBlock
+}
+
+impl EpollBackend {
+    /// Creates the epoll instance, its waker and the receive pool.
+    pub fn new(pool: PoolConfig) -> io::Result<EpollBackend> {
+        assert!(pool.bufs > 0 && pool.buf_bytes > 0, "empty receive pool");
+        // SAFETY: plain epoll_create1; the result is checked.
+        let epfd = cvt(unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) })?;
+        // SAFETY: a new descriptor owned by nobody else.
+        let epfd = unsafe { OwnedFd::from_raw_fd(epfd) };
+        // SAFETY: plain eventfd; the result is checked.
+        let efd = cvt(unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) })?;
+        // SAFETY: a new descriptor owned by nobody else.
+        let efd = unsafe { OwnedFd::from_raw_fd(efd) };
+        let backend = EpollBackend {
+            epfd,
+            waker: Arc::new(EventFdWaker { fd: efd }),
+            queued: Vec::new(),
+            ready: VecDeque::new(),
+            events: Vec::with_capacity(EVENTS_MAX),
+            listeners: Vec::new(),
+            conns: Vec::new(),
+            pool: vec![0; pool.bufs as usize * pool.buf_bytes],
+            pool_free: (0..pool.bufs).rev().collect(),
+            buf_bytes: pool.buf_bytes,
+            stats: BatchStats::default(),
+        };
+        backend.ctl(
+            libc::EPOLL_CTL_ADD,
+            backend.waker.fd.as_raw_fd(),
+            libc::EPOLLIN as u32,
+            TOKEN_WAKER,
+        )?;
+        Ok(backend)
+    }
+
+    fn ctl(&self, op: libc::c_int, fd: RawFd, events: u32, token: u64) -> io::Result<()> {
+        let mut ev = libc::epoll_event { events, u64: token };
+        // SAFETY: `ev` is a live epoll_event; both descriptors are open.
+        cvt(unsafe { libc::epoll_ctl(self.epfd.as_raw_fd(), op, fd, &mut ev) }).map(|_| ())
+    }
+
+    fn conn_mut(&mut self, conn: ConnId) -> Option<&mut ConnIo> {
+        self.conns.get_mut(conn as usize).and_then(Option::as_mut)
+    }
+
+    /// Registers the interest the connection's state asks for, if it changed.
+    fn update_interest(&mut self, conn: ConnId) -> io::Result<()> {
+        let Some(c) = self.conns.get_mut(conn as usize).and_then(Option::as_mut) else {
+            return Ok(());
+        };
+        let mut want = 0u32;
+        if c.recv_on {
+            want |= (libc::EPOLLIN | libc::EPOLLRDHUP) as u32;
+        }
+        if c.pending.is_some() {
+            want |= libc::EPOLLOUT as u32;
+        }
+        if c.registered && want == c.interest {
+            return Ok(());
+        }
+        let op = if c.registered {
+            libc::EPOLL_CTL_MOD
+        } else {
+            libc::EPOLL_CTL_ADD
+        };
+        c.registered = true;
+        c.interest = want;
+        let fd = c.fd.as_raw_fd();
+        self.ctl(op, fd, want, TOKEN_CONN | conn as u64)
+    }
+
+    fn run(&mut self, op: Op) -> io::Result<()> {
+        match op {
+            Op::Accept {
+                listener,
+                fd,
+                exclusive,
+            } => {
+                let slot = listener as usize;
+                if self.listeners.len() <= slot {
+                    self.listeners.resize(slot + 1, None);
+                }
+                if self.listeners[slot].replace(fd).is_none() {
+                    let mut events = libc::EPOLLIN as u32;
+                    if exclusive {
+                        events |= libc::EPOLLEXCLUSIVE as u32;
+                    }
+                    self.ctl(
+                        libc::EPOLL_CTL_ADD,
+                        fd,
+                        events,
+                        TOKEN_LISTENER | listener as u64,
+                    )?;
+                }
+            }
+            Op::AcceptPause { listener, fd } => {
+                if let Some(slot) = self.listeners.get_mut(listener as usize) {
+                    if slot.take().is_some() {
+                        self.ctl(libc::EPOLL_CTL_DEL, fd, 0, 0)?;
+                    }
+                }
+            }
+            Op::Recv { conn } | Op::RecvPause { conn } => {
+                let on = matches!(op, Op::Recv { .. });
+                if let Some(c) = self.conn_mut(conn) {
+                    c.recv_on = on;
+                }
+                self.update_interest(conn)?;
+            }
+            Op::Send { conn, buf } => self.start_send(conn, PendingSend::Bytes { buf, sent: 0 })?,
+            Op::SendFile { conn, region } => {
+                self.start_send(conn, PendingSend::File { region, sent: 0 })?
+            }
+            Op::Close { conn } => {
+                // Dropping the descriptor closes it, which also removes it from the epoll set.
+                if let Some(slot) = self.conns.get_mut(conn as usize) {
+                    slot.take();
+                }
+                self.ready.push_back(Completion::Closed { conn });
+            }
+        }
+        Ok(())
+    }
+
+    fn start_send(&mut self, conn: ConnId, send: PendingSend) -> io::Result<()> {
+        let Some(c) = self.conn_mut(conn) else {
+            return Ok(());
+        };
+        assert!(c.pending.is_none(), "one send at a time per connection");
+        c.pending = Some(send);
+        self.continue_send(conn)
+    }
+
+    /// Pushes a pending send as far as the socket takes it; completes it when done or failed.
+    fn continue_send(&mut self, conn: ConnId) -> io::Result<()> {
+        let Some(c) = self.conn_mut(conn) else {
+            return Ok(());
+        };
+        let fd = c.fd.as_raw_fd();
+        let Some(mut pending) = c.pending.take() else {
+            return Ok(());
+        };
+        let outcome = drive_send(fd, &mut pending);
+        match outcome {
+            Err(e) if would_block(&e) => {
+                c.pending = Some(pending);
+            }
+            result => self.ready.push_back(match pending {
+                PendingSend::Bytes { buf, .. } => Completion::Sent {
+                    conn,
+                    buf,
+                    result: result.map(|n| n as usize),
+                },
+                PendingSend::File { .. } => Completion::SentFile { conn, result },
+            }),
+        }
+        self.update_interest(conn)
+    }
+
+    fn accept_batch(&mut self, listener: u32) {
+        let Some(Some(fd)) = self.listeners.get(listener as usize).copied() else {
+            return;
+        };
+        for _ in 0..ACCEPT_BATCH_MAX {
+            match crate::listen::accept(fd) {
+                Ok(a) => {
+                    let conn = a.fd.as_raw_fd() as ConnId;
+                    let slot = conn as usize;
+                    if self.conns.len() <= slot {
+                        self.conns.resize_with(slot + 1, || None);
+                    }
+                    self.conns[slot] = Some(ConnIo {
+                        fd: a.fd,
+                        recv_on: false,
+                        registered: false,
+                        interest: 0,
+                        pending: None,
+                    });
+                    self.ready.push_back(Completion::Accepted {
+                        listener,
+                        conn,
+                        peer: a.peer,
+                        incoming_cpu: a.incoming_cpu,
+                    });
+                }
+                Err(e) if would_block(&e) => return,
+                Err(error) => {
+                    self.ready
+                        .push_back(Completion::AcceptFailed { listener, error });
+                    return;
+                }
+            }
+        }
+    }
+
+    fn read_once(&mut self, conn: ConnId) -> io::Result<()> {
+        let Some(c) = self.conns.get(conn as usize).and_then(Option::as_ref) else {
+            return Ok(());
+        };
+        if !c.recv_on {
+            return Ok(());
+        }
+        let fd = c.fd.as_raw_fd();
+        let Some(buf) = self.pool_free.pop() else {
+            return Ok(()); // Pool empty: level-triggered epoll reports the socket again.
+        };
+        let start = buf as usize * self.buf_bytes;
+        let result = socket::recv(fd, &mut self.pool[start..start + self.buf_bytes]);
+        let stop = match result {
+            Ok(0) => {
+                self.pool_free.push(buf);
+                self.ready.push_back(Completion::Eof { conn });
+                true
+            }
+            Ok(len) => {
+                self.ready.push_back(Completion::Recv { conn, buf, len });
+                false
+            }
+            Err(e) if would_block(&e) => {
+                self.pool_free.push(buf);
+                false
+            }
+            Err(error) => {
+                self.pool_free.push(buf);
+                self.ready.push_back(Completion::RecvFailed { conn, error });
+                true
+            }
+        };
+        if stop {
+            if let Some(c) = self.conn_mut(conn) {
+                c.recv_on = false;
+            }
+            self.update_interest(conn)?;
+        }
+        Ok(())
+    }
+
+    fn drain_waker(&self) {
+        let mut value: u64 = 0;
+        // SAFETY: reads 8 bytes into a live u64 from our non-blocking eventfd.
+        let _ = unsafe {
+            libc::read(
+                self.waker.fd.as_raw_fd(),
+                &mut value as *mut u64 as *mut libc::c_void,
+                8,
+            )
+        };
+    }
+
+    fn dispatch(&mut self, token: u64, events: u32) -> io::Result<()> {
+        let id = (token & TOKEN_ID_MASK) as u32;
+        match token & !TOKEN_ID_MASK {
+            TOKEN_WAKER => self.drain_waker(),
+            TOKEN_LISTENER => self.accept_batch(id),
+            _ => {
+                if events & libc::EPOLLOUT as u32 != 0 || events & libc::EPOLLERR as u32 != 0 {
+                    self.continue_send(id)?;
+                }
+                if events & !(libc::EPOLLOUT as u32) != 0 {
+                    self.read_once(id)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn drive_send(fd: RawFd, pending: &mut PendingSend) -> io::Result<u64> {
+    loop {
+        match pending {
+            PendingSend::Bytes { buf, sent } => {
+                if *sent == buf.len() {
+                    return Ok(*sent as u64);
+                }
+                *sent += socket::send(fd, &buf[*sent..])?;
+            }
+            PendingSend::File { region, sent } => {
+                if *sent == region.len {
+                    return Ok(*sent);
+                }
+                let chunk = (region.len - *sent).min(SENDFILE_CHUNK_BYTES as u64) as usize;
+                let n =
+                    socket::sendfile(fd, region.file.as_raw_fd(), region.offset + *sent, chunk)?;
+                if n == 0 {
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "file shorter than the region to send",
+                    ));
+                }
+                *sent += n as u64;
+            }
+        }
+    }
+}
+
+impl Backend for EpollBackend {
+    fn name(&self) -> &'static str {
+        "epoll"
+    }
+
+    fn push(&mut self, op: Op) {
+        self.queued.push(op);
+    }
+
+    fn submit(&mut self) -> io::Result<()> {
+        if self.queued.is_empty() {
+            return Ok(());
+        }
+        self.stats.submits += 1;
+        self.stats.ops += self.queued.len() as u64;
+        let mut ops = std::mem::take(&mut self.queued);
+        for op in ops.drain(..) {
+            self.run(op)?;
+        }
+        self.queued = ops; // keep the allocation
+        Ok(())
+    }
+
+    fn wait(&mut self, timeout: Option<Duration>) -> io::Result<()> {
+        let timeout_ms = if !self.ready.is_empty() {
+            0
+        } else {
+            timeout.map_or(-1, |t| {
+                t.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32
+            })
+        };
+        self.stats.waits += 1;
+        self.events.clear();
+        // SAFETY: `events` has capacity EVENTS_MAX and the kernel writes at most that many.
+        let n = unsafe {
+            libc::epoll_wait(
+                self.epfd.as_raw_fd(),
+                self.events.as_mut_ptr(),
+                EVENTS_MAX as libc::c_int,
+                timeout_ms,
+            )
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            return if e.kind() == io::ErrorKind::Interrupted {
+                Ok(())
+            } else {
+                Err(e)
+            };
+        }
+        // SAFETY: the kernel initialised the first `n` entries.
+        unsafe { self.events.set_len(n as usize) };
+        for i in 0..n as usize {
+            let ev = self.events[i];
+            self.dispatch(ev.u64, ev.events)?;
+        }
+        Ok(())
+    }
+
+    fn reap(&mut self, out: &mut Vec<Completion>, max: usize) {
+        let n = self.ready.len().min(max);
+        self.stats.completions += n as u64;
+        out.extend(self.ready.drain(..n));
+    }
+
+    fn recv_data(&self, buf: BufId, len: usize) -> &[u8] {
+        let start = buf as usize * self.buf_bytes;
+        &self.pool[start..start + len]
+    }
+
+    fn release(&mut self, buf: BufId) {
+        debug_assert!(!self.pool_free.contains(&buf), "buffer released twice");
+        self.pool_free.push(buf);
+    }
+
+    fn waker(&self) -> Arc<dyn Wake> {
+        self.waker.clone()
+    }
+
+    fn batch_stats(&self) -> BatchStats {
+        self.stats
+    }
+}

@@ -6,16 +6,19 @@
 //! - [`socket`]: socket creation and the options corelocal needs (SO_REUSEPORT,
 //!   SO_INCOMING_CPU, reuseport BPF attach, TCP_INFO on listeners, accept4).
 //! - [`bpf`]: the `bpf(2)` syscall (program load with verifier log, map operations).
+//! - [`signal`]: SIGINT/SIGTERM blocked everywhere and awaited in one place.
+//! - [`process`]: uid and resource limits.
 //! - [`epoll`]: the epoll [`Backend`](crate::runtime::Backend).
 //!
 //! Every backend provides the same completion-style interface (see
-//! [`runtime::Backend`](crate::runtime::Backend)): `submit` queues operations (accept, recv,
-//! send, close) without a syscall where it can, `flush` hands the batch to the kernel, `reap`
-//! collects completions in batches, and `wait` sleeps until a completion, a wake-up from another
-//! thread or a timeout, with no lost wake-ups.
+//! [`runtime::Backend`](crate::runtime::Backend)): `push` queues operations (accept, recv,
+//! send, sendfile, close) without a syscall, `submit` hands the batch to the kernel once per loop
+//! turn, `wait` sleeps until a completion, a wake-up from another thread or a timeout (no lost
+//! wake-ups), and `reap` collects completions in batches. Accept and receive are multishot.
 
 pub mod affinity;
 pub mod bpf;
 pub mod epoll;
 pub mod process;
+pub mod signal;
 pub mod socket;

@@ -1,0 +1,243 @@
+//! `corelocal serve`: run a server on the per-core runtime.
+
+use crate::duration::parse_duration;
+use clap::{Args, Subcommand};
+use corelocal::cpu::{current_affinity, CpuSet};
+use corelocal::listen::{Mode, Steering};
+use corelocal::runtime::{BackendKind, Server, ServerConfig, Service, Snapshot};
+use corelocal::sys::signal;
+use corelocal_apps::rpc::{RpcConfig, RpcService};
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// `corelocal serve` arguments.
+#[derive(Debug, Args)]
+pub struct Command {
+    #[command(subcommand)]
+    app: App,
+}
+
+#[derive(Debug, Subcommand)]
+enum App {
+    /// MegaPipe's RPC microbenchmark server: fixed-size request → fixed-size response.
+    ///
+    /// Examples:
+    ///   corelocal serve rpc
+    ///   corelocal serve rpc --listen 127.0.0.1:7000 --cpus 1 --mode local --one-shot
+    ///   corelocal serve rpc --req-size 64 --resp-size 1024 --stats-interval 1s --json
+    #[command(verbatim_doc_comment)]
+    Rpc(RpcArgs),
+}
+
+/// Options every server shares.
+#[derive(Debug, Args)]
+pub struct CommonArgs {
+    /// Address to listen on (repeat for several, e.g. IPv4 and IPv6).
+    #[arg(long = "listen", default_value = "127.0.0.1:7000")]
+    listen: Vec<SocketAddr>,
+    /// CPUs to run one worker each on (cpulist like 0-3,8); default: all CPUs allowed.
+    #[arg(long, value_parser = parse_cpus)]
+    cpus: Option<CpuSet>,
+    /// stock: one shared listener; fine: one per worker, kernel hash; local: the SYN's CPU picks.
+    #[arg(long, default_value = "local", value_parser = ["local", "fine", "stock"])]
+    mode: String,
+    /// Force the local-mode steering method (default: best available).
+    #[arg(long, value_parser = ["ebpf", "incoming-cpu", "cbpf"])]
+    steering: Option<String>,
+    /// I/O backend.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "epoll", "uring"])]
+    backend: String,
+    /// Total listen() backlog per address, split evenly across the workers' listeners.
+    #[arg(long, default_value_t = 4096)]
+    backlog: u32,
+    /// Close connections idle this long (e.g. 60s, 500ms).
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    idle_timeout: Duration,
+    /// On SIGINT/SIGTERM, let requests in progress finish for up to this long.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    drain_timeout: Duration,
+    /// Print per-worker stats this often (0 = never).
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    stats_interval: Duration,
+    /// Print stats as JSON lines instead of text.
+    #[arg(long)]
+    json: bool,
+    /// Also append each stats snapshot as a JSON line to this file.
+    #[arg(long)]
+    stats_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+struct RpcArgs {
+    #[command(flatten)]
+    common: CommonArgs,
+    /// Request size in bytes.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
+    req_size: u32,
+    /// Response size in bytes.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=16_777_216))]
+    resp_size: u32,
+    /// Close after one response (connection-rate services).
+    #[arg(long)]
+    one_shot: bool,
+}
+
+fn parse_cpus(text: &str) -> Result<CpuSet, String> {
+    let set: CpuSet = text.parse().map_err(|e| format!("{e}"))?;
+    if set.is_empty() {
+        return Err("empty CPU set".into());
+    }
+    Ok(set)
+}
+
+/// Runs `corelocal serve`.
+pub fn run(cmd: Command) -> ExitCode {
+    match cmd.app {
+        App::Rpc(args) => {
+            let config = RpcConfig {
+                request_bytes: args.req_size as usize,
+                response_bytes: args.resp_size as usize,
+                one_shot: args.one_shot,
+            };
+            match RpcService::new(config) {
+                Ok(service) => serve(&args.common, Arc::new(service)),
+                Err(e) => fail(&e),
+            }
+        }
+    }
+}
+
+fn fail(message: &str) -> ExitCode {
+    eprintln!("corelocal serve: {message}");
+    ExitCode::FAILURE
+}
+
+fn server_config(common: &CommonArgs) -> Result<ServerConfig, String> {
+    let cpus = match &common.cpus {
+        Some(c) => c.clone(),
+        None => current_affinity().map_err(|e| format!("reading CPU affinity: {e}"))?,
+    };
+    let mode: Mode = common.mode.parse()?;
+    let mut config = ServerConfig::new(common.listen.clone(), &cpus, mode);
+    config.listen.steering = common
+        .steering
+        .as_deref()
+        .map(str::parse::<Steering>)
+        .transpose()?;
+    config.listen.backlog_total = common.backlog.max(1);
+    config.backend = common.backend.parse::<BackendKind>()?;
+    config.limits.idle_timeout = common.idle_timeout.max(Duration::from_millis(1));
+    config.limits.drain_timeout = common.drain_timeout;
+    Ok(config)
+}
+
+/// Starts `service`, prints stats until SIGINT/SIGTERM, then stops gracefully.
+pub fn serve<S: Service>(common: &CommonArgs, service: Arc<S>) -> ExitCode {
+    let name = service.name();
+    let config = match server_config(common) {
+        Ok(c) => c,
+        Err(e) => return fail(&e),
+    };
+    if let Err(e) = signal::block_termination_signals() {
+        return fail(&format!("blocking signals: {e}"));
+    }
+    let server = match Server::start(config.clone(), service) {
+        Ok(s) => s,
+        Err(e) => return fail(&e.to_string()),
+    };
+    let addrs: Vec<String> = server.local_addrs().iter().map(|a| a.to_string()).collect();
+    eprintln!(
+        "corelocal serve {name}: listening on {} | workers on CPUs {} | mode {} | steering {} | backend {}",
+        addrs.join(", "),
+        config.listen.worker_cpus.iter().map(|c| c.to_string()).collect::<Vec<_>>().join(","),
+        config.listen.mode,
+        server.steering(),
+        server.backend(),
+    );
+    let mut stats_file = match open_stats_file(common) {
+        Ok(f) => f,
+        Err(e) => {
+            server.stop();
+            let _ = server.join();
+            return fail(&e);
+        }
+    };
+    let started = Instant::now();
+    let mut last = server.stats();
+    let tick = if common.stats_interval.is_zero() {
+        Duration::from_secs(3600)
+    } else {
+        common.stats_interval
+    };
+    let signal = loop {
+        if let Some(sig) = signal::wait_termination(tick) {
+            break sig;
+        }
+        let now = server.stats();
+        if let Some(f) = stats_file.as_mut() {
+            let _ = writeln!(f, "{}", now.to_json());
+        }
+        if !common.stats_interval.is_zero() {
+            print_stats(&now, &last, started.elapsed(), tick, common.json);
+        }
+        last = now;
+    };
+    eprintln!(
+        "corelocal serve {name}: signal {signal}, draining (up to {:?})",
+        common.drain_timeout
+    );
+    server.stop();
+    let final_stats = server.stats();
+    if let Some(f) = stats_file.as_mut() {
+        let _ = writeln!(f, "{}", final_stats.to_json());
+    }
+    match server.join() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(&e.to_string()),
+    }
+}
+
+fn open_stats_file(common: &CommonArgs) -> Result<Option<std::fs::File>, String> {
+    let Some(path) = &common.stats_file else {
+        return Ok(None);
+    };
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map(Some)
+        .map_err(|e| format!("opening {}: {e}", path.display()))
+}
+
+fn print_stats(now: &Snapshot, last: &Snapshot, elapsed: Duration, tick: Duration, json: bool) {
+    if json {
+        println!("{}", now.to_json());
+        return;
+    }
+    let secs = tick.as_secs_f64();
+    let mut line = format!("t={:>5.1}s", elapsed.as_secs_f64());
+    for (w, l) in now.workers.iter().zip(&last.workers) {
+        let accepted = w.accepted - l.accepted;
+        let local = w.accepted_local - l.accepted_local;
+        let local_pct = if accepted == 0 {
+            100.0
+        } else {
+            100.0 * local as f64 / accepted as f64
+        };
+        line += &format!(
+            " | w{} cpu{} conn/s {:.0} local {:.1}% req/s {:.0} open {} err {}",
+            w.worker,
+            w.cpu,
+            accepted as f64 / secs,
+            local_pct,
+            (w.requests - l.requests) as f64 / secs,
+            w.open,
+            w.errors.total() - l.errors.total(),
+        );
+    }
+    println!("{line}");
+}

@@ -1,0 +1,179 @@
+//! The backend interface: completion-style I/O behind one submit / reap / wait API (Seastar's
+//! reactor backend), so epoll and io_uring are interchangeable under the worker.
+//!
+//! The worker [`push`](Backend::push)es operations (no syscall), [`submit`](Backend::submit)s
+//! the batch once per loop turn, [`wait`](Backend::wait)s for progress and
+//! [`reap`](Backend::reap)s completions in a batch. Accept and receive are multishot: armed once,
+//! they keep completing until paused, or (for receive) until end of stream or an error.
+//! Buffers: received bytes live in the backend's pool until [`release`](Backend::release)d
+//! (io_uring's provided-buffer ring; epoll's fixed pool); send buffers are owned by the backend
+//! until their completion returns them.
+
+use super::handler::FileRegion;
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::RawFd;
+use std::time::Duration;
+
+/// A connection's id within one backend (epoll: its fd; io_uring: its direct-descriptor slot).
+pub type ConnId = u32;
+/// A received buffer's id within the backend's pool.
+pub type BufId = u32;
+
+/// An operation for the backend.
+#[derive(Debug)]
+pub enum Op {
+    /// Start multishot accept on a listener. `listener` is the worker's index for it;
+    /// `exclusive` asks for one waiter per event when workers share the socket (`stock`).
+    Accept {
+        /// The worker's index of the listener.
+        listener: u32,
+        /// The listening socket.
+        fd: RawFd,
+        /// Wake one worker per connection when the socket is shared.
+        exclusive: bool,
+    },
+    /// Stop accepting on a listener (back-pressure or shutdown).
+    AcceptPause {
+        /// The worker's index of the listener.
+        listener: u32,
+        /// The listening socket.
+        fd: RawFd,
+    },
+    /// Start (or resume) multishot receive on a connection.
+    Recv {
+        /// The connection.
+        conn: ConnId,
+    },
+    /// Stop receiving on a connection (output back-pressure).
+    RecvPause {
+        /// The connection.
+        conn: ConnId,
+    },
+    /// Send all of `buf`; completes once everything is sent or on error.
+    Send {
+        /// The connection.
+        conn: ConnId,
+        /// Owned by the backend until [`Completion::Sent`] returns it.
+        buf: Vec<u8>,
+    },
+    /// Send a file region without copying through user space.
+    SendFile {
+        /// The connection.
+        conn: ConnId,
+        /// The region.
+        region: FileRegion,
+    },
+    /// Close the connection; [`Completion::Closed`] follows, after which the id may be reused.
+    Close {
+        /// The connection.
+        conn: ConnId,
+    },
+}
+
+/// A finished operation, or an event of a multishot one.
+#[derive(Debug)]
+pub enum Completion {
+    /// A new connection.
+    Accepted {
+        /// The worker's index of the listener it came from.
+        listener: u32,
+        /// The new connection.
+        conn: ConnId,
+        /// The client's address, if known.
+        peer: Option<SocketAddr>,
+        /// The CPU that processed its last packet (`SO_INCOMING_CPU`), if known.
+        incoming_cpu: Option<usize>,
+    },
+    /// Accepting failed (e.g. EMFILE); the accept stays armed unless paused.
+    AcceptFailed {
+        /// The worker's index of the listener.
+        listener: u32,
+        /// The error.
+        error: io::Error,
+    },
+    /// Bytes arrived; read them with [`Backend::recv_data`], then release the buffer.
+    Recv {
+        /// The connection.
+        conn: ConnId,
+        /// The buffer holding them.
+        buf: BufId,
+        /// How many bytes.
+        len: usize,
+    },
+    /// The peer closed its sending side; receiving has stopped.
+    Eof {
+        /// The connection.
+        conn: ConnId,
+    },
+    /// Receiving failed (e.g. ECONNRESET); receiving has stopped.
+    RecvFailed {
+        /// The connection.
+        conn: ConnId,
+        /// The error.
+        error: io::Error,
+    },
+    /// A [`Op::Send`] finished; the buffer comes back for reuse.
+    Sent {
+        /// The connection.
+        conn: ConnId,
+        /// The buffer that was sent.
+        buf: Vec<u8>,
+        /// Bytes sent, or the error.
+        result: io::Result<usize>,
+    },
+    /// A [`Op::SendFile`] finished.
+    SentFile {
+        /// The connection.
+        conn: ConnId,
+        /// Bytes sent, or the error.
+        result: io::Result<u64>,
+    },
+    /// A connection is closed and its id free.
+    Closed {
+        /// The connection.
+        conn: ConnId,
+    },
+}
+
+/// Wakes a worker blocked in [`Backend::wait`] from another thread.
+pub trait Wake: Send + Sync {
+    /// Wakes the worker; never lost (a wake before the wait makes the wait return at once).
+    fn wake(&self);
+}
+
+/// Per-worker I/O engine. See the module docs.
+pub trait Backend {
+    /// A short name ("epoll", "uring").
+    fn name(&self) -> &'static str;
+    /// Queues an operation (no syscall).
+    fn push(&mut self, op: Op);
+    /// Hands every queued operation to the kernel.
+    fn submit(&mut self) -> io::Result<()>;
+    /// Waits until completions are ready, a wake-up arrives or `timeout` passes (`None`:
+    /// no limit). Returns at once when completions are already ready.
+    fn wait(&mut self, timeout: Option<Duration>) -> io::Result<()>;
+    /// Moves ready completions into `out` (at most `max`).
+    fn reap(&mut self, out: &mut Vec<Completion>, max: usize);
+    /// The bytes of a received buffer.
+    fn recv_data(&self, buf: BufId, len: usize) -> &[u8];
+    /// Returns a received buffer to the pool.
+    fn release(&mut self, buf: BufId);
+    /// A handle other threads use to wake this worker.
+    fn waker(&self) -> std::sync::Arc<dyn Wake>;
+    /// Batching counters so far.
+    fn batch_stats(&self) -> BatchStats;
+}
+
+/// How much work each syscall carried (MegaPipe's batching, made visible).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct BatchStats {
+    /// Calls to `submit` that did work.
+    pub submits: u64,
+    /// Operations handed over in those calls.
+    pub ops: u64,
+    /// Calls to `wait` that blocked or polled the kernel.
+    pub waits: u64,
+    /// Completions produced.
+    pub completions: u64,
+}

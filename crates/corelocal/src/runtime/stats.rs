@@ -1,0 +1,250 @@
+//! Per-worker counters, each worker's on its own cache lines and written only by its owner;
+//! anyone may take a [`Snapshot`].
+
+use serde::Serialize;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Kinds of errors counted per worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// Input that does not parse.
+    BadRequest,
+    /// A request over a size limit (or the input buffer filled without progress).
+    TooLarge,
+    /// A connection idle past the idle timeout.
+    IdleTimeout,
+    /// A receive or send failed (reset, broken pipe).
+    Io,
+    /// accept() failed (EMFILE, ENFILE, ENOBUFS, …).
+    Accept,
+}
+
+/// One worker's counters. Aligned to two cache lines so that no two workers' counters share a
+/// line (adjacent-line prefetch pulls pairs of 64-byte lines).
+#[repr(align(128))]
+#[derive(Debug, Default)]
+pub struct WorkerStats {
+    accepted: AtomicU64,
+    accepted_local: AtomicU64,
+    stolen: AtomicU64,
+    requests: AtomicU64,
+    bytes_in: AtomicU64,
+    bytes_out: AtomicU64,
+    bad_request: AtomicU64,
+    too_large: AtomicU64,
+    idle_timeout: AtomicU64,
+    io: AtomicU64,
+    accept: AtomicU64,
+    open: AtomicU64,
+}
+
+/// Adds `n` with a plain load + store: only the owning worker writes, so no locked RMW.
+fn bump(counter: &AtomicU64, n: u64) {
+    counter.store(counter.load(Ordering::Relaxed) + n, Ordering::Relaxed);
+}
+
+impl WorkerStats {
+    /// Counts an accepted connection, local when its SYN was processed on the worker's CPU.
+    pub fn accepted(&self, local: bool, stolen: bool) {
+        bump(&self.accepted, 1);
+        bump(&self.accepted_local, local as u64);
+        bump(&self.stolen, stolen as u64);
+        bump(&self.open, 1);
+    }
+
+    /// Counts a closed connection.
+    pub fn closed(&self) {
+        self.open.store(
+            self.open.load(Ordering::Relaxed).saturating_sub(1),
+            Ordering::Relaxed,
+        );
+    }
+
+    /// Counts completed requests.
+    pub fn requests(&self, n: u64) {
+        if n > 0 {
+            bump(&self.requests, n);
+        }
+    }
+
+    /// Counts received bytes.
+    pub fn bytes_in(&self, n: u64) {
+        bump(&self.bytes_in, n);
+    }
+
+    /// Counts sent bytes.
+    pub fn bytes_out(&self, n: u64) {
+        bump(&self.bytes_out, n);
+    }
+
+    /// Counts an error.
+    pub fn error(&self, kind: ErrorKind) {
+        bump(
+            match kind {
+                ErrorKind::BadRequest => &self.bad_request,
+                ErrorKind::TooLarge => &self.too_large,
+                ErrorKind::IdleTimeout => &self.idle_timeout,
+                ErrorKind::Io => &self.io,
+                ErrorKind::Accept => &self.accept,
+            },
+            1,
+        );
+    }
+
+    /// Reads the counters.
+    pub fn snapshot(&self, worker: usize, cpu: usize) -> WorkerSnapshot {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        WorkerSnapshot {
+            worker,
+            cpu,
+            accepted: get(&self.accepted),
+            accepted_local: get(&self.accepted_local),
+            stolen: get(&self.stolen),
+            requests: get(&self.requests),
+            bytes_in: get(&self.bytes_in),
+            bytes_out: get(&self.bytes_out),
+            open: get(&self.open),
+            errors: ErrorCounts {
+                bad_request: get(&self.bad_request),
+                too_large: get(&self.too_large),
+                idle_timeout: get(&self.idle_timeout),
+                io: get(&self.io),
+                accept: get(&self.accept),
+            },
+        }
+    }
+}
+
+/// Error counters by kind.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct ErrorCounts {
+    /// Unparseable input.
+    pub bad_request: u64,
+    /// Over a size limit.
+    pub too_large: u64,
+    /// Idle past the timeout.
+    pub idle_timeout: u64,
+    /// Receive/send failures.
+    pub io: u64,
+    /// accept() failures.
+    pub accept: u64,
+}
+
+impl ErrorCounts {
+    /// Sum of all kinds.
+    pub fn total(&self) -> u64 {
+        self.bad_request + self.too_large + self.idle_timeout + self.io + self.accept
+    }
+
+    fn add(&mut self, o: &ErrorCounts) {
+        self.bad_request += o.bad_request;
+        self.too_large += o.too_large;
+        self.idle_timeout += o.idle_timeout;
+        self.io += o.io;
+        self.accept += o.accept;
+    }
+}
+
+/// One worker's counters at one moment.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct WorkerSnapshot {
+    /// Worker index.
+    pub worker: usize,
+    /// The worker's CPU.
+    pub cpu: usize,
+    /// Connections accepted.
+    pub accepted: u64,
+    /// Of those, processed on this worker's CPU at SYN time (`SO_INCOMING_CPU` = worker CPU).
+    pub accepted_local: u64,
+    /// Of those, taken from another worker's listener.
+    pub stolen: u64,
+    /// Requests completed.
+    pub requests: u64,
+    /// Bytes received.
+    pub bytes_in: u64,
+    /// Bytes sent.
+    pub bytes_out: u64,
+    /// Connections open now.
+    pub open: u64,
+    /// Errors by kind.
+    pub errors: ErrorCounts,
+}
+
+impl WorkerSnapshot {
+    fn add(&mut self, o: &WorkerSnapshot) {
+        self.accepted += o.accepted;
+        self.accepted_local += o.accepted_local;
+        self.stolen += o.stolen;
+        self.requests += o.requests;
+        self.bytes_in += o.bytes_in;
+        self.bytes_out += o.bytes_out;
+        self.open += o.open;
+        self.errors.add(&o.errors);
+    }
+}
+
+/// Every worker's counters and their sum.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Snapshot {
+    /// Per worker.
+    pub workers: Vec<WorkerSnapshot>,
+    /// The sum (its `worker` and `cpu` fields are meaningless).
+    pub total: WorkerSnapshot,
+}
+
+impl Snapshot {
+    /// Builds a snapshot from per-worker ones.
+    pub fn from_workers(workers: Vec<WorkerSnapshot>) -> Snapshot {
+        let mut total = WorkerSnapshot::default();
+        for w in &workers {
+            total.add(w);
+        }
+        Snapshot { workers, total }
+    }
+
+    /// One JSON line.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).expect("snapshot serialises")
+    }
+
+    /// Share of accepted connections that were local, in [0, 1] (1 when none accepted).
+    pub fn locality(&self) -> f64 {
+        if self.total.accepted == 0 {
+            1.0
+        } else {
+            self.total.accepted_local as f64 / self.total.accepted as f64
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_and_sums() {
+        let a = WorkerStats::default();
+        let b = WorkerStats::default();
+        a.accepted(true, false);
+        a.accepted(false, false);
+        b.accepted(true, true);
+        a.requests(3);
+        b.error(ErrorKind::BadRequest);
+        a.closed();
+        let s = Snapshot::from_workers(vec![a.snapshot(0, 0), b.snapshot(1, 1)]);
+        assert_eq!(s.total.accepted, 3);
+        assert_eq!(s.total.accepted_local, 2);
+        assert_eq!(s.total.stolen, 1);
+        assert_eq!(s.total.open, 2);
+        assert_eq!(s.total.requests, 3);
+        assert_eq!(s.total.errors.total(), 1);
+        assert!((s.locality() - 2.0 / 3.0).abs() < 1e-9);
+        assert!(s.to_json().contains("\"accepted_local\":2"));
+    }
+
+    #[test]
+    fn worker_stats_do_not_share_cache_lines() {
+        assert_eq!(std::mem::align_of::<WorkerStats>(), 128);
+        assert_eq!(std::mem::size_of::<WorkerStats>() % 128, 0);
+    }
+}

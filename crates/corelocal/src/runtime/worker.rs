@@ -1,0 +1,514 @@
+//! The worker loop: one pinned thread owning its listeners, backend, connections and buffers.
+//! Generic over the [`Backend`] and the [`Service`], so apps never see which backend runs.
+
+use super::backend::{Backend, Completion, ConnId, Op};
+use super::handler::{Chunk, CloseReason, ConnInfo, Handler, Next, Output, Service};
+use super::stats::{ErrorKind, WorkerStats};
+use super::Limits;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Completions handled per loop turn before submitting again.
+const REAP_BATCH_MAX: usize = 512;
+/// `on_input` calls per received chunk, so one connection cannot starve the others.
+const HANDLER_ROUNDS_MAX: usize = 256;
+/// Spare send buffers kept for reuse.
+const SPARE_BUFS_MAX: usize = 64;
+/// How long accepting pauses after accept() fails (EMFILE and friends).
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// What a worker is given.
+pub struct WorkerSetup<S: Service> {
+    /// Worker index.
+    pub index: usize,
+    /// The CPU it is pinned to.
+    pub cpu: usize,
+    /// Its listeners.
+    pub listeners: Vec<std::os::fd::RawFd>,
+    /// Whether the listeners are shared with other workers (`stock`).
+    pub shared_listeners: bool,
+    /// The application.
+    pub service: Arc<S>,
+    /// Its counters.
+    pub stats: Arc<WorkerStats>,
+    /// Set to ask for a graceful stop.
+    pub stop: Arc<AtomicBool>,
+    /// Limits.
+    pub limits: Limits,
+}
+
+struct Conn<H> {
+    handler: H,
+    generation: u64,
+    input: Vec<u8>,
+    output: Output,
+    sending: bool,
+    recv_paused: bool,
+    eof: bool,
+    closing: Option<CloseReason>,
+    close_sent: bool,
+    last_active: Instant,
+}
+
+/// One worker's state.
+pub struct Worker<S: Service, B: Backend> {
+    setup: WorkerSetup<S>,
+    backend: B,
+    conns: Vec<Option<Conn<S::Conn>>>,
+    open: usize,
+    next_generation: u64,
+    /// Idle-timeout queue: (deadline, conn, generation). Lazily corrected: an entry whose
+    /// connection was active since is re-queued at its real deadline when it comes up.
+    idle: VecDeque<(Instant, ConnId, u64)>,
+    spare_bufs: Vec<Vec<u8>>,
+    accepting: bool,
+    accept_resume_at: Option<Instant>,
+    drain_deadline: Option<Instant>,
+}
+
+impl<S: Service, B: Backend> Worker<S, B> {
+    /// A worker over `backend`.
+    pub fn new(setup: WorkerSetup<S>, backend: B) -> Self {
+        Worker {
+            setup,
+            backend,
+            conns: Vec::new(),
+            open: 0,
+            next_generation: 0,
+            idle: VecDeque::new(),
+            spare_bufs: Vec::new(),
+            accepting: false,
+            accept_resume_at: None,
+            drain_deadline: None,
+        }
+    }
+
+    /// Runs until a graceful stop completes.
+    pub fn run(mut self) -> std::io::Result<()> {
+        self.set_accepting(true);
+        let mut completions = Vec::with_capacity(REAP_BATCH_MAX);
+        loop {
+            let now = Instant::now();
+            if self.stop_requested(now) {
+                break;
+            }
+            self.backend.submit()?;
+            self.backend.wait(self.next_timeout(now))?;
+            let now = Instant::now();
+            self.backend.reap(&mut completions, REAP_BATCH_MAX);
+            for c in completions.drain(..) {
+                self.handle(c, now);
+            }
+            self.expire_idle(now);
+            self.maybe_resume_accept(now);
+        }
+        self.backend.submit()
+    }
+
+    fn set_accepting(&mut self, on: bool) {
+        if self.accepting == on {
+            return;
+        }
+        self.accepting = on;
+        for (i, &fd) in self.setup.listeners.iter().enumerate() {
+            let listener = i as u32;
+            self.backend.push(if on {
+                Op::Accept {
+                    listener,
+                    fd,
+                    exclusive: self.setup.shared_listeners,
+                }
+            } else {
+                Op::AcceptPause { listener, fd }
+            });
+        }
+    }
+
+    /// Handles the stop flag; returns true when the worker may exit.
+    fn stop_requested(&mut self, now: Instant) -> bool {
+        if !self.setup.stop.load(Ordering::Acquire) {
+            return false;
+        }
+        if self.drain_deadline.is_none() {
+            self.drain_deadline = Some(now + self.setup.limits.drain_timeout);
+            self.set_accepting(false);
+            self.accept_resume_at = None;
+            let idle: Vec<ConnId> = self.idle_conn_ids();
+            for id in idle {
+                self.begin_close(id, CloseReason::Done);
+            }
+        }
+        if self.drain_deadline.is_some_and(|d| now >= d) {
+            let all: Vec<ConnId> = self.live_conn_ids();
+            for id in all {
+                self.force_close(id);
+            }
+        }
+        self.open == 0
+    }
+
+    fn live_conn_ids(&self) -> Vec<ConnId> {
+        (0..self.conns.len())
+            .filter(|&i| self.conns[i].as_ref().is_some_and(|c| !c.close_sent))
+            .map(|i| i as ConnId)
+            .collect()
+    }
+
+    /// Connections with no request in progress (nothing buffered either way).
+    fn idle_conn_ids(&self) -> Vec<ConnId> {
+        (0..self.conns.len())
+            .filter(|&i| {
+                self.conns[i].as_ref().is_some_and(|c| {
+                    c.input.is_empty() && c.output.is_empty() && !c.sending && !c.close_sent
+                })
+            })
+            .map(|i| i as ConnId)
+            .collect()
+    }
+
+    fn next_timeout(&self, now: Instant) -> Option<Duration> {
+        let mut deadline = self.idle.front().map(|e| e.0);
+        for d in [self.accept_resume_at, self.drain_deadline]
+            .into_iter()
+            .flatten()
+        {
+            deadline = Some(deadline.map_or(d, |x: Instant| x.min(d)));
+        }
+        deadline.map(|d| d.saturating_duration_since(now))
+    }
+
+    fn handle(&mut self, completion: Completion, now: Instant) {
+        match completion {
+            Completion::Accepted {
+                conn,
+                peer,
+                incoming_cpu,
+                ..
+            } => self.on_accepted(conn, peer, incoming_cpu, now),
+            Completion::AcceptFailed { .. } => {
+                self.setup.stats.error(ErrorKind::Accept);
+                self.set_accepting(false);
+                self.accept_resume_at = Some(now + ACCEPT_BACKOFF);
+            }
+            Completion::Recv { conn, buf, len } => {
+                self.on_recv(conn, buf, len, now);
+                self.backend.release(buf);
+            }
+            Completion::Eof { conn } => self.on_eof(conn, now),
+            Completion::RecvFailed { conn, .. } => {
+                self.setup.stats.error(ErrorKind::Io);
+                self.force_close(conn);
+            }
+            Completion::Sent { conn, buf, result } => {
+                self.recycle(buf);
+                self.on_sent(conn, result.map(|n| n as u64), now);
+            }
+            Completion::SentFile { conn, result } => self.on_sent(conn, result, now),
+            Completion::Closed { conn } => self.on_closed(conn),
+        }
+    }
+
+    fn on_accepted(
+        &mut self,
+        conn: ConnId,
+        peer: Option<std::net::SocketAddr>,
+        incoming_cpu: Option<usize>,
+        now: Instant,
+    ) {
+        let local = incoming_cpu == Some(self.setup.cpu);
+        self.setup.stats.accepted(local, false);
+        let info = ConnInfo {
+            worker: self.setup.index,
+            peer,
+            now,
+        };
+        let handler = self.setup.service.connect(&info);
+        let slot = conn as usize;
+        if self.conns.len() <= slot {
+            self.conns.resize_with(slot + 1, || None);
+        }
+        assert!(
+            self.conns[slot].is_none(),
+            "connection id reused while open"
+        );
+        self.next_generation += 1;
+        self.conns[slot] = Some(Conn {
+            handler,
+            generation: self.next_generation,
+            input: Vec::new(),
+            output: Output::new(),
+            sending: false,
+            recv_paused: false,
+            eof: false,
+            closing: None,
+            close_sent: false,
+            last_active: now,
+        });
+        self.open += 1;
+        self.idle.push_back((
+            now + self.setup.limits.idle_timeout,
+            conn,
+            self.next_generation,
+        ));
+        self.backend.push(Op::Recv { conn });
+        if self.open >= self.setup.limits.conns_per_worker_max {
+            self.set_accepting(false);
+        }
+        if self.drain_deadline.is_some() {
+            self.begin_close(conn, CloseReason::Done);
+        }
+    }
+
+    fn on_recv(&mut self, id: ConnId, buf: u32, len: usize, now: Instant) {
+        self.setup.stats.bytes_in(len as u64);
+        let Some(conn) = self.conns.get_mut(id as usize).and_then(Option::as_mut) else {
+            return;
+        };
+        if conn.closing.is_some() {
+            return;
+        }
+        conn.last_active = now;
+        conn.input
+            .extend_from_slice(self.backend.recv_data(buf, len));
+        let verdict = process(conn, &self.setup, now);
+        if verdict.is_none() && conn.input.len() >= self.setup.limits.input_bytes_max {
+            // The buffer is full and the handler still cannot make progress.
+            self.setup.stats.error(ErrorKind::TooLarge);
+            self.begin_close(id, CloseReason::TooLarge);
+            return;
+        }
+        self.after_process(id, verdict);
+    }
+
+    fn after_process(&mut self, id: ConnId, verdict: Option<CloseReason>) {
+        if let Some(reason) = verdict {
+            match reason {
+                CloseReason::BadRequest => self.setup.stats.error(ErrorKind::BadRequest),
+                CloseReason::TooLarge => self.setup.stats.error(ErrorKind::TooLarge),
+                CloseReason::Done => {}
+            }
+            self.begin_close(id, reason);
+            return;
+        }
+        if self.drain_deadline.is_some() {
+            let idle = self.conns[id as usize]
+                .as_ref()
+                .is_some_and(|c| c.input.is_empty());
+            if idle {
+                self.begin_close(id, CloseReason::Done);
+                return;
+            }
+        }
+        self.apply_backpressure(id);
+        self.flush(id);
+    }
+
+    fn on_eof(&mut self, id: ConnId, now: Instant) {
+        let Some(conn) = self.conns.get_mut(id as usize).and_then(Option::as_mut) else {
+            return;
+        };
+        conn.eof = true;
+        if conn.closing.is_some() {
+            return;
+        }
+        let next = conn.handler.on_eof(&conn.input, &mut conn.output, now);
+        match next {
+            Next::Close(reason) => self.begin_close(id, reason),
+            // Half-closed: nothing more will arrive; close once the output is flushed.
+            Next::Read => self.begin_close(id, CloseReason::Done),
+        }
+    }
+
+    fn on_sent(&mut self, id: ConnId, result: std::io::Result<u64>, now: Instant) {
+        let Some(conn) = self.conns.get_mut(id as usize).and_then(Option::as_mut) else {
+            return;
+        };
+        conn.sending = false;
+        match result {
+            Ok(n) => {
+                self.setup.stats.bytes_out(n);
+                conn.last_active = now;
+            }
+            Err(_) => {
+                self.setup.stats.error(ErrorKind::Io);
+                self.force_close(id);
+                return;
+            }
+        }
+        if conn.recv_paused
+            && conn.output.total_len() <= self.setup.limits.output_bytes_max as u64 / 2
+        {
+            // Output drained: resume reading and finish the requests already buffered.
+            conn.recv_paused = false;
+            if !conn.eof && conn.closing.is_none() {
+                self.backend.push(Op::Recv { conn: id });
+            }
+            if conn.closing.is_none() && !conn.input.is_empty() {
+                let verdict = process(conn, &self.setup, now);
+                self.after_process(id, verdict);
+                return;
+            }
+        }
+        self.flush(id);
+    }
+
+    fn on_closed(&mut self, id: ConnId) {
+        if let Some(slot) = self.conns.get_mut(id as usize) {
+            if slot.take().is_some() {
+                self.open -= 1;
+                self.setup.stats.closed();
+            }
+        }
+        if !self.accepting
+            && self.drain_deadline.is_none()
+            && self.accept_resume_at.is_none()
+            && self.open < self.setup.limits.conns_per_worker_max
+        {
+            self.set_accepting(true);
+        }
+    }
+
+    fn apply_backpressure(&mut self, id: ConnId) {
+        let Some(conn) = self.conns.get_mut(id as usize).and_then(Option::as_mut) else {
+            return;
+        };
+        if !conn.recv_paused
+            && !conn.eof
+            && conn.output.total_len() > self.setup.limits.output_bytes_max as u64
+        {
+            conn.recv_paused = true;
+            self.backend.push(Op::RecvPause { conn: id });
+        }
+    }
+
+    /// Starts the next send if none is in flight; closes when output is done and asked to.
+    fn flush(&mut self, id: ConnId) {
+        let Some(conn) = self.conns.get_mut(id as usize).and_then(Option::as_mut) else {
+            return;
+        };
+        if conn.sending || conn.close_sent {
+            return;
+        }
+        let spare = self.spare_bufs.pop().unwrap_or_default();
+        match conn.output.take_front(spare) {
+            Some(Chunk::Bytes(buf)) => {
+                conn.sending = true;
+                self.backend.push(Op::Send { conn: id, buf });
+            }
+            Some(Chunk::File(region)) => {
+                conn.sending = true;
+                self.backend.push(Op::SendFile { conn: id, region });
+            }
+            None => {
+                if conn.closing.is_some() {
+                    conn.close_sent = true;
+                    self.backend.push(Op::Close { conn: id });
+                }
+            }
+        }
+    }
+
+    /// Closes after the pending output is flushed.
+    fn begin_close(&mut self, id: ConnId, reason: CloseReason) {
+        let Some(conn) = self.conns.get_mut(id as usize).and_then(Option::as_mut) else {
+            return;
+        };
+        if conn.closing.is_none() {
+            conn.closing = Some(reason);
+            if !conn.recv_paused && !conn.eof {
+                conn.recv_paused = true;
+                self.backend.push(Op::RecvPause { conn: id });
+            }
+        }
+        self.flush(id);
+    }
+
+    /// Closes now, dropping pending output.
+    fn force_close(&mut self, id: ConnId) {
+        let Some(conn) = self.conns.get_mut(id as usize).and_then(Option::as_mut) else {
+            return;
+        };
+        if conn.close_sent {
+            return;
+        }
+        conn.closing = Some(CloseReason::Done);
+        conn.output.clear();
+        conn.close_sent = true;
+        self.backend.push(Op::Close { conn: id });
+    }
+
+    fn expire_idle(&mut self, now: Instant) {
+        let timeout = self.setup.limits.idle_timeout;
+        while let Some(&(deadline, id, generation)) = self.idle.front() {
+            if deadline > now {
+                break;
+            }
+            self.idle.pop_front();
+            let Some(conn) = self.conns.get(id as usize).and_then(Option::as_ref) else {
+                continue;
+            };
+            if conn.generation != generation || conn.close_sent {
+                continue;
+            }
+            let real_deadline = conn.last_active + timeout;
+            if real_deadline > now {
+                self.idle.push_back((real_deadline, id, generation));
+            } else {
+                self.setup.stats.error(ErrorKind::IdleTimeout);
+                self.force_close(id);
+            }
+        }
+    }
+
+    fn maybe_resume_accept(&mut self, now: Instant) {
+        if self.accept_resume_at.is_some_and(|t| now >= t) {
+            self.accept_resume_at = None;
+            if self.drain_deadline.is_none() && self.open < self.setup.limits.conns_per_worker_max {
+                self.set_accepting(true);
+            }
+        }
+    }
+
+    fn recycle(&mut self, mut buf: Vec<u8>) {
+        if self.spare_bufs.len() < SPARE_BUFS_MAX && buf.capacity() <= 1 << 20 {
+            buf.clear();
+            self.spare_bufs.push(buf);
+        }
+    }
+}
+
+/// Runs the handler over the connection's buffered input; returns a close reason if it asked
+/// to close. Stops early when the output grows past the limit (back-pressure).
+fn process<S: Service>(
+    conn: &mut Conn<S::Conn>,
+    setup: &WorkerSetup<S>,
+    now: Instant,
+) -> Option<CloseReason> {
+    let mut offset = 0;
+    let mut verdict = None;
+    for _ in 0..HANDLER_ROUNDS_MAX {
+        if offset == conn.input.len() {
+            break;
+        }
+        let step = conn
+            .handler
+            .on_input(&conn.input[offset..], &mut conn.output, now);
+        assert!(
+            step.consumed <= conn.input.len() - offset,
+            "handler consumed more than it was given"
+        );
+        offset += step.consumed;
+        setup.stats.requests(step.requests as u64);
+        if let Next::Close(reason) = step.next {
+            verdict = Some(reason);
+            break;
+        }
+        if step.consumed == 0 || conn.output.total_len() > setup.limits.output_bytes_max as u64 {
+            break;
+        }
+    }
+    conn.input.drain(..offset);
+    verdict
+}

@@ -1,0 +1,40 @@
+//! Termination signals handled synchronously: block SIGINT/SIGTERM in every thread (workers
+//! inherit the mask), then wait for them with `sigtimedwait` in one place.
+
+use std::io;
+use std::time::Duration;
+
+fn termination_set() -> libc::sigset_t {
+    // SAFETY: sigset_t is plain old data; sigemptyset/sigaddset initialise it.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        set
+    }
+}
+
+/// Blocks SIGINT and SIGTERM in the calling thread and the threads it starts afterwards.
+pub fn block_termination_signals() -> io::Result<()> {
+    let set = termination_set();
+    // SAFETY: `set` is initialised; the old mask is not needed.
+    let rc = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+    if rc != 0 {
+        return Err(io::Error::from_raw_os_error(rc));
+    }
+    Ok(())
+}
+
+/// Waits up to `timeout` for SIGINT or SIGTERM; returns the signal number if one arrived.
+/// The signals must be blocked first ([`block_termination_signals`]).
+pub fn wait_termination(timeout: Duration) -> Option<i32> {
+    let set = termination_set();
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: `set` and `ts` are initialised; no siginfo is requested.
+    let sig = unsafe { libc::sigtimedwait(&set, std::ptr::null_mut(), &ts) };
+    (sig > 0).then_some(sig)
+}

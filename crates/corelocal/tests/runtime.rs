@@ -1,0 +1,276 @@
+//! Behaviour of the runtime over real sockets, with a tiny line protocol as the service:
+//! `PING\n` → `PONG\n`, `BIG n\n` → n bytes, `QUIT\n` → close; anything else → `ERR\n` and
+//! close as a bad request.
+
+use corelocal::cpu::{current_affinity, pin_current_thread, CpuSet};
+use corelocal::listen::{Mode, Steering};
+use corelocal::runtime::{
+    CloseReason, ConnInfo, Handler, Limits, Output, Server, ServerConfig, Service, Step,
+};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+struct Lines;
+struct LineConn;
+
+impl Handler for LineConn {
+    fn on_input(&mut self, input: &[u8], out: &mut Output, _now: Instant) -> Step {
+        let Some(end) = input.iter().position(|&b| b == b'\n') else {
+            return Step::read(0, 0);
+        };
+        let line = &input[..end];
+        let consumed = end + 1;
+        if line == b"PING" {
+            out.write(b"PONG\n");
+            Step::read(consumed, 1)
+        } else if line == b"QUIT" {
+            Step::close(consumed, 1, CloseReason::Done)
+        } else if let Some(n) = line.strip_prefix(b"BIG ") {
+            let n: usize = std::str::from_utf8(n).unwrap().parse().unwrap();
+            out.write(&vec![b'b'; n]);
+            Step::read(consumed, 1)
+        } else {
+            out.write(b"ERR\n");
+            Step::close(consumed, 0, CloseReason::BadRequest)
+        }
+    }
+}
+
+impl Service for Lines {
+    type Conn = LineConn;
+    fn name(&self) -> &'static str {
+        "lines"
+    }
+    fn connect(&self, _info: &ConnInfo) -> LineConn {
+        LineConn
+    }
+}
+
+fn cpus() -> CpuSet {
+    current_affinity().unwrap()
+}
+
+fn start_with(mode: Mode, limits: Limits) -> Server {
+    let mut config = ServerConfig::new(vec!["127.0.0.1:0".parse().unwrap()], &cpus(), mode);
+    config.limits = limits;
+    Server::start(config, Arc::new(Lines)).unwrap()
+}
+
+fn start() -> Server {
+    start_with(Mode::Local, Limits::default())
+}
+
+fn addr(s: &Server) -> SocketAddr {
+    s.local_addrs()[0]
+}
+
+fn connect(a: SocketAddr) -> TcpStream {
+    let s = TcpStream::connect(a).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s
+}
+
+fn read_to_end(mut s: TcpStream) -> Vec<u8> {
+    let mut v = Vec::new();
+    let _ = s.read_to_end(&mut v);
+    v
+}
+
+/// Polls until `cond` holds on the server's stats (bounded).
+fn eventually(server: &Server, cond: impl Fn(&corelocal::runtime::Snapshot) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if cond(&server.stats()) {
+            return;
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+    panic!("condition not reached: {:?}", server.stats());
+}
+
+fn stop(server: Server) {
+    server.stop();
+    server.join().unwrap();
+}
+
+#[test]
+fn serves_keep_alive_requests_on_many_connections() {
+    let server = start();
+    let a = addr(&server);
+    let clients: Vec<_> = (0..8)
+        .map(|_| {
+            thread::spawn(move || {
+                let mut s = connect(a);
+                let mut r = BufReader::new(s.try_clone().unwrap());
+                for _ in 0..100 {
+                    s.write_all(b"PING\n").unwrap();
+                    let mut line = String::new();
+                    r.read_line(&mut line).unwrap();
+                    assert_eq!(line, "PONG\n");
+                }
+            })
+        })
+        .collect();
+    for c in clients {
+        c.join().unwrap();
+    }
+    eventually(&server, |s| {
+        s.total.requests == 800 && s.total.accepted == 8
+    });
+    assert_eq!(server.stats().total.errors.total(), 0);
+    stop(server);
+}
+
+#[test]
+fn pipelined_requests_are_answered_in_order() {
+    let server = start();
+    let mut s = connect(addr(&server));
+    s.write_all(b"PING\nPING\nBIG 3\nPING\nQUIT\n").unwrap();
+    assert_eq!(read_to_end(s), b"PONG\nPONG\nbbbPONG\n");
+    stop(server);
+}
+
+#[test]
+fn garbage_closes_that_connection_counts_an_error_and_others_keep_working() {
+    let server = start();
+    let a = addr(&server);
+    let mut good = connect(a);
+    let mut bad = connect(a);
+    bad.write_all(b"\x00\x01garbage\n").unwrap();
+    assert_eq!(read_to_end(bad), b"ERR\n");
+    good.write_all(b"PING\nQUIT\n").unwrap();
+    assert_eq!(read_to_end(good), b"PONG\n");
+    eventually(&server, |s| s.total.errors.bad_request == 1);
+    stop(server);
+}
+
+#[test]
+fn oversized_input_closes_that_connection_with_too_large() {
+    let limits = Limits {
+        input_bytes_max: 4096,
+        ..Limits::default()
+    };
+    let server = start_with(Mode::Local, limits);
+    let a = addr(&server);
+    let mut bad = connect(a);
+    // No newline ever: the input buffer fills without progress.
+    let _ = bad.write_all(&[b'a'; 20_000]);
+    let _ = read_to_end(bad);
+    eventually(&server, |s| s.total.errors.too_large == 1);
+    let mut good = connect(a);
+    good.write_all(b"PING\nQUIT\n").unwrap();
+    assert_eq!(read_to_end(good), b"PONG\n");
+    stop(server);
+}
+
+#[test]
+fn idle_connections_time_out() {
+    let limits = Limits {
+        idle_timeout: Duration::from_millis(200),
+        ..Limits::default()
+    };
+    let server = start_with(Mode::Local, limits);
+    let s = connect(addr(&server));
+    let started = Instant::now();
+    assert_eq!(read_to_end(s), b"");
+    assert!(started.elapsed() >= Duration::from_millis(150));
+    eventually(&server, |s| {
+        s.total.errors.idle_timeout == 1 && s.total.open == 0
+    });
+    stop(server);
+}
+
+#[test]
+fn large_responses_to_a_slow_reader_arrive_whole() {
+    let limits = Limits {
+        output_bytes_max: 64 * 1024,
+        ..Limits::default()
+    };
+    let server = start_with(Mode::Local, limits);
+    let mut s = connect(addr(&server));
+    // 40 requests of 200 KB each, pipelined; read slowly.
+    let requests: Vec<u8> = b"BIG 200000\n".repeat(40);
+    s.write_all(&requests).unwrap();
+    s.write_all(b"QUIT\n").unwrap();
+    let mut total = 0usize;
+    let mut buf = [0u8; 4096];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                assert!(buf[..n].iter().all(|&b| b == b'b'));
+                total += n;
+                if total < 100_000 {
+                    thread::sleep(Duration::from_millis(1));
+                }
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!(total, 40 * 200_000);
+    stop(server);
+}
+
+#[test]
+fn graceful_stop_closes_idle_connections_and_exits() {
+    let server = start();
+    let s = connect(addr(&server));
+    eventually(&server, |st| st.total.open == 1);
+    let t = Instant::now();
+    stop(server);
+    assert!(
+        t.elapsed() < Duration::from_secs(4),
+        "stop waited for the idle connection"
+    );
+    assert_eq!(read_to_end(s), b"");
+}
+
+#[test]
+fn local_mode_workers_accept_their_own_cpus_connections() {
+    let all: Vec<usize> = cpus().iter().collect();
+    if all.len() < 2 {
+        eprintln!("skipping: needs 2 CPUs");
+        return;
+    }
+    for steering in [Steering::IncomingCpu, Steering::Cbpf] {
+        let mut config =
+            ServerConfig::new(vec!["127.0.0.1:0".parse().unwrap()], &cpus(), Mode::Local);
+        config.listen.steering = Some(steering);
+        let server = Server::start(config, Arc::new(Lines)).unwrap();
+        let a = addr(&server);
+        for &cpu in &all[..2] {
+            thread::spawn(move || {
+                pin_current_thread(&CpuSet::single(cpu)).unwrap();
+                for _ in 0..100 {
+                    let mut s = connect(a);
+                    s.write_all(b"QUIT\n").unwrap();
+                    let _ = read_to_end(s);
+                }
+            })
+            .join()
+            .unwrap();
+        }
+        eventually(&server, |s| s.total.accepted == 200);
+        let stats = server.stats();
+        assert!(stats.locality() >= 0.99, "{steering}: {stats:?}");
+        for w in &stats.workers[..2] {
+            assert_eq!(w.accepted, 100, "{steering}: {stats:?}");
+        }
+        stop(server);
+    }
+}
+
+#[test]
+fn stock_mode_serves_from_one_shared_socket() {
+    let server = start_with(Mode::Stock, Limits::default());
+    for _ in 0..50 {
+        let mut s = connect(addr(&server));
+        s.write_all(b"PING\nQUIT\n").unwrap();
+        assert_eq!(read_to_end(s), b"PONG\n");
+    }
+    eventually(&server, |s| s.total.accepted == 50);
+    stop(server);
+}
