@@ -135,8 +135,8 @@ mod tests {
     fn keep_alive_counts_whole_requests_across_splits() {
         let mut s = RpcState::new(cfg(false));
         assert_eq!(s.feed(b"abc").responses, 0);
-        assert_eq!(s.feed(b"defgh").responses, 1);
-        assert_eq!(s.feed(b"ijklmnop").responses, 3);
+        assert_eq!(s.feed(b"de").responses, 1);
+        assert_eq!(s.feed(b"fghijklmnop").responses, 3);
     }
 
     #[test]
