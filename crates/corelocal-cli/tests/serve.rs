@@ -1,0 +1,172 @@
+//! The `corelocal serve` command end to end: flags, serving, stats, bad input, signals.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Child, ChildStderr, Command, Stdio};
+use std::time::Duration;
+
+const BIN: &str = env!("CARGO_BIN_EXE_corelocal");
+
+struct Running {
+    child: Child,
+    addr: SocketAddr,
+    stderr: BufReader<ChildStderr>,
+}
+
+/// Starts `corelocal serve rpc ARGS` on an ephemeral port; waits for its "listening on" line.
+fn serve_rpc(args: &[&str]) -> Running {
+    let mut child = Command::new(BIN)
+        .args(["serve", "rpc", "--listen", "127.0.0.1:0"])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    stderr.read_line(&mut line).unwrap();
+    let addr = line
+        .split("listening on ")
+        .nth(1)
+        .and_then(|rest| rest.split([' ', ',']).next())
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .parse()
+        .unwrap();
+    Running {
+        child,
+        addr,
+        stderr,
+    }
+}
+
+fn terminate(mut r: Running) -> (i32, String) {
+    // SAFETY: sending SIGTERM to our own child process.
+    unsafe { libc::kill(r.child.id() as i32, libc::SIGTERM) };
+    let status = r.child.wait().unwrap();
+    let mut rest = String::new();
+    r.stderr.read_to_string(&mut rest).unwrap();
+    let mut out = String::new();
+    r.child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
+    (status.code().unwrap_or(-1), out)
+}
+
+fn rpc(addr: SocketAddr, request: &[u8]) -> Vec<u8> {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(request).unwrap();
+    let mut v = Vec::new();
+    let _ = s.read_to_end(&mut v);
+    v
+}
+
+#[test]
+fn one_shot_rpc_answers_and_closes_then_sigterm_exits_cleanly() {
+    let r = serve_rpc(&[
+        "--one-shot",
+        "--req-size",
+        "64",
+        "--resp-size",
+        "32",
+        "--stats-interval",
+        "100ms",
+        "--json",
+    ]);
+    for _ in 0..20 {
+        let reply = rpc(r.addr, &[b'q'; 64]);
+        assert_eq!(reply.len(), 32);
+        assert_eq!(reply.last(), Some(&b'\n'));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let (code, stdout) = terminate(r);
+    assert_eq!(code, 0);
+    let last: serde_json::Value =
+        serde_json::from_str(stdout.lines().last().expect("stats lines")).unwrap();
+    assert_eq!(last["total"]["accepted"], 20);
+    assert_eq!(last["total"]["requests"], 20);
+}
+
+#[test]
+fn oversized_one_shot_request_is_closed_and_counted_while_others_are_served() {
+    let r = serve_rpc(&[
+        "--one-shot",
+        "--req-size",
+        "8",
+        "--stats-interval",
+        "100ms",
+        "--json",
+    ]);
+    assert_eq!(rpc(r.addr, &[b'a'; 100]), b"");
+    assert_eq!(rpc(r.addr, &[b'a'; 8]).len(), 64);
+    std::thread::sleep(Duration::from_millis(300));
+    let (code, stdout) = terminate(r);
+    assert_eq!(code, 0);
+    let last: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(last["total"]["errors"]["too_large"], 1);
+    assert_eq!(last["total"]["requests"], 1);
+}
+
+#[test]
+fn keep_alive_rpc_answers_every_request() {
+    let r = serve_rpc(&["--req-size", "16", "--resp-size", "16"]);
+    let mut s = TcpStream::connect(r.addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut buf = [0u8; 16];
+    for _ in 0..50 {
+        s.write_all(&[b'r'; 16]).unwrap();
+        s.read_exact(&mut buf).unwrap();
+        assert_eq!(&buf[15..], b"\n");
+    }
+    drop(s);
+    assert_eq!(terminate(r).0, 0);
+}
+
+#[test]
+fn stats_lines_report_each_worker() {
+    let r = serve_rpc(&["--cpus", "0", "--stats-interval", "50ms"]);
+    std::thread::sleep(Duration::from_millis(200));
+    let (code, stdout) = terminate(r);
+    assert_eq!(code, 0);
+    let line = stdout.lines().next().expect("a stats line");
+    assert!(line.contains("w0 cpu0 conn/s"), "{line}");
+}
+
+fn run_fails_with_2(args: &[&str], expect: &str) {
+    let out = Command::new(BIN).args(args).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{args:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(expect), "{args:?}: {err}");
+}
+
+#[test]
+fn invalid_flags_give_a_clear_message_and_exit_2() {
+    run_fails_with_2(
+        &["serve", "rpc", "--mode", "bogus"],
+        "possible values: local, fine, stock",
+    );
+    run_fails_with_2(&["serve", "rpc", "--cpus", "0-x"], "invalid CPU set");
+    run_fails_with_2(&["serve", "rpc", "--req-size", "0"], "--req-size");
+    run_fails_with_2(
+        &["serve", "rpc", "--listen", "nowhere"],
+        "invalid socket address",
+    );
+    run_fails_with_2(&["serve", "rpc", "--idle-timeout", "5"], "add a unit");
+    run_fails_with_2(&["serve", "nosuchapp"], "unrecognized subcommand");
+}
+
+#[test]
+fn a_busy_port_is_a_clear_runtime_error() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().to_string();
+    let out = Command::new(BIN)
+        .args(["serve", "rpc", "--mode", "stock", "--listen", &port])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("Address already in use"), "{err}");
+}
