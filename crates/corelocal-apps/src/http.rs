@@ -1,1 +1,0 @@
-//! Static HTTP/1.1 file server.

@@ -1,1 +1,0 @@
-//! HTTP/1.1: request parser and response builder (sans-IO).

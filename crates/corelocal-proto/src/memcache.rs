@@ -1,1 +1,0 @@
-//! The memcached text protocol (sans-IO).

@@ -1,0 +1,278 @@
+use super::*;
+
+fn ok(line: &str) -> Command<'_> {
+    parse_line(line.as_bytes()).unwrap_or_else(|e| panic!("{line:?}: {e:?}"))
+}
+
+fn rej(line: &str) -> (&'static str, bool) {
+    match parse_line(line.as_bytes()) {
+        Err(r) => (r.reply, r.silent),
+        Ok(c) => panic!("{line:?} parsed as {c:?}"),
+    }
+}
+
+#[test]
+fn lines_are_framed_like_memcached() {
+    assert_eq!(next_line(b"get k\r\nrest"), Some((&b"get k"[..], 7)));
+    assert_eq!(next_line(b"get k\nrest"), Some((&b"get k"[..], 6)));
+    assert_eq!(next_line(b"\r\n"), Some((&b"\r"[..], 2)), "a lone CR stays");
+    assert_eq!(next_line(b"get k\r\r\n"), Some((&b"get k\r"[..], 8)));
+    assert_eq!(next_line(b"get k"), None);
+}
+
+#[test]
+fn long_lines_close_unless_get() {
+    let l = Limits::default();
+    assert!(!line_overflows(&[b'x'; 2048], &l));
+    assert!(line_overflows(&[b'x'; 2049], &l));
+    let get = [b"get ".to_vec(), vec![b'k'; 3000]].concat();
+    assert!(!line_overflows(&get, &l));
+    let gat = [b"gat 1 ".to_vec(), vec![b'k'; 3000]].concat();
+    assert!(
+        line_overflows(&gat, &l),
+        "memcached closes long gat lines too"
+    );
+    let huge = [b"gets ".to_vec(), vec![b'k'; l.get_line_bytes_max]].concat();
+    assert!(line_overflows(&huge, &l));
+}
+
+#[test]
+fn retrievals() {
+    let Command::Get { keys, cas, touch } = ok("get a  b c") else {
+        panic!()
+    };
+    assert_eq!(keys.collect::<Vec<_>>(), [&b"a"[..], b"b", b"c"]);
+    assert!(!cas && touch.is_none());
+    assert!(matches!(
+        ok("gets a"),
+        Command::Get {
+            cas: true,
+            touch: None,
+            ..
+        }
+    ));
+    assert!(matches!(
+        ok("gat 10 a"),
+        Command::Get {
+            cas: false,
+            touch: Some(10),
+            ..
+        }
+    ));
+    assert!(matches!(
+        ok("gats -1 a"),
+        Command::Get {
+            cas: true,
+            touch: Some(-1),
+            ..
+        }
+    ));
+    let Command::Get { keys, .. } = ok("gat 10") else {
+        panic!()
+    };
+    assert_eq!(keys.count(), 0);
+    assert_eq!(rej("get"), (ERROR, false));
+    assert_eq!(rej("gat"), (ERROR, false));
+    assert_eq!(rej("gat x k"), (BAD_EXPTIME, false));
+    let long = format!("get a {} b", "k".repeat(251));
+    assert_eq!(rej(&long), (BAD_FORMAT, false));
+    let max = format!("get {}", "k".repeat(250));
+    assert!(matches!(ok(&max), Command::Get { .. }));
+}
+
+#[test]
+fn storage_lines() {
+    assert_eq!(
+        ok("set k 5 10 3"),
+        Command::Store(Store {
+            op: StoreOp::Set,
+            key: b"k",
+            flags: 5,
+            exptime: 10,
+            bytes: 3,
+            cas: 0,
+            noreply: false
+        })
+    );
+    let Command::Store(s) = ok("cas k 0 0 1 77 noreply") else {
+        panic!()
+    };
+    assert_eq!((s.op, s.cas, s.noreply), (StoreOp::Cas, 77, true));
+    let Command::Store(s) = ok("set k 0 0 1 garbage") else {
+        panic!()
+    };
+    assert!(!s.noreply, "a sixth token other than noreply is ignored");
+    let Command::Store(s) = ok("set k 4294967296 0 1") else {
+        panic!()
+    };
+    assert_eq!(s.flags, 0, "flags are truncated to 32 bits like memcached");
+    let Command::Store(s) = ok("set k 0 0 4294967297") else {
+        panic!()
+    };
+    assert_eq!(s.bytes, 1, "lengths are truncated to int32 like memcached");
+    assert_eq!(rej("set k 0 0"), (ERROR, false));
+    assert_eq!(rej("set k 0 0 1 noreply extra"), (ERROR, false));
+    assert_eq!(rej("cas k 0 0 1"), (ERROR, false));
+    assert_eq!(rej("set k 0 0 -1"), (BAD_FORMAT, false));
+    assert_eq!(rej("set k 0 0 2147483646"), (BAD_FORMAT, false));
+    assert_eq!(rej("set k -1 0 1"), (BAD_FORMAT, false));
+    assert_eq!(rej("set k 0 0 0x1"), (BAD_FORMAT, false));
+    assert_eq!(rej("set k abc 0 1 noreply"), (BAD_FORMAT, true));
+    assert_eq!(rej("cas k 0 0 1 abc"), (BAD_FORMAT, false));
+    assert_eq!(
+        rej(&format!("set {} 0 0 1", "k".repeat(251))),
+        (BAD_FORMAT, false)
+    );
+    assert_eq!(
+        rej("set\tk 0 0 1"),
+        (ERROR, false),
+        "tabs do not separate tokens"
+    );
+}
+
+#[test]
+fn other_commands() {
+    assert_eq!(
+        ok("incr k 5"),
+        Command::Arith {
+            incr: true,
+            key: b"k",
+            delta: 5,
+            noreply: false
+        }
+    );
+    assert_eq!(rej("incr k -1"), (BAD_DELTA, false));
+    assert_eq!(rej("decr k x noreply"), (BAD_DELTA, true));
+    assert_eq!(rej("incr k"), (ERROR, false));
+    assert_eq!(
+        ok("delete k"),
+        Command::Delete {
+            key: b"k",
+            noreply: false
+        }
+    );
+    assert_eq!(
+        ok("delete k 0"),
+        Command::Delete {
+            key: b"k",
+            noreply: false
+        }
+    );
+    assert_eq!(
+        ok("delete k 0 noreply"),
+        Command::Delete {
+            key: b"k",
+            noreply: true
+        }
+    );
+    assert_eq!(
+        ok("delete k noreply"),
+        Command::Delete {
+            key: b"k",
+            noreply: true
+        }
+    );
+    assert_eq!(rej("delete k 1"), (BAD_DELETE, false));
+    assert_eq!(rej("delete k 1 noreply"), (BAD_DELETE, true));
+    assert_eq!(rej("delete k noreply x"), (BAD_DELETE, false));
+    assert_eq!(rej("delete"), (ERROR, false));
+    assert_eq!(
+        ok("touch k 10"),
+        Command::Touch {
+            key: b"k",
+            exptime: 10,
+            noreply: false
+        }
+    );
+    assert_eq!(rej("touch k abc"), (BAD_EXPTIME, false));
+    assert_eq!(
+        ok("flush_all"),
+        Command::FlushAll {
+            delay: 0,
+            noreply: false
+        }
+    );
+    assert_eq!(
+        ok("flush_all 10"),
+        Command::FlushAll {
+            delay: 10,
+            noreply: false
+        }
+    );
+    assert_eq!(
+        ok("flush_all noreply"),
+        Command::FlushAll {
+            delay: 0,
+            noreply: true
+        }
+    );
+    assert_eq!(
+        ok("flush_all 1 2"),
+        Command::FlushAll {
+            delay: 1,
+            noreply: false
+        }
+    );
+    assert_eq!(rej("flush_all abc"), (BAD_EXPTIME, false));
+    assert_eq!(rej("flush_all noreply x"), (BAD_EXPTIME, false));
+    assert_eq!(ok("version x"), Command::Version);
+    assert_eq!(ok("quit"), Command::Quit);
+    assert_eq!(ok("mn"), Command::MetaNoop);
+    assert_eq!(
+        ok("verbosity 1 noreply"),
+        Command::Verbosity { noreply: true }
+    );
+    assert_eq!(rej("verbosity x"), (BAD_FORMAT, false));
+    assert_eq!(rej("verbosity"), (ERROR, false));
+    assert_eq!(ok("stats"), Command::Stats(Stats::General));
+    assert_eq!(ok("stats settings extra"), Command::Stats(Stats::Settings));
+    assert_eq!(rej("stats foo"), (ERROR, false));
+    for bad in ["", "\r", "s", "GET k", "foo", "mg k", "\0\x01"] {
+        assert_eq!(rej(bad), (ERROR, false), "{bad:?}");
+    }
+}
+
+#[test]
+fn item_sizes_match_memcached_boundaries() {
+    // Measured on memcached 1.6.18 with -I 1m: key "k" takes values up to 1,048,516 bytes,
+    // key "kkkkkkkkkk" up to 1,048,507, and non-zero flags cost 4 bytes more.
+    let max = 1 << 20;
+    assert!(item_size(1, 0, 1_048_516) <= max);
+    assert!(item_size(1, 0, 1_048_517) > max);
+    assert!(item_size(10, 0, 1_048_507) <= max);
+    assert!(item_size(10, 0, 1_048_508) > max);
+    assert!(item_size(1, 123_456, 1_048_516) > max);
+}
+
+#[test]
+fn expiry_times() {
+    let (now, started) = (1_700_000_000, 1_699_999_000);
+    assert_eq!(expiry_unix(0, now, started), 0);
+    assert_eq!(expiry_unix(-1, now, started), 1);
+    assert_eq!(expiry_unix(10, now, started), now + 10);
+    assert_eq!(expiry_unix(2_592_000, now, started), now + 2_592_000);
+    assert_eq!(
+        expiry_unix(2_592_001, now, started),
+        1,
+        "absolute, long past"
+    );
+    assert_eq!(expiry_unix(1_700_000_100, now, started), 1_700_000_100);
+}
+
+#[test]
+fn arithmetic_values_pad_like_memcached() {
+    assert_eq!(arith_value(99, 3), b"99 ");
+    assert_eq!(arith_value(0, 3), b"0  ");
+    assert_eq!(arith_value(1000, 3), b"1000");
+    assert_eq!(value_number(b"99 "), Some(99));
+    assert_eq!(value_number(b""), None);
+}
+
+#[test]
+fn values_are_formatted() {
+    let mut out = Vec::new();
+    write_value(&mut out, b"k", 5, b"abc", None);
+    write_value(&mut out, b"k", 0, b"", Some(9));
+    write_line(&mut out, "END");
+    assert_eq!(out, b"VALUE k 5 3\r\nabc\r\nVALUE k 0 0 9\r\n\r\nEND\r\n");
+}
