@@ -1,14 +1,41 @@
 //! `corelocal bench`: the load generator.
+//!
+//! Workloads (`rpc`, `crr`, `http`, `kv`) run on pinned client threads, each driving many
+//! connections through io_uring (linked connect → send → recv, one submit per loop turn) or
+//! epoll. Reports carry HDR latency percentiles, a per-second timeline, errors by kind and
+//! errno, and — what compares servers on a shared loopback host — the server's CPU time per
+//! operation (`--server-pid`) and its locality counters (`--server-stats`).
+//!
+//! Layout: [`proto`] and [`workload`] are sans-IO protocol clients and session scripts;
+//! [`engine`] is the per-thread state machine; [`sys`] holds every syscall; [`stats`],
+//! [`procstat`], [`serverstats`], [`ratesearch`] and [`report`] are the measurement and
+//! output; [`runner`] ties them; [`compare`] runs A/B rounds against peers.
 
 use std::process::ExitCode;
 
-/// `corelocal bench` arguments.
-#[derive(Debug, clap::Args)]
-pub struct Command {}
+pub mod cli;
+pub mod compare;
+pub mod engine;
+pub mod files;
+pub mod procstat;
+pub mod proto;
+pub mod ratesearch;
+pub mod report;
+pub mod runner;
+pub mod serverstats;
+pub mod stats;
+pub mod sys;
+pub mod workload;
+
+pub use cli::Command;
 
 /// Runs `corelocal bench`.
 pub fn run(cmd: Command) -> ExitCode {
-    let _ = cmd;
-    eprintln!("corelocal bench: not built yet");
-    ExitCode::from(2)
+    match cli::execute(cmd) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("corelocal bench: {e}");
+            ExitCode::from(2)
+        }
+    }
 }
