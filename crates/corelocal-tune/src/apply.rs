@@ -139,7 +139,7 @@ pub struct ApplyReport {
 pub fn snapshot_of(fs: &dyn Fs, changes: &[&Current]) -> Snapshot {
     Snapshot {
         format: SNAPSHOT_FORMAT.to_string(),
-        root: fs.root().display().to_string(),
+        root: canonical_root(fs.root()),
         entries: changes
             .iter()
             .map(|c| SnapshotEntry {
@@ -148,6 +148,14 @@ pub fn snapshot_of(fs: &dyn Fs, changes: &[&Current]) -> Snapshot {
             })
             .collect(),
     }
+}
+
+/// The root as an absolute, symlink-free path when it can be resolved.
+pub fn canonical_root(root: &Path) -> String {
+    std::fs::canonicalize(root)
+        .unwrap_or_else(|_| root.to_path_buf())
+        .display()
+        .to_string()
 }
 
 /// Writes `snapshot` to a new file (never overwriting one: it may hold the only record of
@@ -314,6 +322,13 @@ pub struct RevertReport {
 /// Restores a snapshot and checks every file reads back byte for byte.
 pub fn revert(fs: &dyn Fs, snapshot: &Snapshot) -> Result<RevertReport> {
     check_snapshot(snapshot)?;
+    let root = canonical_root(fs.root());
+    if snapshot.root != root {
+        return Err(TuneError::input(format!(
+            "the snapshot was taken under root {:?}, not {root:?}; pass --root {:?}",
+            snapshot.root, snapshot.root
+        )));
+    }
     for e in &snapshot.entries {
         if !fs.exists(&e.path) {
             return Err(TuneError::input(format!(

@@ -97,7 +97,8 @@ struct ShowArgs {
 #[derive(Debug, clap::Args)]
 struct PlanArgs {
     /// spread: one queue per physical core, NIC node first; rps: + RPS to same-node cores;
-    /// rfs: + RFS flow tables; bulk: one high-rate flow, application on a sibling core.
+    /// rfs: + RFS flow tables; bulk: one high-rate flow, the application on another core of
+    /// the same socket.
     #[arg(long, value_enum)]
     profile: Profile,
     /// Keep this many physical cores (the lowest-numbered, with SMT siblings) free of network

@@ -499,6 +499,17 @@ fn check_options(opts: &PlanOptions) -> Result<()> {
     Ok(())
 }
 
+fn merge(plan: &mut Plan, p: NicPlan) {
+    plan.settings.extend(p.settings);
+    plan.housekeeping_cpus = p.housekeeping;
+    for c in p.network_cores {
+        if !plan.network_cores.contains(&c) {
+            plan.network_cores.push(c);
+        }
+    }
+    plan.app_cpus = plan.app_cpus.take().or(p.app);
+}
+
 /// Plans every NIC of `host`.
 pub fn plan(topo: &Topology, host: &HostState, opts: &PlanOptions) -> Result<Plan> {
     check_options(opts)?;
@@ -522,15 +533,7 @@ pub fn plan(topo: &Topology, host: &HostState, opts: &PlanOptions) -> Result<Pla
         notes: Vec::new(),
     };
     for nic in &host.nics {
-        let p = plan_nic(topo, nic, opts, &mut notes)?;
-        plan.settings.extend(p.settings);
-        plan.housekeeping_cpus = p.housekeeping;
-        for c in p.network_cores {
-            if !plan.network_cores.contains(&c) {
-                plan.network_cores.push(c);
-            }
-        }
-        plan.app_cpus = plan.app_cpus.or(p.app);
+        merge(&mut plan, plan_nic(topo, nic, opts, &mut notes)?);
     }
     if opts.profile == Profile::Rfs {
         plan.settings.push(Setting {

@@ -440,6 +440,13 @@ fn the_command_line_round_trips_on_a_fixture() {
         ExitCode::SUCCESS,
         "idempotent"
     );
+    let other = Fixture::new(Kind::Vm);
+    let other_root = other.root.to_str().unwrap();
+    assert_eq!(
+        run(&["--root", other_root, "revert", &snap]),
+        ExitCode::from(2),
+        "wrong root"
+    );
     assert_eq!(run(&["--root", root, "revert", &snap]), ExitCode::SUCCESS);
     assert_eq!(f.tree(), before);
     assert_eq!(
