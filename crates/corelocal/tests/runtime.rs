@@ -5,7 +5,8 @@
 use corelocal::cpu::{current_affinity, pin_current_thread, CpuSet};
 use corelocal::listen::{Mode, Steering};
 use corelocal::runtime::{
-    CloseReason, ConnInfo, Handler, Limits, Output, Server, ServerConfig, Service, Step,
+    BackendKind, CloseReason, ConnInfo, FileRegion, Handler, Limits, Output, Server, ServerConfig,
+    Service, Step,
 };
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -15,6 +16,18 @@ use std::time::{Duration, Instant};
 
 struct Lines;
 struct LineConn;
+
+/// A 1 MB file of a known pattern (`i % 251` at offset `i`), made once per test process.
+fn test_file() -> std::path::PathBuf {
+    static MADE: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    MADE.get_or_init(|| {
+        let path = std::env::temp_dir().join(format!("corelocal-rt-{}.bin", std::process::id()));
+        let data: Vec<u8> = (0..1_000_000u32).map(|i| (i % 251) as u8).collect();
+        std::fs::write(&path, data).unwrap();
+        path
+    })
+    .clone()
+}
 
 impl Handler for LineConn {
     fn on_input(&mut self, input: &[u8], out: &mut Output, _now: Instant) -> Step {
@@ -28,6 +41,15 @@ impl Handler for LineConn {
             Step::read(consumed, 1)
         } else if line == b"QUIT" {
             Step::close(consumed, 1, CloseReason::Done)
+        } else if line == b"FILE" {
+            out.write(b"<");
+            out.push_file(FileRegion {
+                file: Arc::new(std::fs::File::open(test_file()).unwrap()),
+                offset: 1000,
+                len: 600_000,
+            });
+            out.write(b">");
+            Step::read(consumed, 1)
         } else if let Some(n) = line.strip_prefix(b"BIG ") {
             let n: usize = std::str::from_utf8(n).unwrap().parse().unwrap();
             out.write(&vec![b'b'; n]);
@@ -53,14 +75,21 @@ fn cpus() -> CpuSet {
     current_affinity().unwrap()
 }
 
-fn start_with(mode: Mode, limits: Limits) -> Server {
+fn start_with(backend: BackendKind, mode: Mode, limits: Limits) -> Server {
     let mut config = ServerConfig::new(vec!["127.0.0.1:0".parse().unwrap()], &cpus(), mode);
     config.limits = limits;
-    Server::start(config, Arc::new(Lines)).unwrap()
+    config.backend = backend;
+    let server = Server::start(config, Arc::new(Lines)).unwrap();
+    let expected = match backend {
+        BackendKind::Uring => "uring",
+        _ => "epoll",
+    };
+    assert_eq!(server.backend(), expected);
+    server
 }
 
-fn start() -> Server {
-    start_with(Mode::Local, Limits::default())
+fn start(backend: BackendKind) -> Server {
+    start_with(backend, Mode::Local, Limits::default())
 }
 
 fn addr(s: &Server) -> SocketAddr {
@@ -96,9 +125,8 @@ fn stop(server: Server) {
     server.join().unwrap();
 }
 
-#[test]
-fn serves_keep_alive_requests_on_many_connections() {
-    let server = start();
+fn serves_keep_alive_requests_on_many_connections(backend: BackendKind) {
+    let server = start(backend);
     let a = addr(&server);
     let clients: Vec<_> = (0..8)
         .map(|_| {
@@ -124,18 +152,16 @@ fn serves_keep_alive_requests_on_many_connections() {
     stop(server);
 }
 
-#[test]
-fn pipelined_requests_are_answered_in_order() {
-    let server = start();
+fn pipelined_requests_are_answered_in_order(backend: BackendKind) {
+    let server = start(backend);
     let mut s = connect(addr(&server));
     s.write_all(b"PING\nPING\nBIG 3\nPING\nQUIT\n").unwrap();
     assert_eq!(read_to_end(s), b"PONG\nPONG\nbbbPONG\n");
     stop(server);
 }
 
-#[test]
-fn garbage_closes_that_connection_counts_an_error_and_others_keep_working() {
-    let server = start();
+fn garbage_closes_that_connection_counts_an_error_and_others_keep_working(backend: BackendKind) {
+    let server = start(backend);
     let a = addr(&server);
     let mut good = connect(a);
     let mut bad = connect(a);
@@ -147,13 +173,12 @@ fn garbage_closes_that_connection_counts_an_error_and_others_keep_working() {
     stop(server);
 }
 
-#[test]
-fn oversized_input_closes_that_connection_with_too_large() {
+fn oversized_input_closes_that_connection_with_too_large(backend: BackendKind) {
     let limits = Limits {
         input_bytes_max: 4096,
         ..Limits::default()
     };
-    let server = start_with(Mode::Local, limits);
+    let server = start_with(backend, Mode::Local, limits);
     let a = addr(&server);
     let mut bad = connect(a);
     // No newline ever: the input buffer fills without progress.
@@ -166,13 +191,12 @@ fn oversized_input_closes_that_connection_with_too_large() {
     stop(server);
 }
 
-#[test]
-fn idle_connections_time_out() {
+fn idle_connections_time_out(backend: BackendKind) {
     let limits = Limits {
         idle_timeout: Duration::from_millis(200),
         ..Limits::default()
     };
-    let server = start_with(Mode::Local, limits);
+    let server = start_with(backend, Mode::Local, limits);
     let s = connect(addr(&server));
     let started = Instant::now();
     assert_eq!(read_to_end(s), b"");
@@ -183,13 +207,12 @@ fn idle_connections_time_out() {
     stop(server);
 }
 
-#[test]
-fn large_responses_to_a_slow_reader_arrive_whole() {
+fn large_responses_to_a_slow_reader_arrive_whole(backend: BackendKind) {
     let limits = Limits {
         output_bytes_max: 64 * 1024,
         ..Limits::default()
     };
-    let server = start_with(Mode::Local, limits);
+    let server = start_with(backend, Mode::Local, limits);
     let mut s = connect(addr(&server));
     // 40 requests of 200 KB each, pipelined; read slowly.
     let requests: Vec<u8> = b"BIG 200000\n".repeat(40);
@@ -214,9 +237,23 @@ fn large_responses_to_a_slow_reader_arrive_whole() {
     stop(server);
 }
 
-#[test]
-fn graceful_stop_closes_idle_connections_and_exits() {
-    let server = start();
+fn file_regions_are_sent_in_order_with_the_bytes_around_them(backend: BackendKind) {
+    let server = start(backend);
+    let mut s = connect(addr(&server));
+    s.write_all(b"FILE\nPING\nFILE\nQUIT\n").unwrap();
+    let got = read_to_end(s);
+    let region: Vec<u8> = (1000..601_000u32).map(|i| (i % 251) as u8).collect();
+    let mut want = Vec::new();
+    for part in [&b"<"[..], &region, b">PONG\n<", &region, b">"] {
+        want.extend_from_slice(part);
+    }
+    assert_eq!(got.len(), want.len());
+    assert!(got == want, "file bytes differ");
+    stop(server);
+}
+
+fn graceful_stop_closes_idle_connections_and_exits(backend: BackendKind) {
+    let server = start(backend);
     let s = connect(addr(&server));
     eventually(&server, |st| st.total.open == 1);
     let t = Instant::now();
@@ -228,8 +265,7 @@ fn graceful_stop_closes_idle_connections_and_exits() {
     assert_eq!(read_to_end(s), b"");
 }
 
-#[test]
-fn local_mode_workers_accept_their_own_cpus_connections() {
+fn local_mode_workers_accept_their_own_cpus_connections(backend: BackendKind) {
     let all: Vec<usize> = cpus().iter().collect();
     if all.len() < 2 {
         eprintln!("skipping: needs 2 CPUs");
@@ -239,6 +275,7 @@ fn local_mode_workers_accept_their_own_cpus_connections() {
         let mut config =
             ServerConfig::new(vec!["127.0.0.1:0".parse().unwrap()], &cpus(), Mode::Local);
         config.listen.steering = Some(steering);
+        config.backend = backend;
         let server = Server::start(config, Arc::new(Lines)).unwrap();
         let a = addr(&server);
         for &cpu in &all[..2] {
@@ -263,9 +300,8 @@ fn local_mode_workers_accept_their_own_cpus_connections() {
     }
 }
 
-#[test]
-fn stock_mode_serves_from_one_shared_socket() {
-    let server = start_with(Mode::Stock, Limits::default());
+fn stock_mode_serves_from_one_shared_socket(backend: BackendKind) {
+    let server = start_with(backend, Mode::Stock, Limits::default());
     for _ in 0..50 {
         let mut s = connect(addr(&server));
         s.write_all(b"PING\nQUIT\n").unwrap();
@@ -274,3 +310,28 @@ fn stock_mode_serves_from_one_shared_socket() {
     eventually(&server, |s| s.total.accepted == 50);
     stop(server);
 }
+
+/// Every behaviour above, on each backend.
+macro_rules! on_every_backend {
+    ($($name:ident),* $(,)?) => {
+        mod epoll {
+            $(#[test] fn $name() { super::$name(corelocal::runtime::BackendKind::Epoll) })*
+        }
+        mod uring {
+            $(#[test] fn $name() { super::$name(corelocal::runtime::BackendKind::Uring) })*
+        }
+    };
+}
+
+on_every_backend!(
+    file_regions_are_sent_in_order_with_the_bytes_around_them,
+    serves_keep_alive_requests_on_many_connections,
+    pipelined_requests_are_answered_in_order,
+    garbage_closes_that_connection_counts_an_error_and_others_keep_working,
+    oversized_input_closes_that_connection_with_too_large,
+    idle_connections_time_out,
+    large_responses_to_a_slow_reader_arrive_whole,
+    graceful_stop_closes_idle_connections_and_exits,
+    local_mode_workers_accept_their_own_cpus_connections,
+    stock_mode_serves_from_one_shared_socket
+);

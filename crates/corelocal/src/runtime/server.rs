@@ -1,5 +1,6 @@
 //! [`Server`]: binds the listener group, starts one pinned worker per CPU, stops gracefully.
 
+use super::backend::Backend;
 use super::backend::Wake;
 use super::handler::Service;
 use super::stats::{Snapshot, WorkerStats};
@@ -8,6 +9,7 @@ use super::Limits;
 use crate::cpu::{pin_current_thread, CpuSet};
 use crate::listen::{ActiveSteering, GroupConfig, ListenError, ListenerGroup, Mode};
 use crate::sys::epoll::{EpollBackend, PoolConfig};
+use crate::sys::uring::{UringBackend, UringConfig};
 use std::fmt;
 use std::io;
 use std::net::SocketAddr;
@@ -21,7 +23,9 @@ use std::thread::JoinHandle;
 pub enum BackendKind {
     /// epoll (readiness, emulated completions).
     Epoll,
-    /// io_uring when the kernel allows it, else epoll.
+    /// io_uring (multishot accept into direct descriptors, provided buffers); fails if refused.
+    Uring,
+    /// io_uring when the kernel allows it, else epoll (the reason is logged).
     Auto,
 }
 
@@ -31,7 +35,7 @@ impl FromStr for BackendKind {
         match s {
             "epoll" => Ok(BackendKind::Epoll),
             "auto" => Ok(BackendKind::Auto),
-            "uring" => Err("the io_uring backend is not built yet; use epoll or auto".into()),
+            "uring" => Ok(BackendKind::Uring),
             _ => Err(format!(
                 "unknown backend {s:?} (expected epoll, uring or auto)"
             )),
@@ -131,9 +135,10 @@ impl Server {
                 limits: config.limits,
             };
             let ready = ready_tx.clone();
+            let kind = config.backend;
             let thread = std::thread::Builder::new()
                 .name(format!("corelocal-w{index}"))
-                .spawn(move || run_worker(setup, ready))
+                .spawn(move || run_worker(setup, kind, ready))
                 .map_err(|source| ServerError::Worker {
                     worker: index,
                     source,
@@ -143,9 +148,13 @@ impl Server {
         drop(ready_tx);
         let mut wakers: Vec<Option<Arc<dyn Wake>>> = (0..workers).map(|_| None).collect();
         let mut failure = None;
+        let mut backend = "none";
         for _ in 0..workers {
             match ready_rx.recv() {
-                Ok((index, Ok(waker))) => wakers[index] = Some(waker),
+                Ok((index, Ok((name, waker)))) => {
+                    wakers[index] = Some(waker);
+                    backend = name;
+                }
                 Ok((index, Err(source))) => {
                     failure = Some(ServerError::Worker {
                         worker: index,
@@ -161,7 +170,7 @@ impl Server {
             stop,
             wakers: wakers.into_iter().flatten().collect(),
             threads,
-            backend: "epoll",
+            backend,
         };
         if let Some(e) = failure {
             server.stop();
@@ -226,28 +235,83 @@ impl Server {
     }
 }
 
-type Ready = mpsc::Sender<(usize, io::Result<Arc<dyn Wake>>)>;
+type Ready = mpsc::Sender<(usize, io::Result<(&'static str, Arc<dyn Wake>)>)>;
 
-fn run_worker<S: Service>(setup: WorkerSetup<S>, ready: Ready) -> io::Result<()> {
+/// Receive-buffer count as the io_uring buffer ring wants it: a power of two ≤ 32768.
+fn ring_bufs(bufs: u32) -> u16 {
+    bufs.clamp(1, 32768).next_power_of_two().min(32768) as u16
+}
+
+/// The direct-descriptor table is limited per ring by RLIMIT_NOFILE (checked at registration).
+fn ring_files(limits: &Limits) -> u32 {
+    let nofile = crate::sys::process::nofile_limit().map_or(1024, |(soft, _)| soft);
+    (limits.conns_per_worker_max as u64)
+        .min(nofile)
+        .clamp(1, u32::MAX as u64) as u32
+}
+
+fn run_worker<S: Service>(
+    mut setup: WorkerSetup<S>,
+    kind: BackendKind,
+    ready: Ready,
+) -> io::Result<()> {
     let index = setup.index;
-    let started = pin_current_thread(&CpuSet::single(setup.cpu))
-        .map_err(|e| io::Error::new(e.kind(), format!("pin to CPU {}: {e}", setup.cpu)))
-        .and_then(|()| {
-            EpollBackend::new(PoolConfig {
-                bufs: setup.limits.recv_bufs,
-                buf_bytes: setup.limits.recv_buf_bytes,
-            })
-        });
-    match started {
+    if let Err(e) = pin_current_thread(&CpuSet::single(setup.cpu)) {
+        let error = io::Error::new(e.kind(), format!("pin to CPU {}: {e}", setup.cpu));
+        let _ = ready.send((index, Err(error)));
+        return Err(io::Error::new(e.kind(), "worker failed to start"));
+    }
+    let limits = setup.limits;
+    let epoll = || {
+        EpollBackend::new(PoolConfig {
+            bufs: limits.recv_bufs,
+            buf_bytes: limits.recv_buf_bytes,
+        })
+    };
+    let uring_config = UringConfig {
+        sq_entries: 2048,
+        files: ring_files(&setup.limits),
+        bufs: ring_bufs(setup.limits.recv_bufs),
+        buf_bytes: setup.limits.recv_buf_bytes,
+    };
+    match kind {
+        BackendKind::Epoll => launch(setup, epoll(), ready),
+        BackendKind::Uring | BackendKind::Auto => match UringBackend::new(uring_config) {
+            Ok(backend) => {
+                setup.limits.conns_per_worker_max = setup
+                    .limits
+                    .conns_per_worker_max
+                    .min(uring_config.files as usize);
+                launch(setup, Ok(backend), ready)
+            }
+            Err(e) if kind == BackendKind::Auto => {
+                if index == 0 {
+                    eprintln!("corelocal: io_uring refused ({e}); using epoll");
+                }
+                launch(setup, epoll(), ready)
+            }
+            Err(e) => {
+                let error = io::Error::new(e.kind(), format!("io_uring: {e}"));
+                launch::<S, EpollBackend>(setup, Err(error), ready)
+            }
+        },
+    }
+}
+
+fn launch<S: Service, B: Backend>(
+    setup: WorkerSetup<S>,
+    backend: io::Result<B>,
+    ready: Ready,
+) -> io::Result<()> {
+    match backend {
         Ok(backend) => {
-            use super::backend::Backend;
-            let _ = ready.send((index, Ok(backend.waker())));
+            let _ = ready.send((setup.index, Ok((backend.name(), backend.waker()))));
             drop(ready);
             Worker::new(setup, backend).run()
         }
         Err(e) => {
             let kind = e.kind();
-            let _ = ready.send((index, Err(e)));
+            let _ = ready.send((setup.index, Err(e)));
             Err(io::Error::new(kind, "worker failed to start"))
         }
     }

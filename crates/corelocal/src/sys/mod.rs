@@ -22,3 +22,4 @@ pub mod epoll;
 pub mod process;
 pub mod signal;
 pub mod socket;
+pub mod uring;

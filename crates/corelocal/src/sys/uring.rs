@@ -1,0 +1,719 @@
+//! The io_uring [`Backend`]: MegaPipe's per-core channel on today's kernels.
+//!
+//! - One ring per worker with SINGLE_ISSUER | DEFER_TASKRUN | COOP_TASKRUN | TASKRUN_FLAG: the
+//!   worker thread alone submits, and completions are produced only when it asks for them.
+//! - Multishot accept into *direct descriptors* (a sparse registered file table): MegaPipe's
+//!   lightweight sockets: no process fd table, no VFS file descriptor, and the limit is per ring.
+//! - Multishot receive with a provided-buffer ring; buffers go back to the ring on `release`
+//!   and the tail is published once per `submit`.
+//! - One `io_uring_enter` per loop turn submits the batch and waits.
+//!
+//! Multishot requests that end without `IORING_CQE_F_MORE` are re-armed; a receive starved of
+//! buffers (ENOBUFS) is re-armed once buffers come back; completions of a closed connection's
+//! requests are recognised by a per-slot generation in `user_data` and dropped.
+
+use crate::runtime::backend::{Backend, BatchStats, BufId, Completion, ConnId, Op, Wake};
+use crate::runtime::handler::FileRegion;
+use io_uring::{cqueue, opcode, squeue, types, IoUring};
+use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+const KIND_ACCEPT: u64 = 1;
+const KIND_RECV: u64 = 2;
+const KIND_SEND: u64 = 3;
+const KIND_CLOSE: u64 = 4;
+const KIND_CANCEL: u64 = 5;
+const KIND_WAKE: u64 = 6;
+const KIND_SOCKOPT: u64 = 7;
+/// The provided-buffer group id used for receives.
+const BUF_GROUP: u16 = 0;
+/// Bytes of a file region read per send on this backend (no sendfile here; see `SendFile`).
+const FILE_CHUNK_BYTES: usize = 256 * 1024;
+/// Completions taken from the CQ per reap call before returning to the worker.
+const CQE_BATCH_MAX: usize = 1024;
+/// `SOCKET_URING_OP_GETSOCKOPT`.
+const SOCKET_URING_OP_GETSOCKOPT: u32 = 2;
+
+/// Sizes of one worker's ring.
+#[derive(Debug, Clone, Copy)]
+pub struct UringConfig {
+    /// Submission queue entries (completion queue: 4×).
+    pub sq_entries: u32,
+    /// Direct-descriptor table size (connections this ring can hold).
+    pub files: u32,
+    /// Provided buffers (power of two, ≤ 32768).
+    pub bufs: u16,
+    /// Bytes per provided buffer.
+    pub buf_bytes: usize,
+}
+
+fn user_data(kind: u64, generation: u32, id: u32) -> u64 {
+    (kind << 56) | ((generation as u64 & 0x00ff_ffff) << 32) | id as u64
+}
+
+fn split(ud: u64) -> (u64, u32, u32) {
+    (ud >> 56, ((ud >> 32) & 0x00ff_ffff) as u32, ud as u32)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RecvState {
+    Off,
+    Armed,
+    Starved,
+}
+
+#[derive(Debug)]
+struct SendState {
+    buf: Vec<u8>,
+    sent: usize,
+    /// For a file region: what is left to read after the bytes in `buf`, and the total.
+    file: Option<(FileRegion, u64)>,
+}
+
+#[derive(Debug)]
+struct Slot {
+    generation: u32,
+    listener: u32,
+    recv: RecvState,
+    send: Option<SendState>,
+    closing: bool,
+}
+
+/// The page-aligned buffer ring shared with the kernel, plus the buffers themselves.
+struct BufRing {
+    ring: *mut types::BufRingEntry,
+    layout: Layout,
+    entries: u16,
+    tail: u16,
+    published: u16,
+    bufs: Vec<u8>,
+    buf_bytes: usize,
+}
+
+impl BufRing {
+    fn new(entries: u16, buf_bytes: usize) -> io::Result<BufRing> {
+        assert!(entries.is_power_of_two(), "buffer ring size: power of two");
+        let layout = Layout::from_size_align(entries as usize * 16, 4096)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
+        // SAFETY: the layout has a non-zero size (entries ≥ 1).
+        let ring = unsafe { alloc_zeroed(layout) } as *mut types::BufRingEntry;
+        if ring.is_null() {
+            return Err(io::Error::new(io::ErrorKind::OutOfMemory, "buffer ring"));
+        }
+        let mut r = BufRing {
+            ring,
+            layout,
+            entries,
+            tail: 0,
+            published: 0,
+            bufs: vec![0; entries as usize * buf_bytes],
+            buf_bytes,
+        };
+        for bid in 0..entries {
+            r.push(bid);
+        }
+        r.publish();
+        Ok(r)
+    }
+
+    fn push(&mut self, bid: u16) {
+        let index = (self.tail & (self.entries - 1)) as usize;
+        let addr = self.bufs.as_ptr() as u64 + bid as u64 * self.buf_bytes as u64;
+        // SAFETY: index < entries, so the entry lies inside the ring allocation; the kernel
+        // only reads entries between its head and the published tail, and this one is past it.
+        let entry = unsafe { &mut *self.ring.add(index) };
+        entry.set_addr(addr);
+        entry.set_len(self.buf_bytes as u32);
+        entry.set_bid(bid);
+        self.tail = self.tail.wrapping_add(1);
+    }
+
+    /// Makes pushed buffers visible to the kernel; returns whether any were new.
+    fn publish(&mut self) -> bool {
+        if self.published == self.tail {
+            return false;
+        }
+        // SAFETY: the tail field lives in the first ring entry, inside our allocation; the
+        // kernel reads it concurrently, hence the atomic release store.
+        let tail = unsafe { &*(types::BufRingEntry::tail(self.ring) as *const AtomicU16) };
+        tail.store(self.tail, Ordering::Release);
+        self.published = self.tail;
+        true
+    }
+
+    fn data(&self, bid: u16, len: usize) -> &[u8] {
+        let start = bid as usize * self.buf_bytes;
+        &self.bufs[start..start + len]
+    }
+}
+
+impl Drop for BufRing {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout; the ring is unregistered (or the io_uring
+        // instance dropped) before this, as UringBackend's field order guarantees.
+        unsafe { dealloc(self.ring as *mut u8, self.layout) };
+    }
+}
+
+/// Wakes an io_uring worker: its ring has a read armed on this eventfd.
+#[derive(Debug)]
+struct EventFdWaker {
+    fd: OwnedFd,
+}
+
+impl Wake for EventFdWaker {
+    fn wake(&self) {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a live u64 to our eventfd; EAGAIN (counter full) means a
+        // wake-up is already pending.
+        let _ = unsafe {
+            libc::write(
+                self.fd.as_raw_fd(),
+                &one as *const u64 as *const libc::c_void,
+                8,
+            )
+        };
+    }
+}
+
+/// The io_uring backend of one worker.
+pub struct UringBackend {
+    // Field order matters for Drop: the ring (and its registrations) goes before the buffers.
+    ring: IoUring,
+    bufs: BufRing,
+    waker: Arc<EventFdWaker>,
+    wake_buf: Box<u64>,
+    /// SO_INCOMING_CPU results, one per slot (stable addresses for in-flight getsockopt).
+    cpu_vals: Box<[i32]>,
+    /// Accepted connections waiting for their getsockopt: (slot, listener).
+    slots: Vec<Slot>,
+    listeners: Vec<Option<RawFd>>,
+    ready: VecDeque<Completion>,
+    /// Send buffers of closed connections, kept until the kernel is done with them.
+    graveyard: Vec<(u64, Vec<u8>)>,
+    starved: Vec<ConnId>,
+    stats: BatchStats,
+    queued_sqes: u64,
+}
+
+impl std::fmt::Debug for UringBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UringBackend")
+            .field("slots", &self.slots.len())
+            .finish()
+    }
+}
+
+impl UringBackend {
+    /// Creates the ring, registers the sparse file table and the buffer ring, arms the waker.
+    /// Fails with the kernel's error when io_uring is refused (EPERM, ENOSYS, …).
+    pub fn new(config: UringConfig) -> io::Result<UringBackend> {
+        assert!(
+            config.files > 0 && config.buf_bytes > 0,
+            "empty ring config"
+        );
+        let ring = IoUring::builder()
+            .setup_single_issuer()
+            .setup_defer_taskrun()
+            .setup_coop_taskrun()
+            .setup_taskrun_flag()
+            .setup_cqsize(config.sq_entries * 4)
+            .build(config.sq_entries)?;
+        ring.submitter().register_files_sparse(config.files)?;
+        let bufs = BufRing::new(config.bufs, config.buf_bytes)?;
+        // SAFETY: the ring memory stays allocated and unmoved (heap, owned by `bufs`) until
+        // after the io_uring instance is dropped (field order above).
+        unsafe {
+            ring.submitter().register_buf_ring_with_flags(
+                bufs.ring as u64,
+                bufs.entries,
+                BUF_GROUP,
+                0,
+            )?
+        };
+        // SAFETY: plain eventfd; the result is checked.
+        let efd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if efd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a new descriptor owned by nobody else.
+        let efd = unsafe { OwnedFd::from_raw_fd(efd) };
+        let mut backend = UringBackend {
+            ring,
+            bufs,
+            waker: Arc::new(EventFdWaker { fd: efd }),
+            wake_buf: Box::new(0),
+            cpu_vals: vec![-1; config.files as usize].into_boxed_slice(),
+            slots: (0..config.files)
+                .map(|_| Slot {
+                    generation: 0,
+                    listener: 0,
+                    recv: RecvState::Off,
+                    send: None,
+                    closing: false,
+                })
+                .collect(),
+            listeners: Vec::new(),
+            ready: VecDeque::new(),
+            graveyard: Vec::new(),
+            starved: Vec::new(),
+            stats: BatchStats::default(),
+            queued_sqes: 0,
+        };
+        backend.arm_waker();
+        Ok(backend)
+    }
+
+    /// Queues an SQE, submitting first if the submission queue is full.
+    fn sqe(&mut self, entry: squeue::Entry) {
+        loop {
+            // SAFETY: every buffer or pointer an entry refers to is owned by this backend and
+            // outlives the request (send buffers in `slots`/`graveyard`, `wake_buf`, `cpu_vals`).
+            if unsafe { self.ring.submission().push(&entry) }.is_ok() {
+                self.queued_sqes += 1;
+                return;
+            }
+            // Full: hand the batch over and retry.
+            let _ = self.ring.submit();
+        }
+    }
+
+    fn arm_waker(&mut self) {
+        let fd = self.waker.fd.as_raw_fd();
+        let buf = &mut *self.wake_buf as *mut u64 as *mut u8;
+        let entry = opcode::Read::new(types::Fd(fd), buf, 8)
+            .build()
+            .user_data(user_data(KIND_WAKE, 0, 0));
+        self.sqe(entry);
+    }
+
+    fn arm_accept(&mut self, listener: u32, fd: RawFd) {
+        let entry = opcode::AcceptMulti::new(types::Fd(fd))
+            .allocate_file_index(true)
+            .build()
+            .user_data(user_data(KIND_ACCEPT, 0, listener));
+        self.sqe(entry);
+    }
+
+    fn arm_recv(&mut self, conn: ConnId) {
+        let generation = self.slots[conn as usize].generation;
+        self.slots[conn as usize].recv = RecvState::Armed;
+        let entry = opcode::RecvMulti::new(types::Fixed(conn), BUF_GROUP)
+            .build()
+            .user_data(user_data(KIND_RECV, generation, conn));
+        self.sqe(entry);
+    }
+
+    fn cancel(&mut self, target: u64) {
+        let entry = opcode::AsyncCancel::new(target)
+            .build()
+            .user_data(user_data(KIND_CANCEL, 0, 0));
+        self.sqe(entry);
+    }
+
+    /// Reads `SO_INCOMING_CPU` of a new direct descriptor with a socket uring_cmd.
+    fn query_incoming_cpu(&mut self, conn: ConnId) {
+        let generation = self.slots[conn as usize].generation;
+        let optval = &mut self.cpu_vals[conn as usize] as *mut i32;
+        let entry = opcode::SetSockOpt::new(
+            types::Fixed(conn),
+            libc::SOL_SOCKET as u32,
+            crate::sys::socket::SO_INCOMING_CPU as u32,
+            optval as *const libc::c_void,
+            4,
+        )
+        .build()
+        .user_data(user_data(KIND_SOCKOPT, generation, conn));
+        self.sqe(as_getsockopt(entry));
+    }
+
+    fn send_next(&mut self, conn: ConnId) {
+        let slot = &mut self.slots[conn as usize];
+        let generation = slot.generation;
+        let Some(send) = slot.send.as_mut() else {
+            return;
+        };
+        let remaining = &send.buf[send.sent..];
+        let entry = opcode::Send::new(
+            types::Fixed(conn),
+            remaining.as_ptr(),
+            remaining.len().min(u32::MAX as usize) as u32,
+        )
+        .flags(libc::MSG_NOSIGNAL)
+        .build()
+        .user_data(user_data(KIND_SEND, generation, conn));
+        self.sqe(entry);
+    }
+
+    fn run(&mut self, op: Op) {
+        match op {
+            Op::Accept { listener, fd, .. } => {
+                let slot = listener as usize;
+                if self.listeners.len() <= slot {
+                    self.listeners.resize(slot + 1, None);
+                }
+                if self.listeners[slot].replace(fd).is_none() {
+                    self.arm_accept(listener, fd);
+                }
+            }
+            Op::AcceptPause { listener, .. } => {
+                if let Some(slot) = self.listeners.get_mut(listener as usize) {
+                    if slot.take().is_some() {
+                        self.cancel(user_data(KIND_ACCEPT, 0, listener));
+                    }
+                }
+            }
+            Op::Recv { conn } => {
+                if self.slots[conn as usize].recv != RecvState::Armed {
+                    self.arm_recv(conn);
+                }
+            }
+            Op::RecvPause { conn } => {
+                let slot = &mut self.slots[conn as usize];
+                if slot.recv == RecvState::Armed {
+                    let generation = slot.generation;
+                    self.cancel(user_data(KIND_RECV, generation, conn));
+                }
+                self.slots[conn as usize].recv = RecvState::Off;
+            }
+            Op::Send { conn, buf } => self.start_send(conn, buf, None),
+            Op::SendFile { conn, region } => {
+                let total = region.len;
+                self.start_send(conn, Vec::new(), Some((region, total)));
+            }
+            Op::Close { conn } => self.close(conn),
+        }
+    }
+
+    fn start_send(&mut self, conn: ConnId, buf: Vec<u8>, file: Option<(FileRegion, u64)>) {
+        let slot = &mut self.slots[conn as usize];
+        assert!(slot.send.is_none(), "one send at a time per connection");
+        slot.send = Some(SendState { buf, sent: 0, file });
+        self.continue_send(conn);
+    }
+
+    /// Sends what is left; refills from the file region when the buffer is done.
+    fn continue_send(&mut self, conn: ConnId) {
+        let slot = &mut self.slots[conn as usize];
+        let Some(send) = slot.send.as_mut() else {
+            return;
+        };
+        if send.sent == send.buf.len() {
+            if let Some((region, _)) = send.file.as_mut().filter(|(r, _)| r.len > 0) {
+                // io_uring has no sendfile: read the next chunk (page cache) and send it.
+                let chunk = region.len.min(FILE_CHUNK_BYTES as u64) as usize;
+                send.buf.resize(chunk, 0);
+                let n = read_at(region, &mut send.buf);
+                match n {
+                    Ok(n) if n > 0 => {
+                        send.buf.truncate(n);
+                        send.sent = 0;
+                        region.offset += n as u64;
+                        region.len -= n as u64;
+                    }
+                    other => {
+                        let error = other.err().unwrap_or_else(|| {
+                            io::Error::new(io::ErrorKind::UnexpectedEof, "file shrank")
+                        });
+                        slot.send = None;
+                        self.ready.push_back(Completion::SentFile {
+                            conn,
+                            result: Err(error),
+                        });
+                        return;
+                    }
+                }
+            } else {
+                let done = slot.send.take().expect("send in flight");
+                self.ready.push_back(match done.file {
+                    Some((_, total)) => Completion::SentFile {
+                        conn,
+                        result: Ok(total),
+                    },
+                    None => Completion::Sent {
+                        conn,
+                        result: Ok(done.sent),
+                        buf: done.buf,
+                    },
+                });
+                return;
+            }
+        }
+        self.send_next(conn);
+    }
+
+    fn close(&mut self, conn: ConnId) {
+        let slot = &mut self.slots[conn as usize];
+        let generation = slot.generation;
+        slot.closing = true;
+        if slot.recv == RecvState::Armed {
+            slot.recv = RecvState::Off;
+            self.cancel(user_data(KIND_RECV, generation, conn));
+        }
+        if let Some(send) = self.slots[conn as usize].send.take() {
+            // The kernel may still read this buffer: keep it until the send completes.
+            self.graveyard
+                .push((user_data(KIND_SEND, generation, conn), send.buf));
+        }
+        let entry = opcode::Close::new(types::Fixed(conn))
+            .build()
+            .user_data(user_data(KIND_CLOSE, generation, conn));
+        self.sqe(entry);
+    }
+
+    fn complete(&mut self, ud: u64, res: i32, flags: u32) {
+        let (kind, generation, id) = split(ud);
+        match kind {
+            KIND_WAKE => self.arm_waker(),
+            KIND_ACCEPT => self.on_accept(id, res, flags),
+            KIND_CANCEL => {}
+            _ => {
+                let Some(slot) = self.slots.get(id as usize) else {
+                    return;
+                };
+                if kind == KIND_SEND {
+                    if let Some(pos) = self.graveyard.iter().position(|(u, _)| *u == ud) {
+                        self.graveyard.swap_remove(pos);
+                        return;
+                    }
+                }
+                if slot.generation & 0x00ff_ffff != generation {
+                    return; // A request of a connection closed since.
+                }
+                match kind {
+                    KIND_SOCKOPT => self.on_sockopt(id, res),
+                    KIND_RECV => self.on_recv(id, res, flags),
+                    KIND_SEND => self.on_send(id, res),
+                    KIND_CLOSE => self.ready.push_back(Completion::Closed { conn: id }),
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    fn on_accept(&mut self, listener: u32, res: i32, flags: u32) {
+        let active = self.listeners.get(listener as usize).copied().flatten();
+        if res >= 0 {
+            let conn = res as u32;
+            let slot = &mut self.slots[conn as usize];
+            slot.generation = slot.generation.wrapping_add(1);
+            slot.listener = listener;
+            slot.recv = RecvState::Off;
+            slot.send = None;
+            slot.closing = false;
+            self.cpu_vals[conn as usize] = -1;
+            self.query_incoming_cpu(conn);
+        } else if res != -libc::ECANCELED {
+            self.ready.push_back(Completion::AcceptFailed {
+                listener,
+                error: io::Error::from_raw_os_error(-res),
+            });
+        }
+        if !cqueue::more(flags) {
+            if let Some(fd) = active {
+                if res != -libc::ECANCELED {
+                    self.arm_accept(listener, fd);
+                }
+            }
+        }
+    }
+
+    fn on_sockopt(&mut self, conn: ConnId, res: i32) {
+        let cpu = self.cpu_vals[conn as usize];
+        self.ready.push_back(Completion::Accepted {
+            listener: self.slots[conn as usize].listener,
+            conn,
+            peer: None,
+            incoming_cpu: (res >= 0 && cpu >= 0).then_some(cpu as usize),
+        });
+    }
+
+    fn on_recv(&mut self, conn: ConnId, res: i32, flags: u32) {
+        let more = cqueue::more(flags);
+        if res > 0 {
+            let bid = cqueue::buffer_select(flags).expect("multishot recv without a buffer");
+            self.ready.push_back(Completion::Recv {
+                conn,
+                buf: bid as BufId,
+                len: res as usize,
+            });
+            if !more && self.slots[conn as usize].recv == RecvState::Armed {
+                self.arm_recv(conn);
+            }
+            return;
+        }
+        let slot = &mut self.slots[conn as usize];
+        let was_armed = slot.recv == RecvState::Armed;
+        if !more {
+            slot.recv = RecvState::Off;
+        }
+        match res {
+            0 => self.ready.push_back(Completion::Eof { conn }),
+            e if e == -libc::ENOBUFS => {
+                if was_armed {
+                    slot.recv = RecvState::Starved;
+                    self.starved.push(conn);
+                }
+            }
+            e if e == -libc::ECANCELED => {}
+            e => self.ready.push_back(Completion::RecvFailed {
+                conn,
+                error: io::Error::from_raw_os_error(-e),
+            }),
+        }
+    }
+
+    fn on_send(&mut self, conn: ConnId, res: i32) {
+        let slot = &mut self.slots[conn as usize];
+        let Some(send) = slot.send.as_mut() else {
+            return;
+        };
+        if res < 0 {
+            let send = slot.send.take().expect("send in flight");
+            let error = io::Error::from_raw_os_error(-res);
+            self.ready.push_back(match send.file {
+                Some(_) => Completion::SentFile {
+                    conn,
+                    result: Err(error),
+                },
+                None => Completion::Sent {
+                    conn,
+                    buf: send.buf,
+                    result: Err(error),
+                },
+            });
+            return;
+        }
+        send.sent += res as usize;
+        self.continue_send(conn);
+    }
+
+    /// Re-arms receives that ran out of buffers, once buffers came back.
+    fn feed_starved(&mut self) {
+        let starved = std::mem::take(&mut self.starved);
+        for conn in starved {
+            if self.slots[conn as usize].recv == RecvState::Starved
+                && !self.slots[conn as usize].closing
+            {
+                self.arm_recv(conn);
+            }
+        }
+    }
+
+    fn drain_cq(&mut self) {
+        let mut batch = 0;
+        loop {
+            let mut cq = self.ring.completion();
+            let mut taken: Vec<(u64, i32, u32)> = Vec::new();
+            for cqe in cq.by_ref().take(CQE_BATCH_MAX) {
+                taken.push((cqe.user_data(), cqe.result(), cqe.flags()));
+            }
+            drop(cq);
+            if taken.is_empty() {
+                break;
+            }
+            batch += taken.len();
+            for (ud, res, flags) in taken {
+                self.complete(ud, res, flags);
+            }
+            if batch >= CQE_BATCH_MAX {
+                break;
+            }
+        }
+        self.stats.completions += batch as u64;
+    }
+}
+
+/// Turns a socket SETSOCKOPT uring_cmd entry into GETSOCKOPT (the crate has no builder for it).
+fn as_getsockopt(entry: squeue::Entry) -> squeue::Entry {
+    // SAFETY: squeue::Entry is #[repr(C)] around the 64-byte kernel io_uring_sqe; `cmd_op`
+    // (u32) sits at byte offset 8 in the kernel ABI. Only that field changes.
+    unsafe {
+        let mut raw: [u8; 64] = std::mem::transmute(entry);
+        raw[8..12].copy_from_slice(&SOCKET_URING_OP_GETSOCKOPT.to_ne_bytes());
+        std::mem::transmute::<[u8; 64], squeue::Entry>(raw)
+    }
+}
+
+fn read_at(region: &FileRegion, buf: &mut [u8]) -> io::Result<usize> {
+    use std::os::unix::fs::FileExt;
+    region.file.read_at(buf, region.offset)
+}
+
+impl Backend for UringBackend {
+    fn name(&self) -> &'static str {
+        "uring"
+    }
+
+    fn push(&mut self, op: Op) {
+        self.run(op);
+    }
+
+    fn submit(&mut self) -> io::Result<()> {
+        if self.bufs.publish() && !self.starved.is_empty() {
+            self.feed_starved();
+        }
+        if self.queued_sqes == 0 {
+            return Ok(());
+        }
+        self.stats.submits += 1;
+        self.stats.ops += self.queued_sqes;
+        self.queued_sqes = 0;
+        match self.ring.submit() {
+            Ok(_) => Ok(()),
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => Ok(()), // CQ overflow: reap first
+            Err(e) => Err(e),
+        }
+    }
+
+    fn wait(&mut self, timeout: Option<Duration>) -> io::Result<()> {
+        self.drain_cq();
+        if !self.ready.is_empty() {
+            return Ok(());
+        }
+        self.stats.waits += 1;
+        let result = match timeout {
+            Some(t) => {
+                let ts = types::Timespec::new()
+                    .sec(t.as_secs())
+                    .nsec(t.subsec_nanos());
+                let args = types::SubmitArgs::new().timespec(&ts);
+                self.ring.submitter().submit_with_args(1, &args)
+            }
+            None => self.ring.submitter().submit_and_wait(1),
+        };
+        match result {
+            Ok(_) => {}
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ETIME) | Some(libc::EINTR)) => {}
+            Err(e) => return Err(e),
+        }
+        self.drain_cq();
+        Ok(())
+    }
+
+    fn reap(&mut self, out: &mut Vec<Completion>, max: usize) {
+        let n = self.ready.len().min(max);
+        out.extend(self.ready.drain(..n));
+    }
+
+    fn recv_data(&self, buf: BufId, len: usize) -> &[u8] {
+        self.bufs.data(buf as u16, len)
+    }
+
+    fn release(&mut self, buf: BufId) {
+        self.bufs.push(buf as u16);
+    }
+
+    fn waker(&self) -> Arc<dyn Wake> {
+        self.waker.clone()
+    }
+
+    fn batch_stats(&self) -> BatchStats {
+        self.stats
+    }
+}
