@@ -48,8 +48,8 @@ Examples:
   corelocal tune revert spread.json.snapshot.json   # byte-exact restore
   corelocal tune --root /tmp/fake show              # a fake /proc + /sys tree
 
-Exit codes: 0 done; 1 the host refused or differs from the plan; 2 bad flags or input
-(nothing changed).";
+Exit codes: 0 done; 1 the host refused, differs from the plan (verify) or lacks a planned
+knob (diff); 2 bad flags or input (nothing changed).";
 
 /// `corelocal tune` arguments.
 #[derive(Debug, clap::Args)]
@@ -252,14 +252,22 @@ pub fn load_json<T: DeserializeOwned>(path: &Path, what: &str) -> Result<T> {
 fn diff_cmd(fs: &RootFs, a: &DiffArgs) -> Result<ExitCode> {
     let plan: Plan = load_json(&a.plan, "plan")?;
     let rows = verify::diff(fs, &plan)?;
+    let unreadable = rows.iter().filter(|r| r.status == "error").count();
     if a.json {
         println!("{}", to_json(&rows)?);
     } else {
         print!("{}", verify::render_table(&rows));
         let n = rows.iter().filter(|r| r.status == "change").count();
-        println!("{n} of {} value(s) differ from the plan", rows.len());
+        println!(
+            "{n} of {} value(s) differ from the plan, {unreadable} unreadable",
+            rows.len()
+        );
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(if unreadable == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
 }
 
 fn snapshot_path(a: &ApplyArgs) -> PathBuf {

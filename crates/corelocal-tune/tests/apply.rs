@@ -454,4 +454,13 @@ fn the_command_line_round_trips_on_a_fixture() {
         ExitCode::from(2)
     );
     assert!(Path::new(&snap).exists());
+    // A plan made for another host: diff shows the missing knobs and exits 1; apply refuses.
+    let big = Fixture::new(Kind::TwoSocket);
+    let big_plan = f.dir.path("big.json");
+    let text = serde_json::to_string(&big.plan(Profile::Spread, 0)).unwrap();
+    std::fs::write(&big_plan, text).unwrap();
+    let big_plan = big_plan.to_str().unwrap();
+    assert_eq!(run(&["--root", root, "diff", big_plan]), ExitCode::from(1));
+    assert_eq!(run(&["--root", root, "apply", big_plan]), ExitCode::from(2));
+    assert_eq!(f.tree(), before);
 }
