@@ -1,1 +1,167 @@
 //! memcached text-protocol server.
+//!
+//! [`KvService`] speaks the memcached text protocol (get/gets/gat/gats, set/add/replace/
+//! append/prepend/cas, delete, incr/decr, touch, flush_all, version, verbosity, stats, quit,
+//! `noreply`) over a [`store::Store`] shared by every worker: striped locks, each stripe its
+//! own LRU and byte budget. Replies — errors included — are byte-identical to memcached
+//! 1.6.18's for the cases in the tests (checked against a live memcached).
+
+mod conn;
+pub mod store;
+#[cfg(test)]
+mod tests;
+
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use corelocal::runtime::{ConnInfo, Service};
+use corelocal_proto::memcache::Limits;
+
+pub use conn::KvConn;
+use store::{Now, Store};
+
+/// Configuration of a [`KvService`].
+#[derive(Debug, Clone)]
+pub struct KvConfig {
+    /// Memory for items (memcached `-m`), bytes, with memcached's per-item accounting plus a
+    /// small per-item overhead.
+    pub memory_bytes_max: u64,
+    /// Largest item (memcached `-I`): key + value + 59 bytes of header (+4 with flags).
+    pub item_bytes_max: u64,
+    /// Lock stripes (rounded up to a power of two; reduced so that each stripe holds at least
+    /// two maximum-size items).
+    pub stripes: usize,
+    /// Line framing limits.
+    pub limits: Limits,
+    /// Stop reading pipelined commands while this many reply bytes are queued.
+    pub output_bytes_max: u64,
+    /// Largest reply to one get (many large values): beyond it the get is answered
+    /// `SERVER_ERROR out of memory writing get response`.
+    pub get_response_bytes_max: u64,
+}
+
+impl Default for KvConfig {
+    fn default() -> KvConfig {
+        KvConfig {
+            memory_bytes_max: 64 << 20,
+            item_bytes_max: 1 << 20,
+            stripes: 64,
+            limits: Limits::default(),
+            output_bytes_max: 1 << 20,
+            get_response_bytes_max: 64 << 20,
+        }
+    }
+}
+
+/// Shared state: the store, the clock base and connection counters.
+struct Inner {
+    config: KvConfig,
+    store: Store,
+    wall_base: Duration,
+    instant_base: Instant,
+    /// Unix seconds at creation (memcached's `process_started`, for absolute expiry times).
+    started_unix: u64,
+    pid: u32,
+    curr_connections: AtomicU64,
+    total_connections: AtomicU64,
+    cmd_flush: AtomicU64,
+}
+
+impl Inner {
+    fn now(&self, now: Instant) -> Now {
+        let since = now.saturating_duration_since(self.instant_base);
+        Now {
+            unix: (self.wall_base + since).as_secs(),
+            ns: u64::try_from(since.as_nanos()).unwrap_or(u64::MAX),
+        }
+    }
+}
+
+/// The memcached-protocol server: one per process, shared by every worker.
+#[derive(Clone)]
+pub struct KvService {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for KvService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KvService")
+            .field("config", &self.inner.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl KvService {
+    /// A service with an empty store. The wall clock is read once, here.
+    pub fn new(config: KvConfig) -> io::Result<KvService> {
+        let wall = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        KvService::with_clock(config, wall, Instant::now())
+    }
+
+    /// Like [`KvService::new`] with an explicit clock base (`wall_since_epoch` at
+    /// `instant_base`).
+    pub fn with_clock(
+        mut config: KvConfig,
+        wall_since_epoch: Duration,
+        instant_base: Instant,
+    ) -> io::Result<KvService> {
+        if config.item_bytes_max < 1024 || config.memory_bytes_max < config.item_bytes_max {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "kv: need item_bytes_max >= 1024 and memory_bytes_max >= item_bytes_max",
+            ));
+        }
+        let fit = (config.memory_bytes_max / (2 * config.item_bytes_max)).max(1) as usize;
+        config.stripes = config.stripes.clamp(1, 1 << 16).next_power_of_two();
+        while config.stripes > 1 && config.stripes > fit {
+            config.stripes /= 2;
+        }
+        let store = Store::new(
+            config.memory_bytes_max,
+            config.item_bytes_max,
+            config.stripes,
+        );
+        Ok(KvService {
+            inner: Arc::new(Inner {
+                config,
+                store,
+                wall_base: wall_since_epoch,
+                instant_base,
+                started_unix: wall_since_epoch.as_secs(),
+                pid: std::process::id(),
+                curr_connections: AtomicU64::new(0),
+                total_connections: AtomicU64::new(0),
+                cmd_flush: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    /// The configuration in use (stripes as adjusted).
+    pub fn config(&self) -> &KvConfig {
+        &self.inner.config
+    }
+
+    /// The store (for metrics).
+    pub fn store(&self) -> &Store {
+        &self.inner.store
+    }
+}
+
+impl Service for KvService {
+    type Conn = KvConn;
+
+    fn name(&self) -> &'static str {
+        "kv"
+    }
+
+    fn connect(&self, info: &ConnInfo) -> KvConn {
+        let _ = info;
+        self.inner.curr_connections.fetch_add(1, Ordering::Relaxed);
+        self.inner.total_connections.fetch_add(1, Ordering::Relaxed);
+        KvConn::new(self.inner.clone())
+    }
+}

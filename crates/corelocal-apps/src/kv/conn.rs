@@ -1,0 +1,381 @@
+//! One memcached-protocol connection: lines, storage data, and the data of refused values.
+
+use std::io::Write;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use corelocal::runtime::{CloseReason, Handler, Output, Step};
+use corelocal_proto::memcache::{
+    self, data_chunk_ok, expiry_unix, line_overflows, next_line, parse_line, write_line,
+    write_value, Command, Stats, StoreOp,
+};
+
+use super::store::{Arith, Now, Put, Stored};
+use super::Inner;
+
+/// A storage command whose data is still arriving.
+struct Pending {
+    op: StoreOp,
+    key: Vec<u8>,
+    flags: u32,
+    exp: u64,
+    cas: u64,
+    noreply: bool,
+    /// Data plus its `\r\n` (capacity reserved up front: bounded by the item size limit).
+    chunk: Vec<u8>,
+    chunk_len: usize,
+}
+
+/// Where the connection is in the input stream.
+enum State {
+    /// Expecting a command line.
+    Line,
+    /// Reading a storage command's data.
+    Data(Box<Pending>),
+    /// Discarding the data of a refused (too large) value.
+    Swallow(u64),
+}
+
+/// Per-connection state.
+pub struct KvConn {
+    inner: Arc<Inner>,
+    state: State,
+}
+
+impl KvConn {
+    pub(super) fn new(inner: Arc<Inner>) -> KvConn {
+        KvConn {
+            inner,
+            state: State::Line,
+        }
+    }
+
+    fn now(&self, now: Instant) -> Now {
+        self.inner.now(now)
+    }
+
+    /// Handles a storage line; `after` is the input following it. Returns bytes consumed.
+    fn begin_store(
+        &mut self,
+        st: &memcache::Store<'_>,
+        after: &[u8],
+        out: &mut Output,
+        now: Now,
+    ) -> usize {
+        let store = &self.inner.store;
+        let chunk_len = st.bytes + 2;
+        if store.too_large(st.key, st.flags, st.bytes) {
+            reply(out, memcache::TOO_LARGE, st.noreply);
+            // memcached drops the old value of a failed set rather than leave it stale.
+            if st.op == StoreOp::Set {
+                store.delete(st.key, now);
+            }
+            let taken = chunk_len.min(after.len());
+            if taken < chunk_len {
+                self.state = State::Swallow((chunk_len - taken) as u64);
+            }
+            return taken;
+        }
+        let exp = expiry_unix(st.exptime, now.unix, self.inner.started_unix);
+        if after.len() >= chunk_len {
+            let put = Put {
+                op: st.op,
+                key: st.key,
+                flags: st.flags,
+                exp,
+                data: &after[..chunk_len],
+                cas: st.cas,
+            };
+            let r = self.inner.store_chunk(put, now);
+            reply(out, r, st.noreply);
+            return chunk_len;
+        }
+        let mut chunk = Vec::with_capacity(chunk_len);
+        chunk.extend_from_slice(after);
+        self.state = State::Data(Box::new(Pending {
+            op: st.op,
+            key: st.key.to_vec(),
+            flags: st.flags,
+            exp,
+            cas: st.cas,
+            noreply: st.noreply,
+            chunk,
+            chunk_len,
+        }));
+        after.len()
+    }
+
+    /// Continues a Data or Swallow state; returns bytes consumed (the state is Line again once
+    /// the data is complete).
+    fn continue_data(&mut self, rest: &[u8], out: &mut Output, now: Now) -> usize {
+        match &mut self.state {
+            State::Line => 0,
+            State::Swallow(left) => {
+                let n = (*left).min(rest.len() as u64);
+                *left -= n;
+                if *left == 0 {
+                    self.state = State::Line;
+                }
+                n as usize
+            }
+            State::Data(p) => {
+                let n = (p.chunk_len - p.chunk.len()).min(rest.len());
+                p.chunk.extend_from_slice(&rest[..n]);
+                if p.chunk.len() == p.chunk_len {
+                    let put = Put {
+                        op: p.op,
+                        key: &p.key,
+                        flags: p.flags,
+                        exp: p.exp,
+                        data: &p.chunk,
+                        cas: p.cas,
+                    };
+                    let r = self.inner.store_chunk(put, now);
+                    reply(out, r, p.noreply);
+                    self.state = State::Line;
+                }
+                n
+            }
+        }
+    }
+
+    fn execute(&self, cmd: Command<'_>, out: &mut Output, now: Now) {
+        let inner = &self.inner;
+        let store = &inner.store;
+        match cmd {
+            Command::Get { keys, cas, touch } => {
+                let touch_exp = touch.map(|e| expiry_unix(e, now.unix, inner.started_unix));
+                let buf = out.bytes_mut();
+                let start = buf.len();
+                for key in keys {
+                    store.get(key, now, touch_exp, |flags, value, unique| {
+                        write_value(buf, key, flags, value, cas.then_some(unique));
+                    });
+                    if (buf.len() - start) as u64 > inner.config.get_response_bytes_max {
+                        buf.truncate(start);
+                        write_line(buf, memcache::GET_TOO_LARGE);
+                        return;
+                    }
+                }
+                write_line(buf, "END");
+            }
+            Command::Store(_) => unreachable!("storage commands are handled by begin_store"),
+            Command::Delete { key, noreply } => {
+                let found = store.delete(key, now);
+                reply(out, if found { "DELETED" } else { "NOT_FOUND" }, noreply);
+            }
+            Command::Arith {
+                incr,
+                key,
+                delta,
+                noreply,
+            } => match store.arith(key, incr, delta, now) {
+                Arith::Value(n) if !noreply => {
+                    let _ = write!(out.bytes_mut(), "{n}\r\n");
+                }
+                Arith::Value(_) => {}
+                Arith::NotFound => reply(out, "NOT_FOUND", noreply),
+                Arith::NonNumeric => reply(out, memcache::NON_NUMERIC, noreply),
+            },
+            Command::Touch {
+                key,
+                exptime,
+                noreply,
+            } => {
+                let exp = expiry_unix(exptime, now.unix, inner.started_unix);
+                let found = store.touch(key, exp, now);
+                reply(out, if found { "TOUCHED" } else { "NOT_FOUND" }, noreply);
+            }
+            Command::FlushAll { delay, noreply } => {
+                inner.flush(delay, now);
+                reply(out, "OK", noreply);
+            }
+            Command::Version => {
+                write_line(out.bytes_mut(), &format!("VERSION {}", memcache::VERSION));
+            }
+            Command::Verbosity { noreply } => reply(out, "OK", noreply),
+            Command::Stats(which) => inner.stats(which, out.bytes_mut(), now),
+            Command::MetaNoop => write_line(out.bytes_mut(), "MN"),
+            Command::Quit => {}
+        }
+    }
+}
+
+/// Writes a reply line unless `noreply` was given.
+fn reply(out: &mut Output, line: impl Into<&'static str>, noreply: bool) {
+    if !noreply {
+        write_line(out.bytes_mut(), line.into());
+    }
+}
+
+impl From<Stored> for &'static str {
+    fn from(s: Stored) -> &'static str {
+        match s {
+            Stored::Stored => "STORED",
+            Stored::NotStored => "NOT_STORED",
+            Stored::Exists => "EXISTS",
+            Stored::NotFound => "NOT_FOUND",
+            Stored::NoMemory => memcache::OUT_OF_MEMORY,
+        }
+    }
+}
+
+/// What a complete data chunk yields: a store outcome, or a bad chunk.
+enum ChunkResult {
+    Stored(Stored),
+    BadChunk,
+}
+
+impl From<ChunkResult> for &'static str {
+    fn from(r: ChunkResult) -> &'static str {
+        match r {
+            ChunkResult::Stored(s) => s.into(),
+            ChunkResult::BadChunk => memcache::BAD_CHUNK,
+        }
+    }
+}
+
+impl Inner {
+    /// Stores a complete chunk: `put.data` is the data plus its `\r\n`.
+    fn store_chunk(&self, mut put: Put<'_>, now: Now) -> ChunkResult {
+        if !data_chunk_ok(put.data) {
+            return ChunkResult::BadChunk;
+        }
+        put.data = &put.data[..put.data.len() - 2];
+        ChunkResult::Stored(self.store.store(&put, now))
+    }
+
+    fn flush(&self, delay: i32, now: Now) {
+        self.cmd_flush.fetch_add(1, Ordering::Relaxed);
+        if delay <= 0 {
+            self.store.flush(None);
+            return;
+        }
+        let at_unix = expiry_unix(delay, now.unix, self.started_unix);
+        match at_unix.checked_sub(now.unix) {
+            Some(secs) if secs > 0 => {
+                let at_ns = now.ns.saturating_add(secs.saturating_mul(1_000_000_000));
+                self.store.flush(Some(at_ns));
+            }
+            _ => self.store.flush(None),
+        }
+    }
+
+    fn stats(&self, which: Stats, out: &mut Vec<u8>, now: Now) {
+        match which {
+            Stats::Reset => {
+                self.store.reset_counters();
+                write_line(out, "RESET");
+                return;
+            }
+            Stats::Empty => {}
+            Stats::Settings => {
+                let _ = write!(
+                    out,
+                    "STAT maxbytes {}\r\nSTAT item_size_max {}\r\nSTAT evictions on\r\n\
+                     STAT cas_enabled yes\r\nSTAT stripes {}\r\n",
+                    self.store.memory_bytes_max(),
+                    self.store.item_bytes_max(),
+                    self.config.stripes,
+                );
+            }
+            Stats::General => self.general_stats(out, now),
+        }
+        write_line(out, "END");
+    }
+
+    fn general_stats(&self, out: &mut Vec<u8>, now: Now) {
+        let t = self.store.totals();
+        let c = t.counters;
+        let conns = (
+            self.curr_connections.load(Ordering::Relaxed),
+            self.total_connections.load(Ordering::Relaxed),
+        );
+        let rows: [(&str, u64); 30] = [
+            ("pid", u64::from(self.pid)),
+            ("uptime", now.unix.saturating_sub(self.started_unix)),
+            ("time", now.unix),
+            ("pointer_size", 64),
+            ("curr_connections", conns.0),
+            ("total_connections", conns.1),
+            ("cmd_get", c.cmd_get),
+            ("cmd_set", c.cmd_set),
+            ("cmd_flush", self.cmd_flush.load(Ordering::Relaxed)),
+            ("cmd_touch", c.cmd_touch),
+            ("get_hits", c.get_hits),
+            ("get_misses", c.get_misses),
+            ("get_expired", c.get_expired),
+            ("get_flushed", c.get_flushed),
+            ("delete_misses", c.delete_misses),
+            ("delete_hits", c.delete_hits),
+            ("incr_misses", c.incr_misses),
+            ("incr_hits", c.incr_hits),
+            ("decr_misses", c.decr_misses),
+            ("decr_hits", c.decr_hits),
+            ("cas_misses", c.cas_misses),
+            ("cas_hits", c.cas_hits),
+            ("cas_badval", c.cas_badval),
+            ("touch_hits", c.touch_hits),
+            ("touch_misses", c.touch_misses),
+            ("limit_maxbytes", self.store.memory_bytes_max()),
+            ("bytes", t.bytes),
+            ("curr_items", t.curr_items),
+            ("total_items", c.total_items),
+            ("evictions", c.evictions),
+        ];
+        let _ = write!(out, "STAT version {}\r\n", memcache::VERSION);
+        for (name, v) in rows {
+            let _ = write!(out, "STAT {name} {v}\r\n");
+        }
+    }
+}
+
+impl Handler for KvConn {
+    fn on_input(&mut self, input: &[u8], out: &mut Output, now: Instant) -> Step {
+        let now = self.now(now);
+        let limits = self.inner.config.limits;
+        let mut consumed = 0;
+        let mut requests = 0;
+        loop {
+            consumed += self.continue_data(&input[consumed..], out, now);
+            let rest = &input[consumed..];
+            if !matches!(self.state, State::Line) || rest.is_empty() {
+                return Step::read(consumed, requests);
+            }
+            // Back-pressure: leave further pipelined commands in the input until output drains.
+            if out.total_len() >= self.inner.config.output_bytes_max {
+                return Step::read(consumed, requests);
+            }
+            let Some((line, n)) = next_line(rest) else {
+                if line_overflows(rest, &limits) {
+                    // memcached closes without a reply too.
+                    return Step::close(input.len(), requests, CloseReason::TooLarge);
+                }
+                return Step::read(consumed, requests);
+            };
+            consumed += n;
+            requests += 1;
+            match parse_line(line) {
+                Err(r) => {
+                    if !r.silent {
+                        write_line(out.bytes_mut(), r.reply);
+                    }
+                }
+                Ok(Command::Quit) => {
+                    return Step::close(input.len(), requests, CloseReason::Done);
+                }
+                Ok(Command::Store(st)) => {
+                    consumed += self.begin_store(&st, &input[consumed..], out, now);
+                }
+                Ok(cmd) => self.execute(cmd, out, now),
+            }
+        }
+    }
+}
+
+impl Drop for KvConn {
+    fn drop(&mut self) {
+        self.inner.curr_connections.fetch_sub(1, Ordering::Relaxed);
+    }
+}

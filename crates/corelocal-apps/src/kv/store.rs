@@ -1,0 +1,604 @@
+//! The item store: N stripes, each a mutex around a hash map, its own LRU list, byte budget
+//! and counters. A key lives in stripe `hash(key) & (N-1)`; an operation locks one stripe.
+//!
+//! Why stripes and not one lock: every request of every worker touches the store, so a single
+//! mutex's cache line would bounce between cores on every operation (the same sharing
+//! Affinity-Accept removes from the listen socket). With N ≫ cores, two workers rarely want
+//! the same stripe. Each stripe is a separate LRU with `memory / N` bytes, so eviction is
+//! approximate LRU over the whole store (as memcached's per-slab-class LRUs are).
+
+use std::collections::hash_map::DefaultHasher;
+use std::collections::HashMap;
+use std::hash::{BuildHasher, BuildHasherDefault};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+use corelocal_proto::memcache::{self, StoreOp};
+
+/// Bytes charged per item on top of memcached's item size (map entry, LRU links, key copy).
+const SLOT_OVERHEAD_BYTES: u64 = 64;
+
+const NIL: u32 = u32::MAX;
+
+/// "Now" in the two forms the store needs.
+#[derive(Debug, Clone, Copy)]
+pub struct Now {
+    /// Unix seconds (expiry).
+    pub unix: u64,
+    /// Nanoseconds since the store's base instant (delayed flush ordering).
+    pub ns: u64,
+}
+
+/// One stored item.
+struct Slot {
+    key: Box<[u8]>,
+    value: Vec<u8>,
+    flags: u32,
+    /// Unix seconds; 0 = never.
+    exp: u64,
+    cas: u64,
+    stored_ns: u64,
+    prev: u32,
+    next: u32,
+}
+
+/// Counters of one stripe (summed for `stats`).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Counters {
+    /// Keys looked up.
+    pub cmd_get: u64,
+    /// Storage commands.
+    pub cmd_set: u64,
+    /// touch and gat keys.
+    pub cmd_touch: u64,
+    /// Lookups that found a live item.
+    pub get_hits: u64,
+    /// Lookups that did not.
+    pub get_misses: u64,
+    /// Misses because the item had expired.
+    pub get_expired: u64,
+    /// Misses because of a (delayed) flush_all.
+    pub get_flushed: u64,
+    /// delete of a live item.
+    pub delete_hits: u64,
+    /// delete of a missing item.
+    pub delete_misses: u64,
+    /// incr hits.
+    pub incr_hits: u64,
+    /// incr misses.
+    pub incr_misses: u64,
+    /// decr hits.
+    pub decr_hits: u64,
+    /// decr misses.
+    pub decr_misses: u64,
+    /// cas stored.
+    pub cas_hits: u64,
+    /// cas on a missing item.
+    pub cas_misses: u64,
+    /// cas with a stale unique.
+    pub cas_badval: u64,
+    /// touch of a live item.
+    pub touch_hits: u64,
+    /// touch of a missing item.
+    pub touch_misses: u64,
+    /// Items ever stored.
+    pub total_items: u64,
+    /// Live items evicted to make room.
+    pub evictions: u64,
+}
+
+impl Counters {
+    fn add(&mut self, o: &Counters) {
+        let pairs = [
+            (&mut self.cmd_get, o.cmd_get),
+            (&mut self.cmd_set, o.cmd_set),
+            (&mut self.cmd_touch, o.cmd_touch),
+            (&mut self.get_hits, o.get_hits),
+            (&mut self.get_misses, o.get_misses),
+            (&mut self.get_expired, o.get_expired),
+            (&mut self.get_flushed, o.get_flushed),
+            (&mut self.delete_hits, o.delete_hits),
+            (&mut self.delete_misses, o.delete_misses),
+            (&mut self.incr_hits, o.incr_hits),
+            (&mut self.incr_misses, o.incr_misses),
+            (&mut self.decr_hits, o.decr_hits),
+            (&mut self.decr_misses, o.decr_misses),
+            (&mut self.cas_hits, o.cas_hits),
+            (&mut self.cas_misses, o.cas_misses),
+            (&mut self.cas_badval, o.cas_badval),
+            (&mut self.touch_hits, o.touch_hits),
+            (&mut self.touch_misses, o.touch_misses),
+            (&mut self.total_items, o.total_items),
+            (&mut self.evictions, o.evictions),
+        ];
+        for (a, b) in pairs {
+            *a += b;
+        }
+    }
+}
+
+/// Totals over all stripes.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Totals {
+    /// Summed counters.
+    pub counters: Counters,
+    /// Live (or not yet reclaimed) items.
+    pub curr_items: u64,
+    /// Bytes charged.
+    pub bytes: u64,
+}
+
+/// A storage command with its data.
+#[derive(Debug, Clone, Copy)]
+pub struct Put<'a> {
+    /// Operation.
+    pub op: StoreOp,
+    /// Key.
+    pub key: &'a [u8],
+    /// Client flags.
+    pub flags: u32,
+    /// Absolute expiry, unix seconds (0 = never).
+    pub exp: u64,
+    /// The value.
+    pub data: &'a [u8],
+    /// CAS unique to compare (`cas` only).
+    pub cas: u64,
+}
+
+/// Outcome of a storage command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stored {
+    /// `STORED`.
+    Stored,
+    /// `NOT_STORED` (add of a present key, replace/append/prepend of a missing one).
+    NotStored,
+    /// `EXISTS` (cas with a stale unique).
+    Exists,
+    /// `NOT_FOUND` (cas of a missing key).
+    NotFound,
+    /// `SERVER_ERROR out of memory storing object`.
+    NoMemory,
+}
+
+/// Outcome of incr/decr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arith {
+    /// The new value.
+    Value(u64),
+    /// `NOT_FOUND`.
+    NotFound,
+    /// `CLIENT_ERROR cannot increment or decrement non-numeric value`.
+    NonNumeric,
+}
+
+/// One stripe: a map from key to slot, slots on a doubly linked LRU list (head = newest).
+struct Stripe {
+    map: HashMap<Box<[u8]>, u32>,
+    slots: Vec<Slot>,
+    free: Vec<u32>,
+    head: u32,
+    tail: u32,
+    bytes: u64,
+    bytes_max: u64,
+    /// CAS uniques: (seq << stripe_bits) | stripe index, unique store-wide without a shared
+    /// counter.
+    cas_seq: u64,
+    cas_low: u64,
+    cas_shift: u32,
+    counters: Counters,
+}
+
+/// Stripes sit on their own cache lines so that locking one does not disturb a neighbour.
+#[repr(align(128))]
+struct Padded(Mutex<Stripe>);
+
+/// The shared item store.
+pub struct Store {
+    stripes: Box<[Padded]>,
+    mask: u64,
+    hasher: BuildHasherDefault<DefaultHasher>,
+    /// Delayed flush_all deadline (ns since base; 0 = none): items stored before it are dead
+    /// once it has passed.
+    flush_at_ns: AtomicU64,
+    item_bytes_max: u64,
+    memory_bytes_max: u64,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("stripes", &self.stripes.len())
+            .field("memory_bytes_max", &self.memory_bytes_max)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Store {
+    /// A store of `memory_bytes_max` bytes in `stripes` stripes (a power of two).
+    pub fn new(memory_bytes_max: u64, item_bytes_max: u64, stripes: usize) -> Store {
+        assert!(stripes.is_power_of_two(), "stripes must be a power of two");
+        let bits = stripes.trailing_zeros();
+        let per = memory_bytes_max / stripes as u64;
+        let stripes = (0..stripes)
+            .map(|i| {
+                Padded(Mutex::new(Stripe {
+                    map: HashMap::new(),
+                    slots: Vec::new(),
+                    free: Vec::new(),
+                    head: NIL,
+                    tail: NIL,
+                    bytes: 0,
+                    bytes_max: per,
+                    cas_seq: 0,
+                    cas_low: i as u64,
+                    cas_shift: bits,
+                    counters: Counters::default(),
+                }))
+            })
+            .collect();
+        Store {
+            stripes,
+            mask: (1u64 << bits) - 1,
+            hasher: BuildHasherDefault::default(),
+            flush_at_ns: AtomicU64::new(0),
+            item_bytes_max,
+            memory_bytes_max,
+        }
+    }
+
+    /// The configured memory limit.
+    pub fn memory_bytes_max(&self) -> u64 {
+        self.memory_bytes_max
+    }
+
+    /// The configured item size limit.
+    pub fn item_bytes_max(&self) -> u64 {
+        self.item_bytes_max
+    }
+
+    /// Whether a value of this shape is over the item size limit (memcached's accounting).
+    pub fn too_large(&self, key: &[u8], flags: u32, value_len: usize) -> bool {
+        memcache::item_size(key.len(), flags, value_len) > self.item_bytes_max
+    }
+
+    fn stripe(&self, key: &[u8]) -> MutexGuard<'_, Stripe> {
+        let i = (self.hasher.hash_one(key) & self.mask) as usize;
+        // A panic under the lock cannot leave the LRU list half-linked in a way that breaks
+        // memory safety; keep serving rather than poisoning every later request.
+        self.stripes[i].0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn flush_at(&self) -> u64 {
+        self.flush_at_ns.load(Ordering::Relaxed)
+    }
+
+    /// Looks `key` up; on a hit calls `f(flags, value, cas)` under the stripe lock (so the
+    /// value is copied straight into the response) and, for gat, sets a new expiry.
+    pub fn get(
+        &self,
+        key: &[u8],
+        now: Now,
+        touch_exp: Option<u64>,
+        f: impl FnOnce(u32, &[u8], u64),
+    ) -> bool {
+        let flush = self.flush_at();
+        let mut s = self.stripe(key);
+        s.counters.cmd_get += 1;
+        if touch_exp.is_some() {
+            s.counters.cmd_touch += 1;
+        }
+        let Some(i) = s.live(key, now, flush, true) else {
+            s.counters.get_misses += 1;
+            if touch_exp.is_some() {
+                s.counters.touch_misses += 1;
+            }
+            return false;
+        };
+        s.counters.get_hits += 1;
+        s.bump(i);
+        let slot = &mut s.slots[i as usize];
+        if let Some(exp) = touch_exp {
+            slot.exp = exp;
+        }
+        f(slot.flags, &slot.value, slot.cas);
+        if touch_exp.is_some() {
+            s.counters.touch_hits += 1;
+        }
+        true
+    }
+
+    /// A storage command with its data.
+    pub fn store(&self, put: &Put<'_>, now: Now) -> Stored {
+        let Put {
+            op,
+            key,
+            flags,
+            exp,
+            data,
+            cas,
+        } = *put;
+        let flush = self.flush_at();
+        let item_max = self.item_bytes_max;
+        let mut s = self.stripe(key);
+        s.counters.cmd_set += 1;
+        let present = s.live(key, now, flush, false);
+        let value = match (op, present) {
+            (StoreOp::Set, _) => data.to_vec(),
+            (StoreOp::Add, Some(i)) => {
+                s.bump(i);
+                return Stored::NotStored;
+            }
+            (StoreOp::Add, None) => data.to_vec(),
+            (StoreOp::Replace | StoreOp::Append | StoreOp::Prepend, None) => {
+                return Stored::NotStored
+            }
+            (StoreOp::Replace, Some(_)) => data.to_vec(),
+            (StoreOp::Append | StoreOp::Prepend, Some(i)) => {
+                let old = &s.slots[i as usize];
+                let mut v = Vec::with_capacity(old.value.len() + data.len());
+                if op == StoreOp::Append {
+                    v.extend_from_slice(&old.value);
+                    v.extend_from_slice(data);
+                } else {
+                    v.extend_from_slice(data);
+                    v.extend_from_slice(&old.value);
+                }
+                // memcached keeps the old flags and expiry, and answers NOT_STORED when the
+                // combined value does not fit.
+                if memcache::item_size(key.len(), old.flags, v.len()) > item_max {
+                    return Stored::NotStored;
+                }
+                let (flags, exp) = (old.flags, old.exp);
+                return s.put(key, v, flags, exp, now);
+            }
+            (StoreOp::Cas, None) => {
+                s.counters.cas_misses += 1;
+                return Stored::NotFound;
+            }
+            (StoreOp::Cas, Some(i)) if s.slots[i as usize].cas != cas => {
+                s.counters.cas_badval += 1;
+                return Stored::Exists;
+            }
+            (StoreOp::Cas, Some(_)) => {
+                s.counters.cas_hits += 1;
+                data.to_vec()
+            }
+        };
+        s.put(key, value, flags, exp, now)
+    }
+
+    /// Removes `key`; whether it was there.
+    pub fn delete(&self, key: &[u8], now: Now) -> bool {
+        let flush = self.flush_at();
+        let mut s = self.stripe(key);
+        match s.live(key, now, flush, false) {
+            Some(i) => {
+                s.counters.delete_hits += 1;
+                s.remove(i);
+                true
+            }
+            None => {
+                s.counters.delete_misses += 1;
+                false
+            }
+        }
+    }
+
+    /// incr/decr: wraps at 2^64 going up, stops at 0 going down; the new text is space-padded
+    /// to the old length when shorter (memcached's in-place rewrite).
+    pub fn arith(&self, key: &[u8], incr: bool, delta: u64, now: Now) -> Arith {
+        let flush = self.flush_at();
+        let mut s = self.stripe(key);
+        let Some(i) = s.live(key, now, flush, false) else {
+            if incr {
+                s.counters.incr_misses += 1;
+            } else {
+                s.counters.decr_misses += 1;
+            }
+            return Arith::NotFound;
+        };
+        let Some(n) = memcache::value_number(&s.slots[i as usize].value) else {
+            return Arith::NonNumeric;
+        };
+        let n = if incr {
+            s.counters.incr_hits += 1;
+            n.wrapping_add(delta)
+        } else {
+            s.counters.decr_hits += 1;
+            n.saturating_sub(delta)
+        };
+        let old_len = s.slots[i as usize].value.len();
+        let value = memcache::arith_value(n, old_len);
+        let cas = s.next_cas();
+        let grew = value.len() as u64 - old_len.min(value.len()) as u64;
+        let slot = &mut s.slots[i as usize];
+        slot.value = value;
+        slot.cas = cas;
+        s.bytes += grew;
+        s.bump(i);
+        Arith::Value(n)
+    }
+
+    /// Sets a new expiry; whether the key was there.
+    pub fn touch(&self, key: &[u8], exp: u64, now: Now) -> bool {
+        let flush = self.flush_at();
+        let mut s = self.stripe(key);
+        s.counters.cmd_touch += 1;
+        match s.live(key, now, flush, false) {
+            Some(i) => {
+                s.counters.touch_hits += 1;
+                s.slots[i as usize].exp = exp;
+                s.bump(i);
+                true
+            }
+            None => {
+                s.counters.touch_misses += 1;
+                false
+            }
+        }
+    }
+
+    /// flush_all: now (every stripe emptied) or at `at_ns` (items stored before then die).
+    pub fn flush(&self, at_ns: Option<u64>) {
+        match at_ns {
+            Some(at) => self.flush_at_ns.store(at.max(1), Ordering::Relaxed),
+            None => {
+                self.flush_at_ns.store(0, Ordering::Relaxed);
+                for p in self.stripes.iter() {
+                    p.0.lock().unwrap_or_else(|e| e.into_inner()).clear();
+                }
+            }
+        }
+    }
+
+    /// Sums every stripe.
+    pub fn totals(&self) -> Totals {
+        let mut t = Totals::default();
+        for p in self.stripes.iter() {
+            let s = p.0.lock().unwrap_or_else(|e| e.into_inner());
+            t.counters.add(&s.counters);
+            t.curr_items += s.map.len() as u64;
+            t.bytes += s.bytes;
+        }
+        t
+    }
+
+    /// `stats reset`: zeroes the counters (not items or bytes).
+    pub fn reset_counters(&self) {
+        for p in self.stripes.iter() {
+            p.0.lock().unwrap_or_else(|e| e.into_inner()).counters = Counters::default();
+        }
+    }
+}
+
+impl Stripe {
+    /// The slot of a live `key`; a dead one (expired, flushed) is removed on the way.
+    fn live(&mut self, key: &[u8], now: Now, flush_at: u64, count: bool) -> Option<u32> {
+        let i = *self.map.get(key)?;
+        let slot = &self.slots[i as usize];
+        let expired = slot.exp != 0 && slot.exp <= now.unix;
+        let flushed = flush_at != 0 && flush_at <= now.ns && slot.stored_ns < flush_at;
+        if !expired && !flushed {
+            return Some(i);
+        }
+        if count {
+            if expired {
+                self.counters.get_expired += 1;
+            } else {
+                self.counters.get_flushed += 1;
+            }
+        }
+        self.remove(i);
+        None
+    }
+
+    fn next_cas(&mut self) -> u64 {
+        self.cas_seq += 1;
+        (self.cas_seq << self.cas_shift) | self.cas_low
+    }
+
+    fn cost(key_len: usize, flags: u32, value_len: usize) -> u64 {
+        memcache::item_size(key_len, flags, value_len) + SLOT_OVERHEAD_BYTES + key_len as u64
+    }
+
+    /// Inserts or replaces `key`, evicting from the LRU tail to stay within the byte budget.
+    fn put(&mut self, key: &[u8], value: Vec<u8>, flags: u32, exp: u64, now: Now) -> Stored {
+        let cost = Stripe::cost(key.len(), flags, value.len());
+        if let Some(&i) = self.map.get(key) {
+            self.remove(i);
+        }
+        if cost > self.bytes_max {
+            return Stored::NoMemory;
+        }
+        while self.bytes + cost > self.bytes_max && self.tail != NIL {
+            let victim = self.tail;
+            self.counters.evictions += 1;
+            self.remove(victim);
+        }
+        let cas = self.next_cas();
+        let slot = Slot {
+            key: key.into(),
+            value,
+            flags,
+            exp,
+            cas,
+            stored_ns: now.ns,
+            prev: NIL,
+            next: NIL,
+        };
+        let i = match self.free.pop() {
+            Some(i) => {
+                self.slots[i as usize] = slot;
+                i
+            }
+            None => {
+                self.slots.push(slot);
+                (self.slots.len() - 1) as u32
+            }
+        };
+        self.map.insert(key.into(), i);
+        self.link_front(i);
+        self.bytes += cost;
+        self.counters.total_items += 1;
+        Stored::Stored
+    }
+
+    fn remove(&mut self, i: u32) {
+        self.unlink(i);
+        let slot = &mut self.slots[i as usize];
+        let key = std::mem::take(&mut slot.key);
+        let value = std::mem::take(&mut slot.value);
+        self.bytes -= Stripe::cost(key.len(), slot.flags, value.len());
+        self.map.remove(&key);
+        self.free.push(i);
+    }
+
+    fn clear(&mut self) {
+        self.map.clear();
+        self.slots.clear();
+        self.free.clear();
+        self.head = NIL;
+        self.tail = NIL;
+        self.bytes = 0;
+    }
+
+    fn unlink(&mut self, i: u32) {
+        let (prev, next) = {
+            let s = &self.slots[i as usize];
+            (s.prev, s.next)
+        };
+        match prev {
+            NIL => self.head = next,
+            p => self.slots[p as usize].next = next,
+        }
+        match next {
+            NIL => self.tail = prev,
+            n => self.slots[n as usize].prev = prev,
+        }
+        let s = &mut self.slots[i as usize];
+        s.prev = NIL;
+        s.next = NIL;
+    }
+
+    fn link_front(&mut self, i: u32) {
+        let old = self.head;
+        {
+            let s = &mut self.slots[i as usize];
+            s.prev = NIL;
+            s.next = old;
+        }
+        match old {
+            NIL => self.tail = i,
+            h => self.slots[h as usize].prev = i,
+        }
+        self.head = i;
+    }
+
+    /// Marks `i` most recently used.
+    fn bump(&mut self, i: u32) {
+        if self.head != i {
+            self.unlink(i);
+            self.link_front(i);
+        }
+    }
+}
