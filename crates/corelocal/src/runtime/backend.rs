@@ -148,8 +148,8 @@ pub trait Backend {
     fn name(&self) -> &'static str;
     /// Queues an operation (no syscall).
     fn push(&mut self, op: Op);
-    /// Hands every queued operation to the kernel.
-    fn submit(&mut self) -> io::Result<()>;
+    /// Hands every queued operation to the kernel; returns how many were handed over.
+    fn submit(&mut self) -> io::Result<usize>;
     /// Waits until completions are ready, a wake-up arrives or `timeout` passes (`None`:
     /// no limit). Returns at once when completions are already ready.
     fn wait(&mut self, timeout: Option<Duration>) -> io::Result<()>;
@@ -161,19 +161,4 @@ pub trait Backend {
     fn release(&mut self, buf: BufId);
     /// A handle other threads use to wake this worker.
     fn waker(&self) -> std::sync::Arc<dyn Wake>;
-    /// Batching counters so far.
-    fn batch_stats(&self) -> BatchStats;
-}
-
-/// How much work each syscall carried (MegaPipe's batching, made visible).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
-pub struct BatchStats {
-    /// Calls to `submit` that did work.
-    pub submits: u64,
-    /// Operations handed over in those calls.
-    pub ops: u64,
-    /// Calls to `wait` that blocked or polled the kernel.
-    pub waits: u64,
-    /// Completions produced.
-    pub completions: u64,
 }

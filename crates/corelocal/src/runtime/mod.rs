@@ -18,7 +18,7 @@ pub use handler::{
     Chunk, CloseReason, ConnInfo, FileRegion, Handler, Next, Output, OutputFront, Service, Step,
 };
 pub use server::{BackendKind, Server, ServerConfig, ServerError};
-pub use stats::{ErrorKind, Snapshot, WorkerSnapshot, WorkerStats};
+pub use stats::{Batching, ErrorKind, Snapshot, WorkerSnapshot, WorkerStats};
 
 use std::time::Duration;
 

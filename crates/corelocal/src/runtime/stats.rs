@@ -36,6 +36,19 @@ pub struct WorkerStats {
     io: AtomicU64,
     accept: AtomicU64,
     open: AtomicU64,
+    /// Operations per submit that handed any over, log2 buckets.
+    submit_sizes: [AtomicU64; HIST_BUCKETS],
+    /// Completions per reap that returned any, log2 buckets.
+    reap_sizes: [AtomicU64; HIST_BUCKETS],
+    ops_submitted: AtomicU64,
+    completions_reaped: AtomicU64,
+}
+
+/// Buckets of the batching histograms: 1, 2–3, 4–7, …, ≥ 2^(HIST_BUCKETS-1).
+pub const HIST_BUCKETS: usize = 12;
+
+fn log2_bucket(n: usize) -> usize {
+    ((usize::BITS - 1 - n.leading_zeros()) as usize).min(HIST_BUCKETS - 1)
 }
 
 /// Adds `n` with a plain load + store: only the owning worker writes, so no locked RMW.
@@ -64,6 +77,22 @@ impl WorkerStats {
     pub fn requests(&self, n: u64) {
         if n > 0 {
             bump(&self.requests, n);
+        }
+    }
+
+    /// Records a submit that handed `ops` operations to the kernel (0: nothing recorded).
+    pub fn submitted(&self, ops: usize) {
+        if ops > 0 {
+            bump(&self.submit_sizes[log2_bucket(ops)], 1);
+            bump(&self.ops_submitted, ops as u64);
+        }
+    }
+
+    /// Records a reap that returned `completions` (0: nothing recorded).
+    pub fn reaped(&self, completions: usize) {
+        if completions > 0 {
+            bump(&self.reap_sizes[log2_bucket(completions)], 1);
+            bump(&self.completions_reaped, completions as u64);
         }
     }
 
@@ -111,6 +140,59 @@ impl WorkerStats {
                 io: get(&self.io),
                 accept: get(&self.accept),
             },
+            batching: Batching {
+                ops: get(&self.ops_submitted),
+                submits: self.submit_sizes.iter().map(get).sum(),
+                submit_hist: self.submit_sizes.iter().map(get).collect(),
+                completions: get(&self.completions_reaped),
+                reaps: self.reap_sizes.iter().map(get).sum(),
+                reap_hist: self.reap_sizes.iter().map(get).collect(),
+            },
+        }
+    }
+}
+
+/// How much work each kernel crossing carried (MegaPipe's batching, made visible).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Batching {
+    /// Operations submitted in total.
+    pub ops: u64,
+    /// Submits that handed over at least one operation.
+    pub submits: u64,
+    /// Submits by operations handed over: bucket k counts sizes in [2^k, 2^(k+1)).
+    pub submit_hist: Vec<u64>,
+    /// Completions reaped in total.
+    pub completions: u64,
+    /// Reaps that returned at least one completion.
+    pub reaps: u64,
+    /// Reaps by completions returned, log2 buckets as `submit_hist`.
+    pub reap_hist: Vec<u64>,
+}
+
+impl Batching {
+    /// Mean operations per submit.
+    pub fn ops_per_submit(&self) -> f64 {
+        self.ops as f64 / self.submits.max(1) as f64
+    }
+
+    /// Mean completions per reap.
+    pub fn completions_per_reap(&self) -> f64 {
+        self.completions as f64 / self.reaps.max(1) as f64
+    }
+
+    fn add(&mut self, o: &Batching) {
+        self.ops += o.ops;
+        self.submits += o.submits;
+        self.completions += o.completions;
+        self.reaps += o.reaps;
+        for (hist, other) in [
+            (&mut self.submit_hist, &o.submit_hist),
+            (&mut self.reap_hist, &o.reap_hist),
+        ] {
+            hist.resize(other.len().max(hist.len()), 0);
+            for (a, b) in hist.iter_mut().zip(other) {
+                *a += b;
+            }
         }
     }
 }
@@ -168,6 +250,8 @@ pub struct WorkerSnapshot {
     pub open: u64,
     /// Errors by kind.
     pub errors: ErrorCounts,
+    /// Operations per submit and completions per reap.
+    pub batching: Batching,
 }
 
 impl WorkerSnapshot {
@@ -180,6 +264,7 @@ impl WorkerSnapshot {
         self.bytes_out += o.bytes_out;
         self.open += o.open;
         self.errors.add(&o.errors);
+        self.batching.add(&o.batching);
     }
 }
 
@@ -240,6 +325,23 @@ mod tests {
         assert_eq!(s.total.errors.total(), 1);
         assert!((s.locality() - 2.0 / 3.0).abs() < 1e-9);
         assert!(s.to_json().contains("\"accepted_local\":2"));
+    }
+
+    #[test]
+    fn batching_histograms_bucket_by_log2() {
+        let a = WorkerStats::default();
+        a.submitted(0);
+        a.submitted(1);
+        a.submitted(3);
+        a.submitted(100_000);
+        a.reaped(8);
+        let b = a.snapshot(0, 0).batching;
+        assert_eq!(b.submits, 3);
+        assert_eq!(b.ops, 100_004);
+        assert_eq!(&b.submit_hist[..3], &[1, 1, 0]);
+        assert_eq!(b.submit_hist[HIST_BUCKETS - 1], 1);
+        assert_eq!(b.reap_hist[3], 1);
+        assert!((b.completions_per_reap() - 8.0).abs() < 1e-9);
     }
 
     #[test]

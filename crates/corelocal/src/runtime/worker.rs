@@ -94,17 +94,19 @@ impl<S: Service, B: Backend> Worker<S, B> {
             if self.stop_requested(now) {
                 break;
             }
-            self.backend.submit()?;
+            let submitted = self.backend.submit()?;
+            self.setup.stats.submitted(submitted);
             self.backend.wait(self.next_timeout(now))?;
             let now = Instant::now();
             self.backend.reap(&mut completions, REAP_BATCH_MAX);
+            self.setup.stats.reaped(completions.len());
             for c in completions.drain(..) {
                 self.handle(c, now);
             }
             self.expire_idle(now);
             self.maybe_resume_accept(now);
         }
-        self.backend.submit()
+        self.backend.submit().map(|_| ())
     }
 
     fn set_accepting(&mut self, on: bool) {

@@ -6,7 +6,7 @@
 //! in a fixed pool of buffers; when the pool is empty, reading waits (level-triggered epoll
 //! reports the socket again) until the worker releases buffers.
 
-use crate::runtime::backend::{Backend, BatchStats, BufId, Completion, ConnId, Op, Wake};
+use crate::runtime::backend::{Backend, BufId, Completion, ConnId, Op, Wake};
 use crate::runtime::handler::FileRegion;
 use crate::sys::socket;
 use std::collections::VecDeque;
@@ -85,7 +85,6 @@ pub struct EpollBackend {
     pool: Vec<u8>,
     pool_free: Vec<BufId>,
     buf_bytes: usize,
-    stats: BatchStats,
 }
 
 fn cvt(rc: libc::c_int) -> io::Result<libc::c_int> {
@@ -123,7 +122,6 @@ impl EpollBackend {
             pool: vec![0; pool.bufs as usize * pool.buf_bytes],
             pool_free: (0..pool.bufs).rev().collect(),
             buf_bytes: pool.buf_bytes,
-            stats: BatchStats::default(),
         };
         backend.ctl(
             libc::EPOLL_CTL_ADD,
@@ -403,18 +401,14 @@ impl Backend for EpollBackend {
         self.queued.push(op);
     }
 
-    fn submit(&mut self) -> io::Result<()> {
-        if self.queued.is_empty() {
-            return Ok(());
-        }
-        self.stats.submits += 1;
-        self.stats.ops += self.queued.len() as u64;
+    fn submit(&mut self) -> io::Result<usize> {
+        let count = self.queued.len();
         let mut ops = std::mem::take(&mut self.queued);
         for op in ops.drain(..) {
             self.run(op)?;
         }
         self.queued = ops; // keep the allocation
-        Ok(())
+        Ok(count)
     }
 
     fn wait(&mut self, timeout: Option<Duration>) -> io::Result<()> {
@@ -425,7 +419,6 @@ impl Backend for EpollBackend {
                 t.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32
             })
         };
-        self.stats.waits += 1;
         self.events.clear();
         // SAFETY: `events` has capacity EVENTS_MAX and the kernel writes at most that many.
         let n = unsafe {
@@ -455,7 +448,6 @@ impl Backend for EpollBackend {
 
     fn reap(&mut self, out: &mut Vec<Completion>, max: usize) {
         let n = self.ready.len().min(max);
-        self.stats.completions += n as u64;
         out.extend(self.ready.drain(..n));
     }
 
@@ -471,9 +463,5 @@ impl Backend for EpollBackend {
 
     fn waker(&self) -> Arc<dyn Wake> {
         self.waker.clone()
-    }
-
-    fn batch_stats(&self) -> BatchStats {
-        self.stats
     }
 }

@@ -12,7 +12,7 @@
 //! buffers (ENOBUFS) is re-armed once buffers come back; completions of a closed connection's
 //! requests are recognised by a per-slot generation in `user_data` and dropped.
 
-use crate::runtime::backend::{Backend, BatchStats, BufId, Completion, ConnId, Op, Wake};
+use crate::runtime::backend::{Backend, BufId, Completion, ConnId, Op, Wake};
 use crate::runtime::handler::FileRegion;
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
 use std::alloc::{alloc_zeroed, dealloc, Layout};
@@ -197,7 +197,6 @@ pub struct UringBackend {
     /// Send buffers of closed connections, kept until the kernel is done with them.
     graveyard: Vec<(u64, Vec<u8>)>,
     starved: Vec<ConnId>,
-    stats: BatchStats,
     queued_sqes: u64,
 }
 
@@ -262,7 +261,6 @@ impl UringBackend {
             ready: VecDeque::new(),
             graveyard: Vec::new(),
             starved: Vec::new(),
-            stats: BatchStats::default(),
             queued_sqes: 0,
         };
         backend.arm_waker();
@@ -625,7 +623,6 @@ impl UringBackend {
                 break;
             }
         }
-        self.stats.completions += batch as u64;
     }
 }
 
@@ -654,19 +651,17 @@ impl Backend for UringBackend {
         self.run(op);
     }
 
-    fn submit(&mut self) -> io::Result<()> {
+    fn submit(&mut self) -> io::Result<usize> {
         if self.bufs.publish() && !self.starved.is_empty() {
             self.feed_starved();
         }
-        if self.queued_sqes == 0 {
-            return Ok(());
+        let count = std::mem::take(&mut self.queued_sqes) as usize;
+        if count == 0 {
+            return Ok(0);
         }
-        self.stats.submits += 1;
-        self.stats.ops += self.queued_sqes;
-        self.queued_sqes = 0;
         match self.ring.submit() {
-            Ok(_) => Ok(()),
-            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => Ok(()), // CQ overflow: reap first
+            Ok(_) => Ok(count),
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => Ok(count), // CQ full: reap first
             Err(e) => Err(e),
         }
     }
@@ -676,7 +671,6 @@ impl Backend for UringBackend {
         if !self.ready.is_empty() {
             return Ok(());
         }
-        self.stats.waits += 1;
         let result = match timeout {
             Some(t) => {
                 let ts = types::Timespec::new()
@@ -711,9 +705,5 @@ impl Backend for UringBackend {
 
     fn waker(&self) -> Arc<dyn Wake> {
         self.waker.clone()
-    }
-
-    fn batch_stats(&self) -> BatchStats {
-        self.stats
     }
 }
