@@ -25,6 +25,10 @@ enum Command {
     Bench(corelocal_bench::Command),
     /// Inspect and plan IRQ / RPS / XPS / RFS / RSS layouts.
     Tune(corelocal_tune::Command),
+    /// Flow x application affinity matrix for bulk TCP (seed 003).
+    Sweep(corelocal_sweep::Command),
+    /// Live per-core view: CPU, interfaces, listen drops, corelocal workers.
+    Top(corelocal_top::Command),
     /// Many-core simulation of the Affinity-Accept balancer.
     Sim(sim::Command),
 }
@@ -35,6 +39,8 @@ fn main() -> ExitCode {
         Command::Serve(cmd) => serve::run(cmd),
         Command::Bench(cmd) => corelocal_bench::run(cmd),
         Command::Tune(cmd) => corelocal_tune::run(cmd),
+        Command::Sweep(cmd) => corelocal_sweep::run(cmd),
+        Command::Top(cmd) => corelocal_top::run(cmd),
         Command::Sim(cmd) => sim::run(cmd),
     }
 }
