@@ -18,6 +18,24 @@ pub struct Command {
     pub workload: Workload,
 }
 
+/// A parser of `bench …` arguments on their own (for re-executed runs and tests).
+#[derive(Debug, clap::Parser)]
+#[command(name = "bench")]
+pub struct Standalone {
+    #[command(flatten)]
+    cmd: Command,
+}
+
+impl Standalone {
+    /// Parses `["bench", workload, args…]`.
+    pub fn try_parse_args(args: &[String]) -> Result<Command, String> {
+        use clap::Parser;
+        Standalone::try_parse_from(args)
+            .map(|s| s.cmd)
+            .map_err(|e| e.to_string())
+    }
+}
+
 /// Workloads.
 #[derive(Debug, clap::Subcommand)]
 pub enum Workload {
@@ -36,7 +54,7 @@ pub enum Workload {
     /// httperf-style HTTP sessions: bursts with think time over a URL list.
     #[command(after_help = "Examples:
   corelocal bench http --target http://127.0.0.1:8080/ --bursts 1,2,3 --think 100ms --conns 200
-  corelocal bench http --target 127.0.0.1:8080 --urls files/urls.txt --rate 2000 --arrivals exp --close
+  corelocal bench http --target 127.0.0.1:8080 --urls paper --rate 2000 --arrivals exp --close
   corelocal bench http --target http://127.0.0.1:8080/hello --bursts 100 --think 0 --conns 64   # keep-alive RR")]
     Http(HttpArgs),
     /// memcached text protocol: get/set mix over a key space.
@@ -50,10 +68,9 @@ pub enum Workload {
   corelocal bench compare --server 'mine=./my_server {port} {cpu}' --peer nginx --workload http-ka
 Needs root (unshare -n). Writes results/bench-compare-<date>-<workload>.{json,md}.")]
     Compare(crate::compare::CompareArgs),
-    /// The paper's file set: 30,000 files of 30 B..5,670 B (mean ≈ 700 B) and its URL list.
-    #[command(after_help = "Example:
-  corelocal bench files-gen --dir /tmp/www --count 30000 --seed 1   # then --urls /tmp/www/urls.txt")]
-    FilesGen(crate::files::FilesArgs),
+    /// (internal) One compare run inside its network namespace.
+    #[command(name = "__round", hide = true)]
+    Round(crate::compare::RoundArgs),
 }
 
 /// A duration: `100ms`, `10s`, `2m`, `1.5s`, `250us`; a bare number is seconds.
@@ -396,7 +413,9 @@ pub struct HttpArgs {
     #[command(flatten)]
     #[allow(missing_docs)]
     pub common: Common,
-    /// URL list: one path (or full URL) per line; default: the target URL's path.
+    /// URL list: a file with one path (or http URL) per line, or `paper` for the 30,000-file
+    /// set of Affinity-Accept §6.2 (corelocal_proto::http::fileset; `corelocal serve http`
+    /// serves it built in). Default: the target URL's path.
     #[arg(long)]
     pub urls: Option<PathBuf>,
     /// Requests per burst (1,2,3 = the paper's 6 files per connection).
@@ -486,7 +505,7 @@ fn validate(c: &Common) -> Result<(), String> {
 pub fn execute(cmd: Command) -> Result<ExitCode, String> {
     match cmd.workload {
         Workload::Compare(a) => crate::compare::run(a),
-        Workload::FilesGen(a) => crate::files::run(a),
+        Workload::Round(a) => crate::compare::round(a),
         w => runner::main(to_spec(w)?),
     }
 }
@@ -494,7 +513,7 @@ pub fn execute(cmd: Command) -> Result<ExitCode, String> {
 /// Validates a workload's arguments and resolves them into a [`RunSpec`].
 pub fn to_spec(w: Workload) -> Result<RunSpec, String> {
     let spec = match w {
-        Workload::Compare(_) | Workload::FilesGen(_) => return Err("not a load workload".into()),
+        Workload::Compare(_) | Workload::Round(_) => return Err("not a load workload".into()),
         Workload::Rpc(a) => {
             validate(&a.common)?;
             if a.msg_size == 0 {
@@ -543,6 +562,10 @@ pub fn to_spec(w: Workload) -> Result<RunSpec, String> {
             }
             let (_, _, path) = resolve(&a.common.target)?;
             let urls = match &a.urls {
+                Some(f) if f.as_os_str() == "paper" => (0
+                    ..corelocal_proto::http::fileset::FILE_COUNT)
+                    .map(corelocal_proto::http::fileset::path)
+                    .collect(),
                 Some(f) => load_urls(f)?,
                 None => vec![path],
             };

@@ -16,7 +16,6 @@ use std::process::ExitCode;
 pub mod cli;
 pub mod compare;
 pub mod engine;
-pub mod files;
 pub mod procstat;
 pub mod proto;
 pub mod ratesearch;

@@ -227,7 +227,8 @@ fn run_thread(spec: &RunSpec, plan: Plan, cpu: usize) -> Result<ThreadResult, St
         target: spec.target,
         src: spec.src.clone().into(),
         linger0: spec.linger0,
-        nodelay: !spec.common.no_nodelay,
+        // One write per connection (crr) gains nothing from TCP_NODELAY: skip the syscall.
+        nodelay: !spec.common.no_nodelay && spec.workload != "crr",
     };
     let slots = plan.slots;
     let recv = spec.common.recv_buf;
