@@ -46,12 +46,9 @@ fn terminate(mut r: Running) -> (i32, String) {
     let mut rest = String::new();
     r.stderr.read_to_string(&mut rest).unwrap();
     let mut out = String::new();
-    r.child
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut out)
-        .unwrap();
+    if let Some(mut stdout) = r.child.stdout.take() {
+        stdout.read_to_string(&mut out).unwrap();
+    }
     (status.code().unwrap_or(-1), out)
 }
 
@@ -169,4 +166,82 @@ fn a_busy_port_is_a_clear_runtime_error() {
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("Address already in use"), "{err}");
+}
+
+/// A child that cannot create io rings, as under a container's seccomp profile.
+fn without_io_uring(cmd: &mut Command) -> &mut Command {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs in the forked child before exec and only calls prctl.
+    unsafe {
+        cmd.pre_exec(|| {
+            corelocal::sys::process::deny_syscall(
+                corelocal::sys::process::SYS_IO_URING_SETUP,
+                libc::EPERM as u32,
+            )
+        })
+    }
+}
+
+#[test]
+fn auto_falls_back_to_epoll_with_a_reason_when_io_uring_is_refused() {
+    let mut child = without_io_uring(
+        Command::new(BIN)
+            .args([
+                "serve",
+                "rpc",
+                "--listen",
+                "127.0.0.1:0",
+                "--backend",
+                "auto",
+                "--one-shot",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped()),
+    )
+    .spawn()
+    .unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut text = String::new();
+    let mut addr = None;
+    for _ in 0..4 {
+        let mut line = String::new();
+        stderr.read_line(&mut line).unwrap();
+        text += &line;
+        if let Some(rest) = line.split("listening on ").nth(1) {
+            addr = rest
+                .split([' ', ','])
+                .next()
+                .map(|a| a.parse::<SocketAddr>().unwrap());
+            break;
+        }
+    }
+    assert!(text.contains("io_uring refused"), "{text}");
+    assert!(text.contains("backend epoll"), "{text}");
+    assert_eq!(rpc(addr.expect("listening line"), &[b'x'; 64]).len(), 64);
+    let r = Running {
+        child,
+        addr: addr.unwrap(),
+        stderr,
+    };
+    assert_eq!(terminate(r).0, 0);
+}
+
+#[test]
+fn forcing_uring_where_it_is_refused_is_a_clear_error() {
+    let out = without_io_uring(Command::new(BIN).args([
+        "serve",
+        "rpc",
+        "--listen",
+        "127.0.0.1:0",
+        "--backend",
+        "uring",
+    ]))
+    .output()
+    .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("io_uring") && err.contains("Operation not permitted"),
+        "{err}"
+    );
 }

@@ -252,6 +252,44 @@ fn file_regions_are_sent_in_order_with_the_bytes_around_them(backend: BackendKin
     stop(server);
 }
 
+/// One receive buffer for eight clients sending at once: io_uring receives run out of provided
+/// buffers (ENOBUFS), wait, and are re-armed; every request is still answered.
+fn starved_receives_recover(backend: BackendKind) {
+    let limits = Limits {
+        recv_bufs: 1,
+        recv_buf_bytes: 64,
+        ..Limits::default()
+    };
+    let server = start_with(backend, Mode::Local, limits);
+    let a = addr(&server);
+    let clients: Vec<_> = (0..8)
+        .map(|_| {
+            thread::spawn(move || {
+                let mut s = connect(a);
+                let mut r = BufReader::new(s.try_clone().unwrap());
+                for _ in 0..50 {
+                    s.write_all(&b"PING\n".repeat(20)).unwrap();
+                    for _ in 0..20 {
+                        let mut line = String::new();
+                        r.read_line(&mut line).unwrap();
+                        assert_eq!(line, "PONG\n");
+                    }
+                }
+            })
+        })
+        .collect();
+    for c in clients {
+        c.join().unwrap();
+    }
+    eventually(&server, |s| s.total.requests == 8 * 50 * 20);
+    let batching = server.stats().total.batching;
+    if backend == BackendKind::Uring {
+        assert!(batching.recv_starved > 0, "no ENOBUFS seen: {batching:?}");
+        assert!(batching.rearms >= batching.recv_starved, "{batching:?}");
+    }
+    stop(server);
+}
+
 fn graceful_stop_closes_idle_connections_and_exits(backend: BackendKind) {
     let server = start(backend);
     let s = connect(addr(&server));
@@ -324,6 +362,7 @@ macro_rules! on_every_backend {
 }
 
 on_every_backend!(
+    starved_receives_recover,
     file_regions_are_sent_in_order_with_the_bytes_around_them,
     serves_keep_alive_requests_on_many_connections,
     pipelined_requests_are_answered_in_order,

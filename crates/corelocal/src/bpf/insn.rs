@@ -32,6 +32,16 @@ pub mod cbpf {
     /// `SKF_AD_CPU`: the CPU running the program.
     pub const SKF_AD_CPU: u32 = 36;
 
+    /// `A = packet[offset]` (32-bit load; for seccomp, `struct seccomp_data` at `offset`).
+    pub fn ld_abs(offset: u32) -> CbpfInsn {
+        CbpfInsn {
+            code: LD_W_ABS,
+            jt: 0,
+            jf: 0,
+            k: offset,
+        }
+    }
+
     /// `A = ancillary[offset]`.
     pub fn ld_ancillary(offset: u32) -> CbpfInsn {
         CbpfInsn {

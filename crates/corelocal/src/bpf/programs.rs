@@ -105,6 +105,22 @@ pub fn cbpf_cpu_select(cpu_to_index: &[(u32, u32)]) -> Vec<CbpfInsn> {
     prog
 }
 
+/// `SECCOMP_RET_ERRNO`.
+pub const SECCOMP_RET_ERRNO: u32 = 0x0005_0000;
+/// `SECCOMP_RET_ALLOW`.
+pub const SECCOMP_RET_ALLOW: u32 = 0x7fff_0000;
+
+/// A seccomp filter making syscall `nr` fail with `errno` and allowing everything else — how a
+/// container runtime refuses io_uring; tests use it to force the epoll fallback.
+pub fn seccomp_deny(nr: u32, errno: u32) -> Vec<CbpfInsn> {
+    vec![
+        cbpf::ld_abs(0), // seccomp_data.nr
+        cbpf::jeq(nr, 0, 1),
+        cbpf::ret_k(SECCOMP_RET_ERRNO | (errno & 0xffff)),
+        cbpf::ret_k(SECCOMP_RET_ALLOW),
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

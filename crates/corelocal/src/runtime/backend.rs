@@ -161,4 +161,18 @@ pub trait Backend {
     fn release(&mut self, buf: BufId);
     /// A handle other threads use to wake this worker.
     fn waker(&self) -> std::sync::Arc<dyn Wake>;
+    /// Events since the last call that the stats count (and resets them).
+    fn take_events(&mut self) -> BackendEvents {
+        BackendEvents::default()
+    }
+}
+
+/// Backend events worth counting: multishot requests re-armed after ending without
+/// `IORING_CQE_F_MORE`, and receives that ran out of provided buffers (ENOBUFS).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BackendEvents {
+    /// Multishot requests re-armed.
+    pub rearms: u64,
+    /// Receives starved of buffers (re-armed once buffers came back).
+    pub recv_starved: u64,
 }

@@ -42,6 +42,8 @@ pub struct WorkerStats {
     reap_sizes: [AtomicU64; HIST_BUCKETS],
     ops_submitted: AtomicU64,
     completions_reaped: AtomicU64,
+    rearms: AtomicU64,
+    recv_starved: AtomicU64,
 }
 
 /// Buckets of the batching histograms: 1, 2–3, 4–7, …, ≥ 2^(HIST_BUCKETS-1).
@@ -96,6 +98,16 @@ impl WorkerStats {
         }
     }
 
+    /// Counts backend events (multishot re-arms, buffer starvation).
+    pub fn backend_events(&self, events: super::backend::BackendEvents) {
+        if events.rearms > 0 {
+            bump(&self.rearms, events.rearms);
+        }
+        if events.recv_starved > 0 {
+            bump(&self.recv_starved, events.recv_starved);
+        }
+    }
+
     /// Counts received bytes.
     pub fn bytes_in(&self, n: u64) {
         bump(&self.bytes_in, n);
@@ -147,6 +159,8 @@ impl WorkerStats {
                 completions: get(&self.completions_reaped),
                 reaps: self.reap_sizes.iter().map(get).sum(),
                 reap_hist: self.reap_sizes.iter().map(get).collect(),
+                rearms: get(&self.rearms),
+                recv_starved: get(&self.recv_starved),
             },
         }
     }
@@ -167,6 +181,10 @@ pub struct Batching {
     pub reaps: u64,
     /// Reaps by completions returned, log2 buckets as `submit_hist`.
     pub reap_hist: Vec<u64>,
+    /// Multishot requests re-armed after ending without `IORING_CQE_F_MORE`.
+    pub rearms: u64,
+    /// Receives that ran out of provided buffers (ENOBUFS) and waited for some.
+    pub recv_starved: u64,
 }
 
 impl Batching {
@@ -185,6 +203,8 @@ impl Batching {
         self.submits += o.submits;
         self.completions += o.completions;
         self.reaps += o.reaps;
+        self.rearms += o.rearms;
+        self.recv_starved += o.recv_starved;
         for (hist, other) in [
             (&mut self.submit_hist, &o.submit_hist),
             (&mut self.reap_hist, &o.reap_hist),

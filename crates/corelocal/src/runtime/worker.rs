@@ -100,6 +100,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
             let now = Instant::now();
             self.backend.reap(&mut completions, REAP_BATCH_MAX);
             self.setup.stats.reaped(completions.len());
+            self.setup.stats.backend_events(self.backend.take_events());
             for c in completions.drain(..) {
                 self.handle(c, now);
             }

@@ -20,3 +20,34 @@ pub fn nofile_limit() -> io::Result<(u64, u64)> {
     }
     Ok((lim.rlim_cur, lim.rlim_max))
 }
+
+/// Makes syscall `nr` fail with `errno` in the calling thread and the processes it starts
+/// (seccomp filter; sets no_new_privs). Used to reproduce a container that refuses io_uring.
+pub fn deny_syscall(nr: u32, errno: u32) -> io::Result<()> {
+    let prog = crate::bpf::programs::seccomp_deny(nr, errno);
+    let fprog = libc::sock_fprog {
+        len: prog.len() as libc::c_ushort,
+        filter: prog.as_ptr() as *mut libc::sock_filter,
+    };
+    // SAFETY: plain prctl with integer arguments.
+    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fprog` points to `prog`, which outlives the call; the kernel copies the filter.
+    let rc = unsafe {
+        libc::prctl(
+            libc::PR_SET_SECCOMP,
+            libc::SECCOMP_MODE_FILTER,
+            &fprog as *const libc::sock_fprog,
+            0,
+            0,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Syscall number of `io_uring_setup`.
+pub const SYS_IO_URING_SETUP: u32 = libc::SYS_io_uring_setup as u32;

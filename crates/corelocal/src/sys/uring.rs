@@ -12,7 +12,7 @@
 //! buffers (ENOBUFS) is re-armed once buffers come back; completions of a closed connection's
 //! requests are recognised by a per-slot generation in `user_data` and dropped.
 
-use crate::runtime::backend::{Backend, BufId, Completion, ConnId, Op, Wake};
+use crate::runtime::backend::{Backend, BackendEvents, BufId, Completion, ConnId, Op, Wake};
 use crate::runtime::handler::FileRegion;
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
 use std::alloc::{alloc_zeroed, dealloc, Layout};
@@ -198,6 +198,7 @@ pub struct UringBackend {
     graveyard: Vec<(u64, Vec<u8>)>,
     starved: Vec<ConnId>,
     queued_sqes: u64,
+    events: BackendEvents,
 }
 
 impl std::fmt::Debug for UringBackend {
@@ -262,6 +263,7 @@ impl UringBackend {
             graveyard: Vec::new(),
             starved: Vec::new(),
             queued_sqes: 0,
+            events: BackendEvents::default(),
         };
         backend.arm_waker();
         Ok(backend)
@@ -515,6 +517,7 @@ impl UringBackend {
         if !cqueue::more(flags) {
             if let Some(fd) = active {
                 if res != -libc::ECANCELED {
+                    self.events.rearms += 1;
                     self.arm_accept(listener, fd);
                 }
             }
@@ -541,6 +544,7 @@ impl UringBackend {
                 len: res as usize,
             });
             if !more && self.slots[conn as usize].recv == RecvState::Armed {
+                self.events.rearms += 1;
                 self.arm_recv(conn);
             }
             return;
@@ -556,6 +560,7 @@ impl UringBackend {
                 if was_armed {
                     slot.recv = RecvState::Starved;
                     self.starved.push(conn);
+                    self.events.recv_starved += 1;
                 }
             }
             e if e == -libc::ECANCELED => {}
@@ -598,6 +603,7 @@ impl UringBackend {
             if self.slots[conn as usize].recv == RecvState::Starved
                 && !self.slots[conn as usize].closing
             {
+                self.events.rearms += 1;
                 self.arm_recv(conn);
             }
         }
@@ -705,5 +711,9 @@ impl Backend for UringBackend {
 
     fn waker(&self) -> Arc<dyn Wake> {
         self.waker.clone()
+    }
+
+    fn take_events(&mut self) -> BackendEvents {
+        std::mem::take(&mut self.events)
     }
 }
