@@ -238,10 +238,12 @@ impl Serialize for SrcSpec {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
 pub enum EngineKind {
-    /// io_uring when available, else epoll.
+    /// io_uring with direct descriptors when available, else plain io_uring, else epoll.
     Auto,
-    /// io_uring (fails if unavailable).
+    /// io_uring (direct descriptors when the kernel has them; fails if io_uring is unavailable).
     Uring,
+    /// io_uring with ordinary file descriptors (socket/bind as syscalls).
+    UringFd,
     /// epoll.
     Epoll,
 }

@@ -258,14 +258,14 @@ fn run_thread(spec: &RunSpec, plan: Plan, cpu: usize) -> Result<ThreadResult, St
             cpu,
             None,
         ),
-        EngineKind::Uring => go(
-            sys::uring::Uring::new(slots, recv, opts)
+        EngineKind::Uring | EngineKind::UringFd => go(
+            sys::uring::Uring::new(slots, recv, opts, spec.common.engine == EngineKind::Uring)
                 .map_err(|e| format!("io_uring unavailable: {e}"))?,
             plan,
             cpu,
             None,
         ),
-        EngineKind::Auto => match sys::uring::Uring::new(slots, recv, opts.clone()) {
+        EngineKind::Auto => match sys::uring::Uring::new(slots, recv, opts.clone(), true) {
             Ok(u) => go(u, plan, cpu, None),
             Err(e) => {
                 let note = format!("io_uring unavailable ({e}); fell back to epoll");

@@ -2,6 +2,11 @@
 //! connection, closes and cancels submitted asynchronously, one `io_uring_enter` per loop
 //! turn for everything (MegaPipe's batching, on today's kernels).
 //!
+//! With direct descriptors (`--engine auto`/`uring` when the kernel has IORING_OP_SOCKET,
+//! BIND and socket uring_cmd, i.e. 6.11+) the whole connection lives in the ring: socket →
+//! setsockopt → bind → connect → send → recv is one linked chain into a fixed-file slot, and
+//! close is a ring op too: no fd table, no per-connection syscall (MegaPipe's lwsocket).
+//!
 //! Buffer lifetime: a slot's buffers (`ConnBuf`) and the destination address live in this
 //! struct, which outlives every operation: a slot is reused only after all its operations
 //! completed (`pending == 0`), and `Drop` cancels and reaps everything before freeing.
@@ -16,6 +21,14 @@ use std::net::Ipv4Addr;
 const OP_CONNECT: u64 = 1;
 const OP_SEND: u64 = 2;
 const OP_RECV: u64 = 3;
+/// socket / setsockopt / bind in a direct chain.
+const OP_SOCKET: u64 = 4;
+
+static ONE: i32 = 1;
+static LINGER0: libc::linger = libc::linger {
+    l_onoff: 1,
+    l_linger: 0,
+};
 /// Operations nobody waits for (close, cancel).
 const OP_UNTRACKED: u64 = 0xff;
 
@@ -39,6 +52,22 @@ pub struct Uring {
     ready: Vec<Event>,
     inflight: usize,
     flags: &'static str,
+    direct: bool,
+    srcs: Box<[libc::sockaddr_in]>,
+}
+
+/// Runs `$body` with `$f` bound to the slot's descriptor: a fixed-file index in direct mode,
+/// else the fd.
+macro_rules! with_fd {
+    ($self:ident, $slot:expr, |$f:ident| $body:expr) => {
+        if $self.direct {
+            let $f = types::Fixed($slot as u32);
+            $body
+        } else {
+            let $f = types::Fd($self.io[$slot].fd);
+            $body
+        }
+    };
 }
 
 fn ud(slot: usize, op: u64) -> u64 {
@@ -46,8 +75,9 @@ fn ud(slot: usize, op: u64) -> u64 {
 }
 
 impl Uring {
-    /// A ring sized for `slots` connections. Fails when io_uring is unavailable.
-    pub fn new(slots: usize, recv_buf: usize, opts: SockOpts) -> io::Result<Self> {
+    /// A ring sized for `slots` connections, with direct descriptors when `direct` and the
+    /// kernel supports them. Fails when io_uring is unavailable.
+    pub fn new(slots: usize, recv_buf: usize, opts: SockOpts, direct: bool) -> io::Result<Self> {
         let entries = (slots * 4).next_power_of_two().clamp(64, 16384) as u32;
         let (ring, flags) = match IoUring::builder()
             .setup_single_issuer()
@@ -79,7 +109,7 @@ impl Uring {
                 ));
             }
         }
-        Ok(Uring {
+        let mut u = Uring {
             ring,
             dst: Box::new(sockaddr(opts.target)),
             opts,
@@ -94,7 +124,73 @@ impl Uring {
             ready: Vec::new(),
             inflight: 0,
             flags,
-        })
+            direct: false,
+            srcs: vec![sockaddr(std::net::SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0)); slots]
+                .into_boxed_slice(),
+        };
+        if direct {
+            u.direct = u.try_direct(&probe, slots);
+        }
+        Ok(u)
+    }
+
+    /// Whether connections use direct descriptors.
+    pub fn is_direct(&self) -> bool {
+        self.direct
+    }
+
+    /// Registers a sparse file table and checks, with one trial chain, that socket, socket
+    /// uring_cmd (setsockopt) and close work on direct descriptors here.
+    fn try_direct(&mut self, probe: &io_uring::Probe, slots: usize) -> bool {
+        for op in [
+            opcode::Socket::CODE,
+            opcode::Bind::CODE,
+            opcode::SetSockOpt::CODE,
+        ] {
+            if !probe.is_supported(op) {
+                return false;
+            }
+        }
+        if self
+            .ring
+            .submitter()
+            .register_files_sparse(slots as u32)
+            .is_err()
+        {
+            return false;
+        }
+        let Ok(dest) = types::DestinationSlot::try_from_slot_target(0) else {
+            return false;
+        };
+        let trial = [
+            opcode::Socket::new(libc::AF_INET, libc::SOCK_STREAM, 0)
+                .file_index(Some(dest))
+                .build()
+                .flags(squeue::Flags::IO_LINK)
+                .user_data(1),
+            opcode::SetSockOpt::new(
+                types::Fixed(0),
+                libc::IPPROTO_IP as u32,
+                libc::IP_BIND_ADDRESS_NO_PORT as u32,
+                &ONE as *const i32 as *const libc::c_void,
+                4,
+            )
+            .build()
+            .flags(squeue::Flags::IO_LINK)
+            .user_data(2),
+            opcode::Close::new(types::Fixed(0)).build().user_data(3),
+        ];
+        for e in &trial {
+            // SAFETY: the entries point only at the static `ONE`.
+            if unsafe { self.ring.submission().push(e) }.is_err() {
+                return false;
+            }
+        }
+        if self.ring.submit_and_wait(3).is_err() {
+            return false;
+        }
+        let results: Vec<i32> = self.ring.completion().map(|c| c.result()).collect();
+        results.len() == 3 && results.iter().all(|&r| r >= 0)
     }
 
     /// Setup flags in use.
@@ -123,29 +219,116 @@ impl Uring {
     }
 
     fn send_entry(&mut self, slot: usize) -> squeue::Entry {
-        let fd = self.io[slot].fd;
         let off = self.io[slot].send_off;
         let out = &self.bufs[slot].out;
-        opcode::Send::new(types::Fd(fd), out[off..].as_ptr(), (out.len() - off) as u32)
+        let (ptr, len) = (out[off..].as_ptr(), (out.len() - off) as u32);
+        with_fd!(self, slot, |f| opcode::Send::new(f, ptr, len)
             .flags(libc::MSG_NOSIGNAL)
-            .build()
-            .user_data(ud(slot, OP_SEND))
+            .build())
+        .user_data(ud(slot, OP_SEND))
     }
 
     fn recv_entry(&mut self, slot: usize) -> squeue::Entry {
-        let fd = self.io[slot].fd;
         let b = &mut self.bufs[slot];
         let free = &mut b.inbuf[b.in_len..];
-        opcode::Recv::new(types::Fd(fd), free.as_mut_ptr(), free.len() as u32)
-            .build()
+        let (ptr, len) = (free.as_mut_ptr(), free.len() as u32);
+        with_fd!(self, slot, |f| opcode::Recv::new(f, ptr, len).build())
             .user_data(ud(slot, OP_RECV))
+    }
+
+    fn sockopt(
+        &self,
+        slot: usize,
+        level: i32,
+        name: i32,
+        val: *const libc::c_void,
+        len: u32,
+    ) -> squeue::Entry {
+        opcode::SetSockOpt::new(
+            types::Fixed(slot as u32),
+            level as u32,
+            name as u32,
+            val,
+            len,
+        )
+        .build()
+        .flags(squeue::Flags::IO_LINK)
+        .user_data(ud(slot, OP_SOCKET))
+    }
+
+    /// The whole connection setup as one linked chain into fixed-file slot `slot`.
+    fn open_direct(&mut self, slot: usize, src: Option<Ipv4Addr>) -> Result<(), i32> {
+        let dest =
+            types::DestinationSlot::try_from_slot_target(slot as u32).map_err(|_| libc::EMFILE)?;
+        let mut chain = Vec::with_capacity(8);
+        chain.push(
+            opcode::Socket::new(libc::AF_INET, libc::SOCK_STREAM, 0)
+                .file_index(Some(dest))
+                .build()
+                .flags(squeue::Flags::IO_LINK)
+                .user_data(ud(slot, OP_SOCKET)),
+        );
+        let one = &ONE as *const i32 as *const libc::c_void;
+        if self.opts.nodelay {
+            chain.push(self.sockopt(slot, libc::IPPROTO_TCP, libc::TCP_NODELAY, one, 4));
+        }
+        if self.opts.linger0 {
+            let lg = &LINGER0 as *const libc::linger as *const libc::c_void;
+            let len = std::mem::size_of::<libc::linger>() as u32;
+            chain.push(self.sockopt(slot, libc::SOL_SOCKET, libc::SO_LINGER, lg, len));
+        }
+        if let Some(ip) = src {
+            chain.push(self.sockopt(
+                slot,
+                libc::IPPROTO_IP,
+                libc::IP_BIND_ADDRESS_NO_PORT,
+                one,
+                4,
+            ));
+            self.srcs[slot] = sockaddr(std::net::SocketAddrV4::new(ip, 0));
+            let sa = &self.srcs[slot] as *const libc::sockaddr_in as *const libc::sockaddr;
+            chain.push(
+                opcode::Bind::new(
+                    types::Fixed(slot as u32),
+                    sa,
+                    std::mem::size_of::<libc::sockaddr_in>() as u32,
+                )
+                .build()
+                .flags(squeue::Flags::IO_LINK)
+                .user_data(ud(slot, OP_SOCKET)),
+            );
+        }
+        chain.push(
+            opcode::Connect::new(
+                types::Fixed(slot as u32),
+                &*self.dst as *const libc::sockaddr_in as *const libc::sockaddr,
+                std::mem::size_of::<libc::sockaddr_in>() as u32,
+            )
+            .build()
+            .flags(squeue::Flags::IO_LINK)
+            .user_data(ud(slot, OP_CONNECT)),
+        );
+        self.io[slot] = SlotIo {
+            fd: slot as i32,
+            pending: 0,
+            recv_armed: true,
+            ..Default::default()
+        };
+        chain.push(self.send_entry(slot).flags(squeue::Flags::IO_LINK));
+        chain.push(self.recv_entry(slot));
+        self.io[slot].pending = chain.len() as u32;
+        self.inflight += chain.len();
+        self.reserve(chain.len());
+        for e in chain {
+            self.push(e);
+        }
+        Ok(())
     }
 
     fn release_if_idle(&mut self, slot: usize) {
         let s = self.io[slot];
         if s.closing && s.pending == 0 {
-            let e = opcode::Close::new(types::Fd(s.fd))
-                .build()
+            let e = with_fd!(self, slot, |f| opcode::Close::new(f).build())
                 .user_data(ud(slot, OP_UNTRACKED));
             self.push(e);
             self.io[slot] = SlotIo {
@@ -179,6 +362,7 @@ impl Uring {
         if res < 0 {
             s.failed = true;
             let kind = match op {
+                OP_SOCKET => ErrKind::Socket,
                 OP_CONNECT => ErrKind::Connect,
                 OP_SEND => ErrKind::Send,
                 _ => ErrKind::Recv,
@@ -187,6 +371,7 @@ impl Uring {
             return;
         }
         match op {
+            OP_SOCKET => {}
             OP_CONNECT => out.push(Event::Connected(slot)),
             OP_SEND => {
                 let n = res as usize;
@@ -214,6 +399,9 @@ impl Backend for Uring {
     }
 
     fn open(&mut self, slot: usize, src: Option<Ipv4Addr>) -> Result<(), i32> {
+        if self.direct {
+            return self.open_direct(slot, src);
+        }
         let fd = client_socket(false, src, self.opts.linger0, self.opts.nodelay)?;
         self.io[slot] = SlotIo {
             fd,
@@ -280,10 +468,19 @@ impl Backend for Uring {
         if s.pending > 0 {
             // Wake what waits on the socket (recv returns 0, send fails), then cancel anything
             // still queued (a connect in progress).
-            shutdown(s.fd);
-            let cancel = opcode::AsyncCancel2::new(types::CancelBuilder::fd(types::Fd(s.fd)).all())
-                .build()
-                .user_data(ud(slot, OP_UNTRACKED));
+            if self.direct {
+                let sh = opcode::Shutdown::new(types::Fixed(slot as u32), libc::SHUT_RDWR)
+                    .build()
+                    .user_data(ud(slot, OP_UNTRACKED));
+                self.push(sh);
+            } else {
+                shutdown(s.fd);
+            }
+            let cancel = with_fd!(self, slot, |f| opcode::AsyncCancel2::new(
+                types::CancelBuilder::fd(f).all()
+            )
+            .build())
+            .user_data(ud(slot, OP_UNTRACKED));
             self.push(cancel);
         } else {
             self.release_if_idle(slot);
@@ -324,7 +521,11 @@ impl Backend for Uring {
     }
 
     fn name(&self) -> &'static str {
-        "io_uring"
+        if self.direct {
+            "io_uring+direct"
+        } else {
+            "io_uring"
+        }
     }
 }
 
@@ -345,9 +546,11 @@ impl Drop for Uring {
             sink.clear();
         }
         let _ = self.ring.submit();
-        for s in &self.io {
-            if s.fd >= 0 {
-                close(s.fd);
+        if !self.direct {
+            for s in &self.io {
+                if s.fd >= 0 {
+                    close(s.fd);
+                }
             }
         }
         if self.inflight > 0 {
