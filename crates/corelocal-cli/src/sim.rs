@@ -14,7 +14,7 @@ pub struct Command {
     #[arg(long, default_value_t = 0)]
     hog: usize,
     /// CPU share (%) the server gets on a hogged core.
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, default_value_t = 10)]
     hog_share: u32,
     /// When the hog starts, seconds.
     #[arg(long, default_value_t = 0.0)]
@@ -38,6 +38,9 @@ pub struct Command {
     /// Accept-queue capacity per core.
     #[arg(long, default_value_t = 128)]
     queue_cap: u32,
+    /// Most open connections per core (what the server admits beyond its accept queue).
+    #[arg(long, default_value_t = 256)]
+    inflight_max: u32,
     /// Number of flow groups (a power of two).
     #[arg(long, default_value_t = 4096)]
     groups: u32,
@@ -69,6 +72,7 @@ fn config(cmd: &Command) -> Result<SimConfig, String> {
     c.load_pct = cmd.load;
     c.queue_cap = cmd.queue_cap;
     c.flow_groups = cmd.groups;
+    c.inflight_max = cmd.inflight_max;
     Ok(c)
 }
 

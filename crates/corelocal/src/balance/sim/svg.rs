@@ -100,6 +100,20 @@ fn frame(out: &mut String, p: &Panel, title: &str, yticks: &[(f64, String)]) {
     }
 }
 
+/// The smallest 1, 2, 2.5 or 5 × 10^k at or above `x` (> 0).
+fn nice_ceil(x: f64) -> f64 {
+    let mut base = 1.0;
+    while base * 10.0 < x {
+        base *= 10.0;
+    }
+    for m in [1.0, 2.0, 2.5, 5.0, 10.0] {
+        if base * m >= x {
+            return base * m;
+        }
+    }
+    base * 10.0
+}
+
 fn nice_step(span: f64) -> f64 {
     for s in [1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0] {
         if span / s <= 12.0 {
@@ -113,7 +127,7 @@ fn nice_step(span: f64) -> f64 {
 pub fn render_svg(r: &SimReport) -> String {
     let c = &r.config;
     let secs = r.series.len() as f64;
-    let height = TOP + 3.0 * PANEL_H + 2.0 * GAP + 40.0;
+    let height = TOP + 3.0 * PANEL_H + 2.0 * GAP + 60.0;
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -185,14 +199,15 @@ pub fn render_svg(r: &SimReport) -> String {
         y0: TOP + 10.0 + PANEL_H + GAP,
         secs,
     };
-    let ymax = r
-        .series
-        .iter()
-        .map(|x| x.arrivals.max(x.completed).max(x.timeouts))
-        .max()
-        .unwrap_or(1)
-        .max(1) as f64
-        * 1.1;
+    let ymax = nice_ceil(
+        r.series
+            .iter()
+            .map(|x| x.arrivals.max(x.completed).max(x.timeouts))
+            .max()
+            .unwrap_or(1)
+            .max(1) as f64
+            * 1.05,
+    );
     let ticks: Vec<(f64, String)> = (0..=4)
         .map(|k| {
             (
@@ -235,7 +250,7 @@ pub fn render_svg(r: &SimReport) -> String {
     let pkt: Vec<(f64, f64)> = r
         .series
         .iter()
-        .filter(|x| x.arrivals + x.completed > 0)
+        .filter(|x| x.arrivals > 0)
         .map(|x| {
             (
                 p.x(x.t_s as f64 + 0.5),
