@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# Connection rate per client core: corelocal bench crr (io_uring+direct, io_uring, epoll) vs
+# wrk -H 'Connection: close' vs shared/tools/crr_client, against the same server (floor_server
+# or nginx) on CPU 1, client on CPU 0, each run in a fresh network namespace, clients in
+# alternating order (A B C A B C …). Needs root (unshare -n), gcc, wrk, jq, nginx.
+#
+# usage: bench/clients.sh [floor|nginx] [ROUNDS] [SECONDS] [CONNS] [OUTDIR]
+# Writes OUTDIR/bench-clients-<date>-<server>.md (and the raw per-run files beside it).
+set -euo pipefail
+SERVER=${1:-floor}
+ROUNDS=${2:-3}
+SECS=${3:-5}
+CONNS=${4:-64}
+OUT=${5:-results}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+SHARED=${CORELOCAL_SHARED:-$ROOT/../shared}
+[ -f "$SHARED/tools/crr_client.c" ] || SHARED=/work/shared
+BENCH=${BENCH:-$ROOT/target/release/corelocal-bench}
+[ -x "$BENCH" ] || BENCH=${CARGO_TARGET_DIR:-$ROOT/target}/release/corelocal-bench
+[ -x "$BENCH" ] || { echo "build it first: cargo build --release -p corelocal-bench" >&2; exit 2; }
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+gcc -O2 -pthread "$SHARED/tools/floor_server.c" -o "$WORK/floor_server"
+gcc -O2 "$SHARED/tools/crr_client.c" -o "$WORK/crr_client"
+DATE=$(date -u +%F)
+RAW="$OUT/bench-clients-$DATE-$SERVER"
+mkdir -p "$RAW"
+PORT=8080
+
+case "$SERVER" in
+  floor) SERVER_CMD="$WORK/floor_server $PORT 1 1" ;;
+  nginx)
+    mkdir -p "$WORK/nginx/tmp"
+    cat > "$WORK/nginx/nginx.conf" <<EOF
+worker_processes 1; master_process off; daemon off;
+pid $WORK/nginx/nginx.pid; error_log $WORK/nginx/error.log warn;
+worker_rlimit_nofile 20000;
+events { worker_connections 16384; }
+http { access_log off;
+  client_body_temp_path $WORK/nginx/tmp; proxy_temp_path $WORK/nginx/tmp; fastcgi_temp_path $WORK/nginx/tmp;
+  uwsgi_temp_path $WORK/nginx/tmp; scgi_temp_path $WORK/nginx/tmp;
+  server { listen 127.0.0.1:$PORT reuseport backlog=4096;
+    location = /hello { default_type text/plain; return 200 "hello\n"; } } }
+EOF
+    SERVER_CMD="nginx -p $WORK/nginx -c $WORK/nginx/nginx.conf" ;;
+  *) echo "server: floor or nginx" >&2; exit 2 ;;
+esac
+
+# One run in a fresh namespace: server on CPU1, the client command on CPU0.
+# Prints "conns_per_s server_us_per_conn client_us_per_conn".
+run_one() { # name
+  local name=$1 f="$RAW/r$round-$1"
+  unshare -n -- bash -s "$name" "$f" <<EOS
+set -e
+ip link set lo up
+taskset -c 1 $SERVER_CMD >/dev/null 2>&1 &
+SPID=\$!
+for i in \$(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/$PORT) 2>/dev/null && break; sleep 0.05; done
+sleep 0.2
+sched() { cat /proc/\$SPID/task/*/schedstat | awk '{s+=\$1} END {print s}'; }
+s0=\$(sched)
+case "\$1" in
+  uring-direct|uring-fd|epoll)
+    e=\$1; [ \$e = uring-direct ] && e=uring
+    "$BENCH" crr --target 127.0.0.1:$PORT --proto http --path /hello --cpus 0 --conns $CONNS \
+      --duration ${SECS}s --warmup 0 --engine \$e --progress never --json "\$2.json" >"\$2.txt" 2>&1
+    s1=\$(sched)
+    jq -r --arg s0 \$s0 --arg s1 \$s1 '"\(.throughput.conns_per_s) \((((\$s1|tonumber)-(\$s0|tonumber))/1000)/.throughput.conns) \(.client_cpu.us_per_unit)"' "\$2.json" ;;
+  wrk)
+    /usr/bin/time -f "%e %U %S" -o "\$2.time" taskset -c 0 wrk -t1 -c$CONNS -d${SECS}s -H 'Connection: close' \
+      http://127.0.0.1:$PORT/hello >"\$2.txt" 2>&1
+    s1=\$(sched)
+    n=\$(awk '/requests in/ {print \$1}' "\$2.txt")
+    read el u k < "\$2.time"
+    awk -v n=\$n -v el=\$el -v u=\$u -v k=\$k -v s0=\$s0 -v s1=\$s1 'BEGIN {printf "%.0f %.2f %.2f\n", n/el, (s1-s0)/1000/n, (u+k)*1e6/n}' ;;
+  crr_client)
+    /usr/bin/time -f "%e %U %S" -o "\$2.time" "$WORK/crr_client" $PORT 0 $CONNS $SECS >"\$2.txt" 2>&1
+    s1=\$(sched)
+    n=\$(awk '{print \$2}' "\$2.txt")
+    read el u k < "\$2.time"
+    awk -v n=\$n -v el=\$el -v u=\$u -v k=\$k -v s0=\$s0 -v s1=\$s1 'BEGIN {printf "%.0f %.2f %.2f\n", n/el, (s1-s0)/1000/n, (u+k)*1e6/n}' ;;
+esac
+kill \$SPID; wait \$SPID 2>/dev/null || true
+EOS
+}
+
+CLIENTS="uring-direct uring-fd epoll crr_client wrk"
+echo "load before: $(cat /proc/loadavg)" | tee "$RAW/load"
+for round in $(seq "$ROUNDS"); do
+  for c in $CLIENTS; do
+    line=$(run_one "$c")
+    echo "$round $c $line" | tee -a "$RAW/runs.txt"
+  done
+done
+LOAD_AFTER=$(cat /proc/loadavg)
+MD="$OUT/bench-clients-$DATE-$SERVER.md"
+{
+  echo "# Client connection rate: corelocal bench crr vs wrk vs crr_client ($SERVER)"
+  echo
+  echo "\`bench/clients.sh $SERVER $ROUNDS $SECS $CONNS\` — server \`$SERVER_CMD\` on CPU 1, client on CPU 0, $CONNS"
+  echo "connections, ${SECS}s per run, each run in a fresh network namespace, clients alternating each round."
+  echo "Load average before: $(cut -d' ' -f1-3 "$RAW/load" | sed 's/load before: //'); after: $(echo "$LOAD_AFTER" | cut -d' ' -f1-3)."
+  echo "Other engineers were compiling on this 2-core VM: figures were taken under possible contention."
+  echo
+  echo "| client | conn/s per client core: median (min–max) | ratio vs wrk | ratio vs crr_client | server CPU µs/conn | client CPU µs/conn |"
+  echo "|---|---|---|---|---|---|"
+  med() { sort -g | awk '{a[NR]=$1} END {if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
+  wrk_med=$(awk '$2=="wrk" {print $3}' "$RAW/runs.txt" | med)
+  crr_med=$(awk '$2=="crr_client" {print $3}' "$RAW/runs.txt" | med)
+  for c in $CLIENTS; do
+    m=$(awk -v c=$c '$2==c {print $3}' "$RAW/runs.txt" | med)
+    lo=$(awk -v c=$c '$2==c {print $3}' "$RAW/runs.txt" | sort -g | head -1)
+    hi=$(awk -v c=$c '$2==c {print $3}' "$RAW/runs.txt" | sort -g | tail -1)
+    s=$(awk -v c=$c '$2==c {print $4}' "$RAW/runs.txt" | med)
+    k=$(awk -v c=$c '$2==c {print $5}' "$RAW/runs.txt" | med)
+    awk -v c="$c" -v m=$m -v lo=$lo -v hi=$hi -v w=$wrk_med -v r=$crr_med -v s=$s -v k=$k \
+      'BEGIN {printf "| %s | %.0f (%.0f–%.0f) | %.3f | %.3f | %.2f | %.2f |\n", c, m, lo, hi, m/w, m/r, s, k}'
+  done
+  echo
+  echo "Runs (round client conn/s server-µs/conn client-µs/conn):"
+  echo
+  echo '```'
+  cat "$RAW/runs.txt"
+  echo '```'
+  echo
+  echo "uring-direct = \`corelocal bench crr --engine uring\` (socket→setsockopt→bind→connect→send→recv as one"
+  echo "linked io_uring chain into a fixed-file slot, close through the ring); uring-fd = the same with ordinary fds"
+  echo "(socket/setsockopt/bind as syscalls); epoll = the fallback engine. wrk: \`wrk -t1 -c$CONNS -H 'Connection: close'\`"
+  echo "pinned with taskset; crr_client: shared/tools/crr_client.c. Client CPU for wrk/crr_client is user+sys from"
+  echo "/usr/bin/time over the whole run (includes start-up); for corelocal bench, its thread's CPU time in the window."
+} > "$MD"
+cat "$MD"
