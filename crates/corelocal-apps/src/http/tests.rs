@@ -672,3 +672,45 @@ fn the_papers_file_set_fits_the_default_cache() {
     let (r, _) = once(&mut c, get("/files/07/07777.txt").as_bytes(), base);
     assert_eq!(split(&r).1.as_bytes(), &fileset::body(7_777)[..]);
 }
+
+mod props {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+
+        /// Pipelined requests for random files of the paper's set, split anywhere: one
+        /// response per request, each with the file's exact bytes, in order.
+        #[test]
+        fn pipelined_paper_files(files in prop::collection::vec(0usize..fileset::FILE_COUNT, 1..8), cut in any::<prop::sample::Index>()) {
+            let (svc, base) = builtin();
+            let input: String = files.iter().map(|&i| get(&fileset::path(i))).collect();
+            let cut = cut.index(input.len());
+            let (out, requests, next) = chunked(&mut conn(svc, *base), input.as_bytes(), &[cut], *base);
+            prop_assert_eq!(requests as usize, files.len());
+            prop_assert_eq!(next, Next::Read);
+            let mut expect = Vec::new();
+            for &i in &files {
+                expect.extend_from_slice(&fileset::body(i));
+            }
+            let bodies: Vec<u8> = String::from_utf8_lossy(&out)
+                .split("HTTP/1.1 200 OK\r\n")
+                .skip(1)
+                .flat_map(|r| split(r).1.as_bytes().to_vec())
+                .collect();
+            prop_assert_eq!(bodies, expect);
+        }
+
+        /// Any bytes in any chunks: no panic, output bounded by the number of requests.
+        #[test]
+        fn garbage_is_handled(buf in prop::collection::vec(any::<u8>(), 0..3000), cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..5)) {
+            let (svc, base) = builtin();
+            let mut cuts: Vec<usize> = cuts.iter().map(|i| i.index(buf.len() + 1)).collect();
+            cuts.sort_unstable();
+            let (out, requests, _) = chunked(&mut conn(svc, *base), &buf, &cuts, *base);
+            // Error responses are small; nothing in garbage can name the large file list.
+            prop_assert!(out.len() <= (requests as usize + 1) * 8192, "{} bytes", out.len());
+        }
+    }
+}

@@ -710,3 +710,131 @@ fn put(key: &[u8]) -> store::Put<'_> {
         cas: 0,
     }
 }
+
+mod model {
+    //! Model-based property test: random command sequences against a HashMap model.
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::HashMap;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Store(&'static str, String, u32, String),
+        Delete(String),
+        Arith(bool, String, u64),
+        Get(Vec<String>),
+    }
+
+    fn key() -> impl Strategy<Value = String> {
+        prop::sample::select(vec!["a", "b", "c", "dd"]).prop_map(String::from)
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        let value = prop_oneof!["[0-9]{1,4}", "[a-z ]{0,6}"];
+        let store = prop::sample::select(vec!["set", "add", "replace", "append", "prepend"]);
+        prop_oneof![
+            (store, key(), 0u32..4, value).prop_map(|(c, k, f, v)| Op::Store(c, k, f, v)),
+            key().prop_map(Op::Delete),
+            (any::<bool>(), key(), prop_oneof![0u64..20, Just(u64::MAX)])
+                .prop_map(|(i, k, d)| Op::Arith(i, k, d)),
+            prop::collection::vec(key(), 1..4).prop_map(Op::Get),
+        ]
+    }
+
+    /// The command text and the reply the model expects.
+    fn apply(op: &Op, m: &mut HashMap<String, (u32, Vec<u8>)>) -> (String, String) {
+        match op {
+            Op::Store(cmd, k, f, v) => {
+                let text = format!("{cmd} {k} {f} 0 {}\r\n{v}\r\n", v.len());
+                let present = m.contains_key(k);
+                let stored = match *cmd {
+                    "set" => true,
+                    "add" => !present,
+                    _ => present,
+                };
+                if stored {
+                    let old = m.get(k).cloned();
+                    let new = match (*cmd, old) {
+                        ("append", Some((of, ov))) => (of, [ov, v.as_bytes().to_vec()].concat()),
+                        ("prepend", Some((of, ov))) => (of, [v.as_bytes().to_vec(), ov].concat()),
+                        _ => (*f, v.as_bytes().to_vec()),
+                    };
+                    m.insert(k.clone(), new);
+                }
+                (
+                    text,
+                    if stored {
+                        "STORED\r\n"
+                    } else {
+                        "NOT_STORED\r\n"
+                    }
+                    .into(),
+                )
+            }
+            Op::Delete(k) => {
+                let r = if m.remove(k).is_some() {
+                    "DELETED\r\n"
+                } else {
+                    "NOT_FOUND\r\n"
+                };
+                (format!("delete {k}\r\n"), r.into())
+            }
+            Op::Arith(incr, k, d) => {
+                let text = format!("{} {k} {d}\r\n", if *incr { "incr" } else { "decr" });
+                let Some((_, v)) = m.get_mut(k) else {
+                    return (text, "NOT_FOUND\r\n".into());
+                };
+                let Some(n) = memcache::value_number(v) else {
+                    return (text, format!("{}\r\n", memcache::NON_NUMERIC));
+                };
+                let n = if *incr {
+                    n.wrapping_add(*d)
+                } else {
+                    n.saturating_sub(*d)
+                };
+                *v = memcache::arith_value(n, v.len());
+                (text, format!("{n}\r\n"))
+            }
+            Op::Get(keys) => {
+                let mut r = String::new();
+                for k in keys {
+                    if let Some((f, v)) = m.get(k) {
+                        r.push_str(&format!("VALUE {k} {f} {}\r\n{}\r\n", v.len(), text(v)));
+                    }
+                }
+                r.push_str("END\r\n");
+                (format!("get {}\r\n", keys.join(" ")), r)
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+        #[test]
+        fn server_agrees_with_a_map(ops in prop::collection::vec(op(), 1..40), cut in any::<prop::sample::Index>()) {
+            let mut m = HashMap::new();
+            let (mut input, mut expect) = (String::new(), String::new());
+            for op in &ops {
+                let (t, r) = apply(op, &mut m);
+                input.push_str(&t);
+                expect.push_str(&r);
+            }
+            let (svc, base) = service(KvConfig::default());
+            let cut = cut.index(input.len());
+            let (got, next) = feed(&mut conn(&svc, base), input.as_bytes(), &[cut], base);
+            prop_assert_eq!(next, Next::Read);
+            prop_assert_eq!(text(&got), expect);
+        }
+
+        /// Any bytes in any chunks: no panic, consumption within the input, bounded store.
+        #[test]
+        fn garbage_is_handled(buf in prop::collection::vec(any::<u8>(), 0..3000), cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..5)) {
+            let (svc, base) = service(KvConfig { memory_bytes_max: 1 << 20, item_bytes_max: 4096, ..KvConfig::default() });
+            let mut cuts: Vec<usize> = cuts.iter().map(|i| i.index(buf.len() + 1)).collect();
+            cuts.sort_unstable();
+            let _ = feed(&mut conn(&svc, base), &buf, &cuts, base);
+            prop_assert!(svc.store().totals().bytes <= 1 << 20);
+        }
+    }
+}

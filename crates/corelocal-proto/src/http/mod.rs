@@ -14,6 +14,8 @@
 pub mod date;
 pub mod fileset;
 pub mod path;
+#[cfg(test)]
+mod proptests;
 pub mod range;
 pub mod request;
 pub mod response;

@@ -100,9 +100,14 @@ fn is_clean(path: &[u8]) -> bool {
         return false;
     }
     let body = &path[1..];
+    if body.is_empty() {
+        return true;
+    }
+    // One trailing slash is fine ("/dir/"), but what is left must be real segments: "//"
+    // must not pass as "/" + "/".
     let body = body.strip_suffix(b"/").unwrap_or(body);
-    body.is_empty()
-        || body
+    !body.is_empty()
+        && body
             .split(|&b| b == b'/')
             .all(|s| !matches!(s, b"" | b"." | b".."))
 }
@@ -174,6 +179,10 @@ mod tests {
         assert_eq!(rel("/a/%62"), Ok(("a/b".into(), false)));
         assert_eq!(rel("/a%20b"), Ok(("a b".into(), false)));
         assert_eq!(rel("/a/.."), Ok(("".into(), true)));
+        // Found by the fuzzer: "//" once passed the fast path as rel "/".
+        assert_eq!(rel("//?q#f"), Ok(("".into(), true)));
+        assert_eq!(rel("//etc/passwd"), Ok(("etc/passwd".into(), false)));
+        assert_eq!(rel("///"), Ok(("".into(), true)));
     }
 
     #[test]

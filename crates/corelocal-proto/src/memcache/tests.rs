@@ -276,3 +276,92 @@ fn values_are_formatted() {
     write_line(&mut out, "END");
     assert_eq!(out, b"VALUE k 5 3\r\nabc\r\nVALUE k 0 0 9\r\n\r\nEND\r\n");
 }
+
+mod props {
+    use super::super::*;
+    use proptest::prelude::*;
+
+    fn key() -> impl Strategy<Value = Vec<u8>> {
+        // Any bytes but space, CR and LF; memcached keys are tokens.
+        prop::collection::vec(
+            any::<u8>().prop_filter("sep", |b| ![b' ', b'\n', b'\r'].contains(b)),
+            1..=KEY_BYTES_MAX,
+        )
+    }
+
+    fn op() -> impl Strategy<Value = (&'static str, StoreOp)> {
+        prop::sample::select(vec![
+            ("set", StoreOp::Set),
+            ("add", StoreOp::Add),
+            ("replace", StoreOp::Replace),
+            ("append", StoreOp::Append),
+            ("prepend", StoreOp::Prepend),
+            ("cas", StoreOp::Cas),
+        ])
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+        /// Any bytes: framing and parsing never panic, and whatever parses respects the limits.
+        #[test]
+        fn arbitrary_lines(buf in prop::collection::vec(any::<u8>(), 0..600)) {
+            let mut rest = &buf[..];
+            while let Some((line, n)) = next_line(rest) {
+                prop_assert!(n <= rest.len());
+                match parse_line(line) {
+                    Ok(Command::Get { keys, .. }) => {
+                        for k in keys {
+                            prop_assert!(!k.is_empty() && k.len() <= KEY_BYTES_MAX);
+                        }
+                    }
+                    Ok(Command::Store(s)) => prop_assert!(s.key.len() <= KEY_BYTES_MAX),
+                    _ => {}
+                }
+                rest = &rest[n..];
+            }
+            let _ = line_overflows(rest, &Limits::default());
+        }
+
+        /// Generated storage lines parse back to their fields.
+        #[test]
+        fn storage_lines_round_trip(
+            (name, op) in op(), k in key(), flags in any::<u32>(), exptime in any::<i32>(),
+            bytes in 0usize..2_000_000, cas in any::<u64>(), noreply in any::<bool>(),
+        ) {
+            let mut line = [name.as_bytes(), b" ", &k].concat();
+            line.extend_from_slice(format!(" {flags} {exptime} {bytes}").as_bytes());
+            if op == StoreOp::Cas {
+                line.extend_from_slice(format!(" {cas}").as_bytes());
+            }
+            if noreply {
+                line.extend_from_slice(b" noreply");
+            }
+            let want = Store { op, key: &k, flags, exptime, bytes, cas: if op == StoreOp::Cas { cas } else { 0 }, noreply };
+            prop_assert_eq!(parse_line(&line), Ok(Command::Store(want)));
+        }
+
+        /// Generated retrieval lines give back their keys.
+        #[test]
+        fn get_lines_round_trip(keys in prop::collection::vec(key(), 1..30), gets in any::<bool>()) {
+            let mut line = if gets { b"gets".to_vec() } else { b"get".to_vec() };
+            for k in &keys {
+                line.push(b' ');
+                line.extend_from_slice(k);
+            }
+            let Ok(Command::Get { keys: got, cas, touch: None }) = parse_line(&line) else {
+                return Err(TestCaseError::fail("did not parse"));
+            };
+            prop_assert_eq!(cas, gets);
+            prop_assert_eq!(got.map(<[u8]>::to_vec).collect::<Vec<_>>(), keys);
+        }
+
+        /// Numbers print and parse back.
+        #[test]
+        fn numbers_round_trip(u in any::<u64>(), i in any::<i32>()) {
+            prop_assert_eq!(safe_strtoull(u.to_string().as_bytes()), Some(u));
+            prop_assert_eq!(safe_strtol(i.to_string().as_bytes()), Some(i));
+            prop_assert_eq!(value_number(&arith_value(u, 20)), Some(u));
+        }
+    }
+}
