@@ -1,5 +1,7 @@
 //! `corelocal top`.
 
+pub mod procfs;
+
 use std::process::ExitCode;
 
 /// `corelocal top` arguments.

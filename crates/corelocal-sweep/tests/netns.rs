@@ -1,0 +1,124 @@
+//! A real 2×2 sweep between two private network namespaces: every cell completes, the
+//! receive processing really ran on the flow CPU, and all network state is restored (no
+//! `clsweep-*` namespace left, the host's `rps_cpus` unchanged). Needs root: skipped with a
+//! reason otherwise, except under `CI=true`, where it fails.
+
+use clap::Parser;
+use corelocal::cpu::Topology;
+use std::collections::BTreeMap;
+
+#[derive(Parser)]
+struct Cli {
+    #[command(flatten)]
+    cmd: corelocal_sweep::Command,
+}
+
+/// Every `rps_cpus` of the host's interfaces, as read now.
+fn host_rps() -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    let Ok(ifs) = std::fs::read_dir("/sys/class/net") else {
+        return out;
+    };
+    for i in ifs.flatten() {
+        let q = i.path().join("queues");
+        for e in std::fs::read_dir(&q).into_iter().flatten().flatten() {
+            let p = e.path().join("rps_cpus");
+            if let Ok(t) = std::fs::read_to_string(&p) {
+                out.insert(p.display().to_string(), t);
+            }
+        }
+    }
+    out
+}
+
+fn ip_netns_list() -> String {
+    let out = std::process::Command::new("ip")
+        .args(["netns", "list"])
+        .output()
+        .expect("ip netns list");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn real_2x2_sweep_in_namespaces_restores_everything() {
+    if !corelocal::testing::root_or_skip("real_2x2_sweep_in_namespaces_restores_everything") {
+        return;
+    }
+    let topo = Topology::host().unwrap();
+    let cpus: Vec<usize> = topo.online.iter().take(2).collect();
+    if cpus.len() < 2 {
+        eprintln!("skipping: needs 2 online CPUs");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("corelocal-sweep-e2e-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let list = format!("{},{}", cpus[0], cpus[1]);
+    let out = dir.join("m");
+    let cli = Cli::parse_from([
+        "sweep",
+        "--cpus",
+        &list,
+        "--duration",
+        "800ms",
+        "--warmup",
+        "300ms",
+        "--port",
+        "5391",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    let rps_before = host_rps();
+    let report = corelocal_sweep::sweep(&cli.cmd, &topo).unwrap();
+    assert_eq!(report.cells.len(), 4);
+    for c in &report.cells {
+        assert!(
+            c.errors.is_empty(),
+            "cell {}/{}: {:?}",
+            c.flow_cpu,
+            c.app_cpu,
+            c.errors
+        );
+        let g = c.gbps.unwrap();
+        assert!(
+            g > 0.05,
+            "cell {}/{} moved only {g} Gbit/s",
+            c.flow_cpu,
+            c.app_cpu
+        );
+        let s = &c.samples[0];
+        let flow = s.cpus.iter().find(|p| p.cpu == c.flow_cpu).unwrap();
+        // Protocol processing happened on the flow CPU: its NET_RX softirq processed packets.
+        assert!(
+            flow.softnet_pps > 100.0,
+            "flow CPU {} idle in softnet: {s:?}",
+            c.flow_cpu
+        );
+        assert!(s.receiver_busy_pct > 1.0, "{s:?}");
+        assert!(s.counters.contains_key("s:Tcp:RetransSegs"));
+    }
+    assert!(report.recommendation.relation.is_some());
+    assert!(!report.recommendation.text.is_empty());
+    // All network state restored.
+    let left = ip_netns_list();
+    assert!(!left.contains("clsweep-"), "namespaces left: {left}");
+    assert!(corelocal_sweep::netns::ours().is_empty());
+    assert_eq!(host_rps(), rps_before, "host rps_cpus changed");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn bad_flags_are_input_errors_and_touch_nothing() {
+    let topo = Topology::host().unwrap();
+    let cli = Cli::parse_from(["sweep", "--cpus", "0-999"]);
+    assert!(matches!(
+        corelocal_sweep::sweep(&cli.cmd, &topo),
+        Err(corelocal_sweep::SweepError::Input(_))
+    ));
+    assert!(Cli::try_parse_from(["sweep", "--flows", "0"]).is_err());
+    assert!(Cli::try_parse_from(["sweep", "--duration", "forever"]).is_err());
+    let cli = Cli::parse_from(["sweep", "--sender-cpu", "9999"]);
+    assert!(matches!(
+        corelocal_sweep::sweep(&cli.cmd, &topo),
+        Err(corelocal_sweep::SweepError::Input(_))
+    ));
+}
