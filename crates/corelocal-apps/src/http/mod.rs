@@ -66,7 +66,9 @@ pub struct HttpConfig {
     /// Requests served on one connection before it is closed (`Connection: close`).
     pub requests_per_conn_max: u64,
     /// Stop parsing pipelined requests while this many response bytes are queued (the runtime
-    /// calls again with the unconsumed input once output drains).
+    /// calls again with the unconsumed input once output drains). Keep it above the runtime's
+    /// own output limit, so the runtime pauses reading first and unconsumed input cannot pile
+    /// up to its input limit.
     pub output_bytes_max: u64,
 }
 
@@ -81,7 +83,7 @@ impl Default for HttpConfig {
             access_log: AccessLog::Off,
             header_timeout_ms: 10_000,
             requests_per_conn_max: 1_000_000,
-            output_bytes_max: 1 << 20,
+            output_bytes_max: 4 << 20,
         }
     }
 }

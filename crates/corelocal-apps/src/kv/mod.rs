@@ -35,7 +35,8 @@ pub struct KvConfig {
     pub stripes: usize,
     /// Line framing limits.
     pub limits: Limits,
-    /// Stop reading pipelined commands while this many reply bytes are queued.
+    /// Stop reading pipelined commands while this many reply bytes are queued (keep it above
+    /// the runtime's output limit, which pauses reading first).
     pub output_bytes_max: u64,
     /// Largest reply to one get (many large values): beyond it the get is answered
     /// `SERVER_ERROR out of memory writing get response`.
@@ -49,7 +50,7 @@ impl Default for KvConfig {
             item_bytes_max: 1 << 20,
             stripes: 64,
             limits: Limits::default(),
-            output_bytes_max: 1 << 20,
+            output_bytes_max: 4 << 20,
             get_response_bytes_max: 64 << 20,
         }
     }
