@@ -284,12 +284,16 @@ pub fn build(inp: Inputs<'_>) -> Report {
     let latency = Latencies {
         txn: st.lat_txn.summary(),
         txn_corrected: opt(&st.lat_txn_co),
-        session: if spec.workload == "http" || spec.workload == "crr" {
+        session: if spec.workload == "http" {
             opt(&st.lat_session)
         } else {
             None
         },
-        session_corrected: opt(&st.lat_session_co),
+        session_corrected: if spec.workload == "http" {
+            opt(&st.lat_session_co)
+        } else {
+            None
+        },
         connect: st.lat_connect.summary(),
     };
     let errors = Errors {

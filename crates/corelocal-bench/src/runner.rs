@@ -498,6 +498,10 @@ pub fn main(mut spec: RunSpec) -> Result<ExitCode, String> {
             .ok_or("rate search found no rate the server sustains")?;
         eprintln!("rate search: saturating rate ≈ {r:.0}/s; running at it");
         spec.common.rate = Some(r);
+        if spec.common.conns.is_none() && spec.unit == Unit::Session {
+            // Open loop: room for a backlog of connections.
+            spec.conns = 1000;
+        }
         search = Some(s);
     }
     let mut rep = run_once(&spec, Overrides::default())?;
