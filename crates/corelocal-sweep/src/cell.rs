@@ -181,7 +181,7 @@ fn window(cell: Cell, a: &Point, b: &Point, round: usize) -> Sample {
         bytes,
         secs,
         cpus: cpus.iter().map(|c| split(c, a, b, secs)).collect(),
-        receiver_busy_pct: (b.recv_ns - a.recv_ns) as f64 / 1e7 / secs,
+        receiver_busy_pct: b.recv_ns.saturating_sub(a.recv_ns) as f64 / 1e7 / secs,
         sender_busy_pct: b.send_ns.saturating_sub(a.send_ns) as f64 / 1e7 / secs,
         counters: BTreeMap::new(),
         retrans_segs: 0,
@@ -256,10 +256,14 @@ pub fn run_netns(seq: usize, cell: Cell, cfg: &CellConfig, round: usize) -> Resu
         }
     };
     let sample = measure(cell, cfg, &recv, &send.tids, &stop, round);
+    let whole = recv.all_running();
     stop.store(true, Ordering::Relaxed);
     let joined = send.join(hard_end).and(recv.join(hard_end));
     let mut sample = sample.ok_or("stopped")?;
     joined?;
+    if !whole {
+        return Err("a flow ended before the measured window closed".into());
+    }
     let mut counters = BTreeMap::new();
     keep(
         "s:",
@@ -308,10 +312,14 @@ pub fn run_nic(
         std::thread::sleep(Duration::from_millis(10));
     }
     let sample = measure(cell, cfg, &recv, &[], &stop, round);
+    let whole = recv.all_running();
     stop.store(true, Ordering::Relaxed);
     let joined = recv.join(hard_end);
     let mut sample = sample.ok_or("stopped")?;
     joined?;
+    if !whole {
+        return Err("a flow ended before the measured window closed".into());
+    }
     let after = place::read_counters("/proc/net");
     let delta: BTreeMap<String, u64> = COUNTERS
         .iter()
@@ -332,6 +340,7 @@ pub fn run_nic(
 /// reconnecting, for at most `total`.
 pub fn send_forever(dst: SocketAddrV4, cfg: &CellConfig, total: Duration) -> Result<(), String> {
     let end = Instant::now() + total;
+    let mut waiting = false;
     while Instant::now() < end && !sys::stop_requested() {
         let stop = Arc::new(AtomicBool::new(false));
         let spec = SendSpec {
@@ -345,12 +354,16 @@ pub fn send_forever(dst: SocketAddrV4, cfg: &CellConfig, total: Duration) -> Res
         };
         match transfer::start_senders(&spec, &stop, end) {
             Ok(mut s) => {
+                waiting = false;
                 let _ = s.join(end);
                 eprintln!("corelocal sweep: flows closed; reconnecting");
             }
             Err(e) => {
-                eprintln!("corelocal sweep: {e}; retrying");
-                std::thread::sleep(Duration::from_millis(500));
+                if !waiting {
+                    eprintln!("corelocal sweep: {e}; retrying until the receiver listens");
+                }
+                waiting = true;
+                std::thread::sleep(Duration::from_millis(100));
             }
         }
     }

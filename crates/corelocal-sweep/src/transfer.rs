@@ -313,6 +313,11 @@ impl Receivers {
     pub fn join(&mut self, hard_end: Instant) -> Result<(), String> {
         join_all(&mut self.handles, hard_end)
     }
+
+    /// Whether every receiver is still receiving (none saw its flow end).
+    pub fn all_running(&self) -> bool {
+        self.handles.iter().all(|h| !h.is_finished())
+    }
 }
 
 impl Senders {

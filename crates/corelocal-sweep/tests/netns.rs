@@ -122,3 +122,26 @@ fn bad_flags_are_input_errors_and_touch_nothing() {
         Err(corelocal_sweep::SweepError::Input(_))
     ));
 }
+
+#[test]
+fn namespaces_are_deleted_when_a_cell_panics() {
+    if !corelocal::testing::root_or_skip("namespaces_are_deleted_when_a_cell_panics") {
+        return;
+    }
+    let names = std::panic::catch_unwind(|| {
+        let pair = corelocal_sweep::netns::VethPair::create(900, 2).unwrap();
+        let names = (
+            pair.sender.name().to_string(),
+            pair.receiver.name().to_string(),
+        );
+        assert!(ip_netns_list().contains(&names.1));
+        std::panic::panic_any(names);
+    })
+    .unwrap_err();
+    let (s, r) = names.downcast_ref::<(String, String)>().unwrap();
+    let left = ip_netns_list();
+    assert!(
+        !left.contains(s.as_str()) && !left.contains(r.as_str()),
+        "{left}"
+    );
+}

@@ -57,6 +57,9 @@ pub struct Command {
     /// Root of the /proc and /sys trees read (a fixture directory in tests).
     #[arg(long, default_value = "/", value_name = "DIR")]
     pub root: PathBuf,
+    /// Test hook: panic after the first frame (checks the terminal is restored on panic).
+    #[arg(long, hide = true)]
+    pub panic_after_frame: bool,
 }
 
 /// Runs `corelocal top`.
@@ -202,6 +205,7 @@ fn live(cmd: &Command, src: &Source, interval: Duration) -> Result<(), String> {
             .map_err(|e| format!("writing to the terminal: {e}"))?;
         prev = cur;
         views += 1;
+        assert!(!cmd.panic_after_frame, "test panic after the first frame");
     }
     Ok(())
 }

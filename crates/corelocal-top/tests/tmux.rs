@@ -96,3 +96,54 @@ fn live_view_renders_in_tmux_and_q_quits() {
     assert_eq!(pane(&name, "#{alternate_on}"), "0", "alternate screen left");
     drop(s);
 }
+
+#[test]
+fn a_panic_restores_the_terminal() {
+    if Command::new("tmux").arg("-V").output().is_err() {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "CI=true: tmux must be installed"
+        );
+        eprintln!("skipping: tmux is not installed (apt-get install -y tmux)");
+        return;
+    }
+    let bin = env!("CARGO_BIN_EXE_corelocal-top");
+    let name = format!("cltopp{}", std::process::id());
+    let _s = Session(name.clone());
+    let cmd = format!("{bin} --interval 0.2 --panic-after-frame");
+    let out = tmux(&[
+        "new-session",
+        "-d",
+        "-s",
+        &name,
+        "-x",
+        "80",
+        "-y",
+        "30",
+        &cmd,
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = tmux(&["set-option", "-t", &name, "remain-on-exit", "on"]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline && pane(&name, "#{pane_dead}") != "1" {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(pane(&name, "#{pane_dead}"), "1", "did not panic");
+    assert_ne!(pane(&name, "#{pane_dead_status}"), "0");
+    assert_eq!(
+        pane(&name, "#{alternate_on}"),
+        "0",
+        "alternate screen left on panic"
+    );
+    // (tmux reports cursor_flag 0 for every dead pane, so the cursor is not checked here.)
+    let screen =
+        String::from_utf8_lossy(&tmux(&["capture-pane", "-p", "-t", &name]).stdout).into_owned();
+    assert!(
+        screen.contains("test panic"),
+        "panic message visible on the normal screen:\n{screen}"
+    );
+}
