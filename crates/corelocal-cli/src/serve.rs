@@ -42,6 +42,9 @@ pub struct CommonArgs {
     /// CPUs to run one worker each on (cpulist like 0-3,8); default: all CPUs allowed.
     #[arg(long, value_parser = parse_cpus)]
     cpus: Option<CpuSet>,
+    /// Workers per CPU (each has its own listener and, with io_uring, its own file table).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+    workers_per_cpu: u16,
     /// stock: one shared listener; fine: one per worker, kernel hash; local: the SYN's CPU picks.
     #[arg(long, default_value = "local", value_parser = ["local", "fine", "stock"])]
     mode: String,
@@ -122,7 +125,8 @@ fn server_config(common: &CommonArgs) -> Result<ServerConfig, String> {
         None => current_affinity().map_err(|e| format!("reading CPU affinity: {e}"))?,
     };
     let mode: Mode = common.mode.parse()?;
-    let mut config = ServerConfig::new(common.listen.clone(), &cpus, mode);
+    let mut config = ServerConfig::new(common.listen.clone(), &cpus, mode)
+        .workers_per_cpu(common.workers_per_cpu as usize);
     config.listen.steering = common
         .steering
         .as_deref()

@@ -63,6 +63,18 @@ impl ServerConfig {
             limits: Limits::default(),
         }
     }
+
+    /// Runs `n` workers on each CPU (each with its own listener and ring), e.g. to hold more
+    /// connections than one io_uring file table allows. Worker order: CPU by CPU.
+    pub fn workers_per_cpu(mut self, n: usize) -> ServerConfig {
+        assert!(n >= 1, "at least one worker per CPU");
+        let cpus = std::mem::take(&mut self.listen.worker_cpus);
+        self.listen.worker_cpus = cpus
+            .into_iter()
+            .flat_map(|c| std::iter::repeat_n(c, n))
+            .collect();
+        self
+    }
 }
 
 /// Why a server could not start.

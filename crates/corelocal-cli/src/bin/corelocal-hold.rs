@@ -1,0 +1,120 @@
+//! `corelocal-hold`: opens N connections to an RPC server, checks each is served with one
+//! request, then holds them idle — for showing how many concurrent connections one server
+//! process keeps (direct descriptors are limited per ring, not by RLIMIT_NOFILE).
+//!
+//! Usage: `corelocal-hold ADDR COUNT [REQ_BYTES] [HOLD_SECONDS]`. Prints `connected N`,
+//! `verified N`, then holds until HOLD_SECONDS pass (default 600) or stdin closes.
+//! Source addresses cycle over 127.0.0.2–127.0.0.201 so ports never run out.
+
+use std::io::{self, BufRead, Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream};
+use std::os::fd::FromRawFd;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+/// Source addresses used in turn.
+const SOURCES: u32 = 200;
+/// Hard cap on connections per process (the fd limit is 20,000 here).
+const COUNT_MAX: usize = 19_000;
+
+fn connect_from(src: Ipv4Addr, dst: SocketAddrV4) -> io::Result<TcpStream> {
+    // SAFETY: plain socket(2); the result is checked and owned by the TcpStream below.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a fresh socket nobody else owns.
+    let stream = unsafe { TcpStream::from_raw_fd(fd) };
+    let one: libc::c_int = 1;
+    // SAFETY: a live int option value of the size passed.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            libc::IPPROTO_IP,
+            libc::IP_BIND_ADDRESS_NO_PORT,
+            &one as *const libc::c_int as *const libc::c_void,
+            4,
+        )
+    };
+    let sin = |a: Ipv4Addr, port: u16| libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: port.to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from_ne_bytes(a.octets()),
+        },
+        sin_zero: [0; 8],
+    };
+    let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    let local = sin(src, 0);
+    // SAFETY: `local` is a valid sockaddr_in of `len` bytes.
+    if unsafe { libc::bind(fd, &local as *const _ as *const libc::sockaddr, len) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let remote = sin(*dst.ip(), dst.port());
+    // SAFETY: `remote` is a valid sockaddr_in of `len` bytes.
+    if unsafe { libc::connect(fd, &remote as *const _ as *const libc::sockaddr, len) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(stream)
+}
+
+fn run(dst: SocketAddrV4, count: usize, req_bytes: usize, hold: Duration) -> io::Result<()> {
+    let mut conns = Vec::with_capacity(count);
+    for i in 0..count {
+        let src = Ipv4Addr::from(u32::from(Ipv4Addr::new(127, 0, 0, 2)) + (i as u32 % SOURCES));
+        conns.push(connect_from(src, dst)?);
+    }
+    println!("connected {}", conns.len());
+    let request = vec![b'h'; req_bytes];
+    for c in &mut conns {
+        c.set_read_timeout(Some(Duration::from_secs(30)))?;
+        c.write_all(&request)?;
+    }
+    let mut verified = 0;
+    for c in &mut conns {
+        let mut byte = [0u8; 1];
+        loop {
+            c.read_exact(&mut byte)?;
+            if byte[0] == b'\n' {
+                break;
+            }
+        }
+        verified += 1;
+    }
+    println!("verified {verified}");
+    io::stdout().flush()?;
+    let deadline = Instant::now() + hold;
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = io::stdin().lock().lines().count();
+        let _ = done_tx.send(());
+    });
+    let _ = done_rx.recv_timeout(deadline.saturating_duration_since(Instant::now()));
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().collect();
+    let usage = "usage: corelocal-hold ADDR COUNT [REQ_BYTES] [HOLD_SECONDS]";
+    let parsed = (|| {
+        let addr: SocketAddr = args.get(1)?.parse().ok()?;
+        let SocketAddr::V4(addr) = addr else {
+            return None;
+        };
+        let count: usize = args.get(2)?.parse().ok()?;
+        let req: usize = args.get(3).map_or(Some(64), |a| a.parse().ok())?;
+        let hold: u64 = args.get(4).map_or(Some(600), |a| a.parse().ok())?;
+        (count <= COUNT_MAX && req > 0).then_some((addr, count, req, Duration::from_secs(hold)))
+    })();
+    let Some((addr, count, req, hold)) = parsed else {
+        eprintln!("{usage} (COUNT ≤ {COUNT_MAX}, IPv4 ADDR)");
+        return ExitCode::from(2);
+    };
+    match run(addr, count, req, hold) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("corelocal-hold: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
