@@ -78,6 +78,8 @@ pub struct CpuSplit {
     pub idle: f64,
     /// Packets processed by this CPU's NET_RX softirq per second (softnet_stat).
     pub softnet_pps: f64,
+    /// Packets dropped at this CPU's backlog (netdev_max_backlog full) over the window.
+    pub softnet_drops: u64,
 }
 
 /// One measured transfer.
@@ -158,7 +160,8 @@ fn split(cpu: usize, a: &Point, b: &Point, secs: f64) -> CpuSplit {
         p.softnet
             .iter()
             .find(|s| s.cpu == cpu)
-            .map_or(0, |s| s.processed)
+            .copied()
+            .unwrap_or_default()
     };
     CpuSplit {
         cpu,
@@ -167,7 +170,8 @@ fn split(cpu: usize, a: &Point, b: &Point, secs: f64) -> CpuSplit {
         irq: p.irq,
         softirq: p.softirq,
         idle: p.idle,
-        softnet_pps: sn(b).wrapping_sub(sn(a)) as f64 / secs,
+        softnet_pps: sn(b).processed.wrapping_sub(sn(a).processed) as f64 / secs,
+        softnet_drops: sn(b).dropped.saturating_sub(sn(a).dropped),
     }
 }
 

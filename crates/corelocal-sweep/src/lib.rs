@@ -318,7 +318,33 @@ fn empty_report(cmd: &Command, topo: &Topology, axis: &[usize], cfg: CellConfig)
             untestable: Vec::new(),
             text: String::new(),
         },
+        notes: Vec::new(),
     }
+}
+
+/// Caveats that depend on how the run was set up.
+fn notes(cfg: &CellConfig, topo: &Topology, axis: &[usize]) -> Vec<String> {
+    let mut n = Vec::new();
+    if cfg.sender_cpu.is_none() {
+        let cpus: Vec<String> = axis.iter().map(|c| c.to_string()).collect();
+        n.push(format!(
+            "the sender was not pinned (no CPU outside the matrix): it shared CPUs {} with \
+             receive processing and the receiver, so cells with flow != app CPU left it no idle \
+             CPU while same-CPU cells left it one; on a bigger host keep a CPU out of --cpus",
+            cpus.join(",")
+        ));
+    }
+    if topo.online.len() <= 2 {
+        n.push(
+            "a 2-CPU guest: SMT, LLC and socket effects of the physical host are invisible".into(),
+        );
+    }
+    n.push(
+        "retransmits come from RPS backlog overflow (softnet drops, netdev_max_backlog), \
+         not from a lossy link"
+            .into(),
+    );
+    n
 }
 
 /// Runs the whole matrix and returns the finished report (cells that failed carry errors).
@@ -365,6 +391,7 @@ pub fn sweep(cmd: &Command, topo: &Topology) -> Result<Report, SweepError> {
     }
     drop(placer);
     report.host.load_after = loadavg();
+    report.notes = notes(&cfg, topo, &axis);
     report::finish(topo, &mut report);
     Ok(report)
 }

@@ -33,6 +33,18 @@ impl Relation {
         Relation::OtherSocket,
     ];
 
+    /// Where the application runs, relative to the flow CPU, as a sentence part
+    /// ("… on {placement} the CPU that processes its flow").
+    pub fn placement(self) -> &'static str {
+        match self {
+            Relation::SameCpu => "the same CPU as",
+            Relation::SmtSibling => "an SMT sibling of",
+            Relation::SameLlc => "another core sharing the LLC with",
+            Relation::SamePackage => "another LLC on the same socket as",
+            Relation::OtherSocket => "a core on another socket than",
+        }
+    }
+
     /// Words for reports.
     pub fn describe(self) -> &'static str {
         match self {
@@ -264,8 +276,8 @@ fn advice(
     untestable: &[Relation],
 ) -> String {
     let mut s = format!(
-        "Run the receiving application on {} of the CPU that processes its flow ({:.2} Gbit/s mean",
-        best.relation.describe(),
+        "Run the receiving application on {} the CPU that processes its flow ({:.2} Gbit/s mean",
+        best.relation.placement(),
         best.mean_gbps
     );
     if let Some(r) = runner {
@@ -303,8 +315,10 @@ mod tests {
     use corelocal::cpu::topology::fixture::{write_host, HostShape};
 
     fn topo(packages: usize, cores: usize, threads: usize) -> Topology {
+        static SEQ: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let dir = std::env::temp_dir().join(format!(
-            "corelocal-sweep-place-{packages}-{cores}-{threads}-{}",
+            "corelocal-sweep-place-{packages}-{cores}-{threads}-{}-{seq}",
             std::process::id()
         ));
         let _ = std::fs::remove_dir_all(&dir);

@@ -53,6 +53,8 @@ pub struct Report {
     pub classes: Vec<ClassSummary>,
     /// What it recommends.
     pub recommendation: Recommendation,
+    /// Caveats about this run (e.g. the sender shared the matrix CPUs).
+    pub notes: Vec<String>,
 }
 
 /// Facts about the host at run time.
@@ -132,7 +134,7 @@ pub fn text(r: &Report) -> String {
     }
     let _ = writeln!(
         s,
-        "\nflow app relation      Gbit/s  recv-busy% softirq%(flow) sys%(app) retrans"
+        "\nflow app relation      Gbit/s  recv-busy% softirq%(flow) sys%(app) retrans drops"
     );
     for c in &r.cells {
         let last = c.samples.last();
@@ -144,7 +146,7 @@ pub fn text(r: &Report) -> String {
             .map_or(0.0, |p| p.sys);
         let _ = writeln!(
             s,
-            "{:>4} {:>3} {:<13} {:>7} {:>10.0} {:>14.0} {:>9.0} {:>7}",
+            "{:>4} {:>3} {:<13} {:>7} {:>10.0} {:>14.0} {:>9.0} {:>7} {:>5}",
             c.flow_cpu,
             c.app_cpu,
             format!("{:?}", c.relation),
@@ -152,7 +154,11 @@ pub fn text(r: &Report) -> String {
             last.map_or(0.0, |x| x.receiver_busy_pct),
             soft,
             sys,
-            c.samples.iter().map(|x| x.retrans_segs).sum::<u64>()
+            c.samples.iter().map(|x| x.retrans_segs).sum::<u64>(),
+            c.samples
+                .iter()
+                .flat_map(|x| x.cpus.iter().map(|p| p.softnet_drops))
+                .sum::<u64>()
         );
     }
     let _ = writeln!(
@@ -170,6 +176,9 @@ pub fn text(r: &Report) -> String {
         );
     }
     let _ = writeln!(s, "\n{}", r.recommendation.text);
+    for n in &r.notes {
+        let _ = writeln!(s, "note: {n}");
+    }
     s
 }
 
@@ -414,6 +423,7 @@ mod tests {
                 untestable: vec![],
                 text: "x".into(),
             },
+            notes: vec![],
         }
     }
 
