@@ -592,6 +592,18 @@ pub fn markdown(
         a.client_cpus,
         a.conns
     );
+    let busy = load_before
+        .split_whitespace()
+        .next()
+        .and_then(|x| x.parse::<f64>().ok())
+        .unwrap_or(0.0);
+    if busy > 0.5 {
+        let _ = writeln!(
+            s,
+            "**Taken under contention** (load average {busy:.2} before the runs; other work shared these CPUs): \
+             absolute µs/op are inflated, compare the ratios of runs taken side by side.\n"
+        );
+    }
     let _ = writeln!(
         s,
         "| server | server CPU µs/op (schedstat) median (min–max, ±half-spread) | µs/op utime+stime | ratio vs {} | ops/s | ops/s ratio | failures |",
