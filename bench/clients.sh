@@ -60,10 +60,11 @@ sleep 0.2
 sched() { cat /proc/\$SPID/task/*/schedstat | awk '{s+=\$1} END {print s}'; }
 s0=\$(sched)
 case "\$1" in
-  uring-direct|uring-fd|epoll)
-    e=\$1; [ \$e = uring-direct ] && e=uring
+  uring-direct|uring-fd|epoll|uring-direct-linger0)
+    e=\${1%-linger0}; [ \$e = uring-direct ] && e=uring
+    l=; [ "\$1" != "\${1%-linger0}" ] && l=--linger0
     "$BENCH" crr --target 127.0.0.1:$PORT --proto http --path /hello --cpus 0 --conns $CONNS \
-      --duration ${SECS}s --warmup 0 --engine \$e --progress never --json "\$2.json" >"\$2.txt" 2>&1
+      --duration ${SECS}s --warmup 0 --engine \$e \$l --progress never --json "\$2.json" >"\$2.txt" 2>&1
     s1=\$(sched)
     jq -r --arg s0 \$s0 --arg s1 \$s1 '"\(.throughput.conns_per_s) \((((\$s1|tonumber)-(\$s0|tonumber))/1000)/.throughput.conns) \(.client_cpu.us_per_unit)"' "\$2.json" ;;
   wrk)
@@ -73,8 +74,9 @@ case "\$1" in
     n=\$(awk '/requests in/ {print \$1}' "\$2.txt")
     read el u k < "\$2.time"
     awk -v n=\$n -v el=\$el -v u=\$u -v k=\$k -v s0=\$s0 -v s1=\$s1 'BEGIN {printf "%.0f %.2f %.2f\n", n/el, (s1-s0)/1000/n, (u+k)*1e6/n}' ;;
-  crr_client)
-    /usr/bin/time -f "%e %U %S" -o "\$2.time" "$WORK/crr_client" $PORT 0 $CONNS $SECS >"\$2.txt" 2>&1
+  crr_client|crr_client-linger0)
+    l=; [ "\$1" = crr_client-linger0 ] && l=linger0
+    /usr/bin/time -f "%e %U %S" -o "\$2.time" "$WORK/crr_client" $PORT 0 $CONNS $SECS \$l >"\$2.txt" 2>&1
     s1=\$(sched)
     n=\$(awk '{print \$2}' "\$2.txt")
     read el u k < "\$2.time"
@@ -84,7 +86,7 @@ kill \$SPID; wait \$SPID 2>/dev/null || true
 EOS
 }
 
-CLIENTS="uring-direct uring-fd epoll crr_client wrk"
+CLIENTS=${CLIENTS:-"uring-direct uring-fd epoll crr_client wrk uring-direct-linger0 crr_client-linger0"}
 echo "load before: $(cat /proc/loadavg)" | tee "$RAW/load"
 for round in $(seq "$ROUNDS"); do
   for c in $CLIENTS; do
@@ -128,5 +130,7 @@ MD="$OUT/bench-clients-$DATE-$SERVER.md"
   echo "(socket/setsockopt/bind as syscalls); epoll = the fallback engine. wrk: \`wrk -t1 -c$CONNS -H 'Connection: close'\`"
   echo "pinned with taskset; crr_client: shared/tools/crr_client.c. Client CPU for wrk/crr_client is user+sys from"
   echo "/usr/bin/time over the whole run (includes start-up); for corelocal bench, its thread's CPU time in the window."
+  echo "*-linger0: SO_LINGER 0 on the client (its close sends RST: the server keeps no TIME_WAIT, and the client's"
+  echo "CPU, which runs the server's receive path on loopback, skips building it); ratios vs wrk are only fair without it."
 } > "$MD"
 cat "$MD"
