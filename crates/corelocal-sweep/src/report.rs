@@ -205,9 +205,9 @@ fn shade(frac: f64) -> String {
 /// socket) quadrant when there are several sockets.
 pub fn svg(r: &Report) -> String {
     let n = r.cpus.len().max(1);
-    let cs = (420.0 / n as f64).clamp(28.0, 90.0);
+    let cs = (480.0 / n as f64).clamp(28.0, 130.0);
     let (ml, mt, mb, mr) = (80.0, 60.0, 110.0, 30.0);
-    let w = ml + cs * n as f64 + mr;
+    let w = (ml + cs * n as f64 + mr).max(680.0);
     let h = mt + cs * n as f64 + mb;
     let best = r
         .cells
@@ -229,8 +229,16 @@ pub fn svg(r: &Report) -> String {
     let y = |i: usize| mt + cs * (n - 1 - i) as f64;
     for (fi, f) in r.cpus.iter().enumerate() {
         for (ai, a) in r.cpus.iter().enumerate() {
-            cell_svg(&mut s, cell(r, *f, *a), (x(fi), y(ai)), cs, best, f == a);
+            cell_svg(&mut s, cell(r, *f, *a), (x(fi), y(ai)), cs, best);
         }
+    }
+    for i in 0..n {
+        let _ = writeln!(
+            s,
+            r##"<rect x="{:.1}" y="{:.1}" width="{cs:.1}" height="{cs:.1}" fill="none" stroke="#c0392b" stroke-width="2"/>"##,
+            x(i),
+            y(i)
+        );
     }
     axes_svg(&mut s, r, cs, (ml, mt), n);
     quadrants_svg(&mut s, r, cs, (ml, mt), n);
@@ -266,22 +274,13 @@ pub fn svg(r: &Report) -> String {
     s
 }
 
-fn cell_svg(
-    s: &mut String,
-    c: Option<&CellResult>,
-    (x, y): (f64, f64),
-    cs: f64,
-    best: f64,
-    diag: bool,
-) {
+fn cell_svg(s: &mut String, c: Option<&CellResult>, (x, y): (f64, f64), cs: f64, best: f64) {
     let g = c.and_then(|c| c.gbps);
     let frac = g.map_or(0.0, |g| if best > 0.0 { g / best } else { 0.0 });
-    let stroke = if diag { "#c0392b" } else { "#999" };
-    let width = if diag { 2 } else { 1 };
     let _ = writeln!(
         s,
-        r#"<rect x="{x:.1}" y="{y:.1}" width="{cs:.1}" height="{cs:.1}" fill="{}" stroke="{stroke}" stroke-width="{width}"/>"#,
-        shade(frac * 0.6)
+        r##"<rect x="{x:.1}" y="{y:.1}" width="{cs:.1}" height="{cs:.1}" fill="{}" stroke="#999" stroke-width="1"/>"##,
+        shade(frac * 0.35)
     );
     let Some(g) = g else {
         let _ = writeln!(
@@ -295,7 +294,7 @@ fn cell_svg(
     let radius = (cs * 0.42) * frac.sqrt();
     let _ = writeln!(
         s,
-        r##"<circle cx="{:.1}" cy="{:.1}" r="{radius:.1}" fill="#08306b" fill-opacity="0.55"/>"##,
+        r##"<circle cx="{:.1}" cy="{:.1}" r="{radius:.1}" fill="#4292c6" fill-opacity="0.75"/>"##,
         x + cs / 2.0,
         y + cs / 2.0
     );
@@ -433,8 +432,8 @@ mod tests {
         let s = svg(&r);
         assert_eq!(
             s.matches("<rect x=").count(),
-            16 + 4,
-            "16 cells + 4 quadrant boxes"
+            16 + 4 + 4,
+            "16 cells + 4 diagonal outlines + 4 quadrant boxes"
         );
         assert_eq!(s.matches("<circle").count(), 12, "flow CPU 3 cells failed");
         assert_eq!(s.matches("stroke-width=\"2\" stroke-dasharray").count(), 4);
