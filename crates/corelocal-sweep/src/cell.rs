@@ -218,10 +218,10 @@ fn keep(prefix: &str, m: &BTreeMap<String, u64>, out: &mut BTreeMap<String, u64>
     }
 }
 
-/// Runs one cell between fresh namespaces `seq`: RPS on the receiving veth → `cell.flow`,
+/// Runs one cell between fresh namespaces: RPS on the receiving veth → `cell.flow`,
 /// receivers pinned to `cell.app`.
-pub fn run_netns(seq: usize, cell: Cell, cfg: &CellConfig, round: usize) -> Result<Sample, String> {
-    let pair = VethPair::create(seq, cfg.flows)?;
+pub fn run_netns(cell: Cell, cfg: &CellConfig, round: usize) -> Result<Sample, String> {
+    let pair = VethPair::create(cfg.flows)?;
     place::set_rps_in_netns(
         pair.receiver.name(),
         netns::RECV_IF,

@@ -385,7 +385,7 @@ pub fn sweep(cmd: &Command, topo: &Topology) -> Result<Report, SweepError> {
         }
         let result = match &placer {
             Some(p) => cell::run_nic(p, cmd.listen, *cell, &cfg, *round),
-            None => cell::run_netns(seq, *cell, &cfg, *round),
+            None => cell::run_netns(*cell, &cfg, *round),
         };
         record(&mut report, *cell, result, seq, plan.len());
     }

@@ -100,9 +100,11 @@ fn addr(a: [u8; 4]) -> String {
 }
 
 impl VethPair {
-    /// Creates `PREFIX PID-seq-s` and `-r`, a veth with `queues` queues per direction, the
-    /// addresses, and brings everything up.
-    pub fn create(seq: usize, queues: usize) -> Result<VethPair, String> {
+    /// Creates `clsweep-PID-N-s` and `-r` (N counts pairs made by this process), a veth with
+    /// `queues` queues per direction, the addresses, and brings everything up.
+    pub fn create(queues: usize) -> Result<VethPair, String> {
+        static SEQ: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let q = queues.clamp(1, QUEUES_MAX).to_string();
         let base = format!("{PREFIX}{}-{seq}", std::process::id());
         let sender = Netns::create(&format!("{base}-s"))?;

@@ -7,6 +7,13 @@ use clap::Parser;
 use corelocal::cpu::Topology;
 use std::collections::BTreeMap;
 
+/// The tests below check that no `clsweep-*` namespace is left: they run one at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 #[derive(Parser)]
 struct Cli {
     #[command(flatten)]
@@ -44,6 +51,7 @@ fn real_2x2_sweep_in_namespaces_restores_everything() {
     if !corelocal::testing::root_or_skip("real_2x2_sweep_in_namespaces_restores_everything") {
         return;
     }
+    let _serial = serial();
     let topo = Topology::host().unwrap();
     let cpus: Vec<usize> = topo.online.iter().take(2).collect();
     if cpus.len() < 2 {
@@ -128,8 +136,9 @@ fn namespaces_are_deleted_when_a_cell_panics() {
     if !corelocal::testing::root_or_skip("namespaces_are_deleted_when_a_cell_panics") {
         return;
     }
+    let _serial = serial();
     let names = std::panic::catch_unwind(|| {
-        let pair = corelocal_sweep::netns::VethPair::create(900, 2).unwrap();
+        let pair = corelocal_sweep::netns::VethPair::create(2).unwrap();
         let names = (
             pair.sender.name().to_string(),
             pair.receiver.name().to_string(),
@@ -144,4 +153,39 @@ fn namespaces_are_deleted_when_a_cell_panics() {
         !left.contains(s.as_str()) && !left.contains(r.as_str()),
         "{left}"
     );
+}
+
+#[test]
+fn several_flows_over_a_multi_queue_veth() {
+    if !corelocal::testing::root_or_skip("several_flows_over_a_multi_queue_veth") {
+        return;
+    }
+    let _serial = serial();
+    let topo = Topology::host().unwrap();
+    let cpu = topo.online.iter().next().unwrap().to_string();
+    let dir = std::env::temp_dir().join(format!("corelocal-sweep-flows-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("m");
+    let cli = Cli::parse_from([
+        "sweep",
+        "--cpus",
+        &cpu,
+        "--flows",
+        "3",
+        "--duration",
+        "500ms",
+        "--warmup",
+        "200ms",
+        "--port",
+        "5491",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    let report = corelocal_sweep::sweep(&cli.cmd, &topo).unwrap();
+    let c = &report.cells[0];
+    assert!(c.errors.is_empty(), "{:?}", c.errors);
+    assert!(c.gbps.unwrap() > 0.05);
+    assert_eq!(report.config.flows, 3);
+    assert!(corelocal_sweep::netns::ours().is_empty());
+    std::fs::remove_dir_all(dir).unwrap();
 }

@@ -106,7 +106,17 @@ fn check(cmd: &Command) -> Result<Duration, String> {
 
 fn title() -> String {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-    format!("corelocal top  {}", host.trim())
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let day = secs % 86_400;
+    format!(
+        "corelocal top  {}  {:02}:{:02}:{:02} UTC",
+        host.trim(),
+        day / 3600,
+        day / 60 % 60,
+        day % 60
+    )
 }
 
 /// Sleeps until `deadline` (bounded by [`INTERVAL_MAX`]); false if a stop signal came.
