@@ -9,6 +9,8 @@
 //!   kernel in mode `stock`, `fine` or `local` (Affinity-Accept §3.1–3.2, MegaPipe §3.4.1).
 //! - [`balance`]: pure Affinity-Accept policy (busy tracking, stealing, flow-group migration)
 //!   and the deterministic simulator that drives it; time is an input.
+//! - [`steer`]: packet-level flow-group migration — XDP + CPUMAP (software, any interface)
+//!   and the NIC's RSS indirection table (ethtool), with detection.
 //! - [`runtime`]: one pinned worker per CPU, the sans-IO [`runtime::Handler`] API, stats, and
 //!   the backends behind one submit / reap / wait interface.
 //! - [`sys`]: every syscall and `unsafe` block of the crate.
@@ -18,6 +20,7 @@ pub mod bpf;
 pub mod cpu;
 pub mod listen;
 pub mod runtime;
+pub mod steer;
 pub mod sys;
 #[doc(hidden)]
 pub mod testing;

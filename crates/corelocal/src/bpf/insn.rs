@@ -111,8 +111,16 @@ pub const R2: Reg = Reg(2);
 pub const R3: Reg = Reg(3);
 /// Fourth argument.
 pub const R4: Reg = Reg(4);
+/// Fifth argument.
+pub const R5: Reg = Reg(5);
 /// Callee-saved.
 pub const R6: Reg = Reg(6);
+/// Callee-saved.
+pub const R7: Reg = Reg(7);
+/// Callee-saved.
+pub const R8: Reg = Reg(8);
+/// Callee-saved.
+pub const R9: Reg = Reg(9);
 /// Read-only frame pointer.
 pub const R10: Reg = Reg(10);
 
@@ -149,14 +157,20 @@ pub enum Cond {
     Ne,
     /// unsigned `>=`.
     Ge,
+    /// unsigned `>`.
+    Gt,
+    /// unsigned `<`.
+    Lt,
 }
 
 impl Cond {
     fn bits(self) -> u8 {
         match self {
             Cond::Eq => 0x10,
+            Cond::Gt => 0x20,
             Cond::Ge => 0x30,
             Cond::Ne => 0x50,
+            Cond::Lt => 0xa0,
         }
     }
 }
@@ -165,6 +179,7 @@ const CLASS_LD: u8 = 0x00;
 const CLASS_LDX: u8 = 0x01;
 const CLASS_ST: u8 = 0x02;
 const CLASS_STX: u8 = 0x03;
+const CLASS_ALU: u8 = 0x04;
 const CLASS_JMP: u8 = 0x05;
 const CLASS_ALU64: u8 = 0x07;
 const MODE_IMM: u8 = 0x00;
@@ -172,8 +187,15 @@ const MODE_MEM: u8 = 0x60;
 const SRC_K: u8 = 0x00;
 const SRC_X: u8 = 0x08;
 const ALU_ADD: u8 = 0x00;
+const ALU_MUL: u8 = 0x20;
 const ALU_AND: u8 = 0x50;
+const ALU_LSH: u8 = 0x60;
+const ALU_RSH: u8 = 0x70;
+const ALU_XOR: u8 = 0xa0;
 const ALU_MOV: u8 = 0xb0;
+const ALU_END: u8 = 0xd0;
+/// `BPF_TO_BE`: with `BPF_END`, convert between host and big-endian (network) order.
+const END_TO_BE: u8 = 0x08;
 const JMP_JA: u8 = 0x00;
 const JMP_CALL: u8 = 0x80;
 const JMP_EXIT: u8 = 0x90;
@@ -210,6 +232,53 @@ pub fn and64_imm(dst: Reg, imm: i32) -> EbpfInsn {
     insn(CLASS_ALU64 | ALU_AND | SRC_K, dst, Reg(0), 0, imm)
 }
 
+/// `dst += src` (64-bit).
+pub fn add64_reg(dst: Reg, src: Reg) -> EbpfInsn {
+    insn(CLASS_ALU64 | ALU_ADD | SRC_X, dst, src, 0, 0)
+}
+
+/// `dst ^= src` (64-bit).
+pub fn xor64_reg(dst: Reg, src: Reg) -> EbpfInsn {
+    insn(CLASS_ALU64 | ALU_XOR | SRC_X, dst, src, 0, 0)
+}
+
+/// `dst <<= imm` (64-bit).
+pub fn lsh64_imm(dst: Reg, imm: i32) -> EbpfInsn {
+    insn(CLASS_ALU64 | ALU_LSH | SRC_K, dst, Reg(0), 0, imm)
+}
+
+/// `w_dst = w_src` (32-bit; the upper half of `dst` is zeroed).
+pub fn mov32_reg(dst: Reg, src: Reg) -> EbpfInsn {
+    insn(CLASS_ALU | ALU_MOV | SRC_X, dst, src, 0, 0)
+}
+
+/// `w_dst *= imm` (32-bit, wrapping; the upper half of `dst` is zeroed).
+pub fn mul32_imm(dst: Reg, imm: i32) -> EbpfInsn {
+    insn(CLASS_ALU | ALU_MUL | SRC_K, dst, Reg(0), 0, imm)
+}
+
+/// `w_dst >>= imm` (32-bit logical shift).
+pub fn rsh32_imm(dst: Reg, imm: i32) -> EbpfInsn {
+    insn(CLASS_ALU | ALU_RSH | SRC_K, dst, Reg(0), 0, imm)
+}
+
+/// `w_dst ^= w_src` (32-bit).
+pub fn xor32_reg(dst: Reg, src: Reg) -> EbpfInsn {
+    insn(CLASS_ALU | ALU_XOR | SRC_X, dst, src, 0, 0)
+}
+
+/// `w_dst &= imm` (32-bit).
+pub fn and32_imm(dst: Reg, imm: i32) -> EbpfInsn {
+    insn(CLASS_ALU | ALU_AND | SRC_K, dst, Reg(0), 0, imm)
+}
+
+/// `dst = htobe16(dst)` (`bits` = 16, 32 or 64): network-order field to host value (the
+/// conversion is its own inverse).
+pub fn be(dst: Reg, bits: i32) -> EbpfInsn {
+    debug_assert!(matches!(bits, 16 | 32 | 64), "endianness width");
+    insn(CLASS_ALU | ALU_END | END_TO_BE, dst, Reg(0), 0, bits)
+}
+
 /// `dst = *(size *)(src + off)`.
 pub fn ldx_mem(size: Size, dst: Reg, src: Reg, off: i16) -> EbpfInsn {
     insn(CLASS_LDX | MODE_MEM | size.bits(), dst, src, off, 0)
@@ -242,6 +311,11 @@ pub fn ld_map_fd(dst: Reg, map_fd: i32) -> [EbpfInsn; 2] {
 /// `if dst <cond> imm goto +off`.
 pub fn jmp_imm(cond: Cond, dst: Reg, imm: i32, off: i16) -> EbpfInsn {
     insn(CLASS_JMP | cond.bits() | SRC_K, dst, Reg(0), off, imm)
+}
+
+/// `if dst <cond> src goto +off`.
+pub fn jmp_reg(cond: Cond, dst: Reg, src: Reg, off: i16) -> EbpfInsn {
+    insn(CLASS_JMP | cond.bits() | SRC_X, dst, src, off, 0)
 }
 
 /// `goto +off`.
@@ -306,6 +380,29 @@ mod tests {
         assert_eq!(hex(mov64_imm(R0, 1)), "b7 00 00 00 01 00 00 00");
         assert_eq!(hex(call(82)), "85 00 00 00 52 00 00 00");
         assert_eq!(hex(exit()), "95 00 00 00 00 00 00 00");
+    }
+
+    /// The opcodes the XDP program adds, against the encodings of the kernel's
+    /// Documentation/bpf/standardization/instruction-set.rst (as LLVM emits them).
+    #[test]
+    fn encodes_the_xdp_opcodes() {
+        assert_eq!(hex(be(R5, 16)), "dc 05 00 00 10 00 00 00");
+        assert_eq!(hex(xor64_reg(R7, R8)), "af 87 00 00 00 00 00 00");
+        assert_eq!(hex(add64_reg(R4, R5)), "0f 54 00 00 00 00 00 00");
+        assert_eq!(hex(lsh64_imm(R5, 2)), "67 05 00 00 02 00 00 00");
+        assert_eq!(hex(mov32_reg(R5, R7)), "bc 75 00 00 00 00 00 00");
+        assert_eq!(
+            hex(mul32_imm(R7, 0x9e37_79b1_u32 as i32)),
+            "24 07 00 00 b1 79 37 9e"
+        );
+        assert_eq!(hex(rsh32_imm(R5, 16)), "74 05 00 00 10 00 00 00");
+        assert_eq!(hex(xor32_reg(R7, R5)), "ac 57 00 00 00 00 00 00");
+        assert_eq!(hex(and32_imm(R7, 15)), "54 07 00 00 0f 00 00 00");
+        assert_eq!(hex(jmp_reg(Cond::Gt, R4, R3, 5)), "2d 34 05 00 00 00 00 00");
+        assert_eq!(hex(jmp_imm(Cond::Lt, R5, 20, 1)), "a5 05 01 00 14 00 00 00");
+        assert_eq!(hex(ldx_mem(Size::H, R5, R2, 12)), "69 25 0c 00 00 00 00 00");
+        assert_eq!(hex(ldx_mem(Size::B, R5, R2, 23)), "71 25 17 00 00 00 00 00");
+        assert_eq!(hex(ja(3)), "05 00 03 00 00 00 00 00");
     }
 
     #[test]

@@ -1,10 +1,12 @@
 //! BPF for steering: an instruction encoder ([`insn`]), the programs ([`programs`]) and
-//! [`ReuseportSelect`], the loaded SK_REUSEPORT program with its maps.
+//! [`ReuseportSelect`], the loaded SK_REUSEPORT program with its maps; [`xdp`]: packet-level
+//! flow-group steering (XDP + CPUMAP, [`xdp::XdpSteering`]).
 //!
 //! The `bpf(2)` calls themselves live in [`crate::sys::bpf`].
 
 pub mod insn;
 pub mod programs;
+pub mod xdp;
 
 pub use crate::sys::bpf::{BpfError, Map, MapType, ProgType, Program};
 

@@ -12,6 +12,7 @@ const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
 const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
 const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
 const BPF_PROG_LOAD: libc::c_long = 5;
+const BPF_LINK_CREATE: libc::c_long = 28;
 /// Verifier log buffer size for a failed load (the kernel truncates beyond it).
 const VERIFIER_LOG_BYTES: usize = 64 * 1024;
 
@@ -43,6 +44,12 @@ pub enum ProgType {
 pub const ATTACH_SK_REUSEPORT_SELECT: u32 = 39;
 /// `BPF_SK_REUSEPORT_SELECT_OR_MIGRATE`.
 pub const ATTACH_SK_REUSEPORT_SELECT_OR_MIGRATE: u32 = 40;
+/// `BPF_XDP`: link attach type of an XDP program on a network interface.
+pub const ATTACH_XDP: u32 = 37;
+/// `XDP_FLAGS_SKB_MODE`: generic XDP (any interface; runs on the skb after allocation).
+pub const XDP_FLAGS_SKB_MODE: u32 = 2;
+/// `XDP_FLAGS_DRV_MODE`: native XDP in the driver (needs driver support).
+pub const XDP_FLAGS_DRV_MODE: u32 = 4;
 /// `BPF_ANY` update flag.
 pub const BPF_ANY: u64 = 0;
 
@@ -121,6 +128,17 @@ struct ProgLoadAttr {
     prog_name: [u8; 16],
     prog_ifindex: u32,
     expected_attach_type: u32,
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct LinkCreateAttr {
+    prog_fd: u32,
+    target_ifindex: u32,
+    attach_type: u32,
+    flags: u32,
+    /// The command's unions after `flags`; must be zero for XDP.
+    _rest: [u64; 4],
 }
 
 fn sys_bpf<T>(cmd: libc::c_long, attr: &mut T) -> io::Result<libc::c_long> {
@@ -322,6 +340,43 @@ impl Program {
     }
 
     /// The program's descriptor.
+    pub fn raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
+/// A BPF link (`BPF_LINK_CREATE`): the attachment lives as long as this value — dropping it
+/// closes the last descriptor and the kernel detaches the program.
+#[derive(Debug)]
+pub struct Link {
+    fd: OwnedFd,
+}
+
+impl Link {
+    /// Attaches `program` to the interface `ifindex` with `attach_type` (e.g. [`ATTACH_XDP`])
+    /// and `flags` (e.g. [`XDP_FLAGS_SKB_MODE`]).
+    pub fn create(
+        program: &Program,
+        ifindex: u32,
+        attach_type: u32,
+        flags: u32,
+    ) -> Result<Link, BpfError> {
+        let mut attr = LinkCreateAttr {
+            prog_fd: program.raw_fd() as u32,
+            target_ifindex: ifindex,
+            attach_type,
+            flags,
+            ..Default::default()
+        };
+        let fd = sys_bpf(BPF_LINK_CREATE, &mut attr).map_err(|source| BpfError {
+            op: "link create",
+            source,
+            log: String::new(),
+        })?;
+        Ok(Link { fd: owned(fd) })
+    }
+
+    /// The link's descriptor.
     pub fn raw_fd(&self) -> RawFd {
         self.fd.as_raw_fd()
     }

@@ -5,7 +5,8 @@
 //! - [`affinity`]: pin threads, read the current CPU.
 //! - [`socket`]: socket creation and the options corelocal needs (SO_REUSEPORT,
 //!   SO_INCOMING_CPU, reuseport BPF attach, TCP_INFO on listeners, accept4).
-//! - [`bpf`]: the `bpf(2)` syscall (program load with verifier log, map operations).
+//! - [`bpf`]: the `bpf(2)` syscall (program load with verifier log, map operations, links).
+//! - [`ethtool`]: interface index by name; the ethtool ioctl (driver, RX queues, RSS table).
 //! - [`signal`]: SIGINT/SIGTERM blocked everywhere and awaited in one place.
 //! - [`process`]: uid and resource limits.
 //! - [`epoll`]: the epoll [`Backend`](crate::runtime::Backend).
@@ -19,6 +20,7 @@
 pub mod affinity;
 pub mod bpf;
 pub mod epoll;
+pub mod ethtool;
 pub mod process;
 pub mod signal;
 pub mod socket;

@@ -1,0 +1,181 @@
+//! Network-device ioctls: interface index by name and the ethtool ioctl (`SIOCETHTOOL`) for
+//! the driver name, RX queue count and the RSS indirection table (read and write).
+//!
+//! Commands (values from `linux/ethtool.h`): `ETHTOOL_GDRVINFO` 0x03, `ETHTOOL_GRXFHINDIR`
+//! 0x38 / `ETHTOOL_SRXFHINDIR` 0x39 (table only), `ETHTOOL_GCHANNELS` 0x3c, `ETHTOOL_GRSSH`
+//! 0x46 (table and key sizes). A driver without the operation answers `EOPNOTSUPP`. Same
+//! approach as `corelocal-tune`'s read-only probe, plus the write.
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+const SIOCETHTOOL: libc::c_ulong = 0x8946;
+const ETHTOOL_GDRVINFO: u32 = 0x03;
+const ETHTOOL_GRXFHINDIR: u32 = 0x38;
+const ETHTOOL_SRXFHINDIR: u32 = 0x39;
+const ETHTOOL_GCHANNELS: u32 = 0x3c;
+const ETHTOOL_GRSSH: u32 = 0x46;
+/// Largest indirection table accepted (drivers use 128 to 2048 entries).
+pub const INDIR_MAX: u32 = 65_536;
+/// `struct ethtool_rxfh` up to `rss_config[]`, in u32 words.
+const RXFH_HEADER_WORDS: usize = 6;
+/// `struct ethtool_drvinfo` is 196 bytes; `driver[32]` follows `cmd`.
+const DRVINFO_WORDS: usize = 49;
+
+/// `struct ifreq` with the `ifr_data` member, padded to the kernel's 40 bytes.
+#[repr(C)]
+struct IfReq {
+    name: [libc::c_char; libc::IFNAMSIZ],
+    data: *mut libc::c_void,
+    _pad: [u8; 16],
+}
+
+fn check_name(nic: &str) -> io::Result<()> {
+    let bytes = nic.as_bytes();
+    if bytes.is_empty() || bytes.len() >= libc::IFNAMSIZ || bytes.contains(&0) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("bad interface name {nic:?}"),
+        ));
+    }
+    Ok(())
+}
+
+/// The interface index of `nic` in this network namespace (`if_nametoindex`).
+pub fn ifindex(nic: &str) -> io::Result<u32> {
+    check_name(nic)?;
+    let name = CString::new(nic).map_err(|_| io::ErrorKind::InvalidInput)?;
+    // SAFETY: `name` is a valid NUL-terminated string that outlives the call.
+    let index = unsafe { libc::if_nametoindex(name.as_ptr()) };
+    if index == 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(index)
+}
+
+fn socket() -> io::Result<OwnedFd> {
+    // SAFETY: socket(2) takes no pointers; the result is checked before use.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a fresh descriptor owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Issues `SIOCETHTOOL` on `nic` with `buf` as the command buffer; `buf` starts with the
+/// `u32` command and is large enough for what that command reads and writes.
+fn ethtool(nic: &str, buf: &mut [u32]) -> io::Result<()> {
+    check_name(nic)?;
+    let mut req = IfReq {
+        name: [0; libc::IFNAMSIZ],
+        data: buf.as_mut_ptr().cast(),
+        _pad: [0; 16],
+    };
+    for (dst, src) in req.name.iter_mut().zip(nic.as_bytes()) {
+        *dst = *src as libc::c_char;
+    }
+    let sock = socket()?;
+    // SAFETY: `req` is a valid, NUL-terminated ifreq whose data pointer refers to `buf`, which
+    // outlives the call and is sized for the command (callers size it from the kernel's own
+    // reported lengths, checked against limits). The kernel reads/writes only within it.
+    let rc = unsafe { libc::ioctl(sock.as_raw_fd(), SIOCETHTOOL as _, &mut req as *mut IfReq) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The driver's name (`ETHTOOL_GDRVINFO`), e.g. `virtio_net`, `veth`, `mlx5_core`.
+pub fn driver(nic: &str) -> io::Result<String> {
+    let mut buf = [0u32; DRVINFO_WORDS];
+    buf[0] = ETHTOOL_GDRVINFO;
+    ethtool(nic, &mut buf)?;
+    let bytes: Vec<u8> = buf[1..9].iter().flat_map(|w| w.to_ne_bytes()).collect();
+    let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+    Ok(String::from_utf8_lossy(&bytes[..end]).into_owned())
+}
+
+/// RX queues the RSS table may point at (`ETHTOOL_GCHANNELS`: rx + combined channels).
+pub fn rx_queues(nic: &str) -> io::Result<u32> {
+    let mut buf = [0u32; 9];
+    buf[0] = ETHTOOL_GCHANNELS;
+    ethtool(nic, &mut buf)?;
+    Ok(buf[5].saturating_add(buf[8]))
+}
+
+fn too_big(size: u32) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        format!("RSS indirection table of {size} entries exceeds the limit {INDIR_MAX}"),
+    )
+}
+
+/// The RSS indirection table (bucket → RX queue): the size from `ETHTOOL_GRSSH`, the entries
+/// from `ETHTOOL_GRXFHINDIR`. An empty table (virtio_net without `VIRTIO_NET_F_RSS`) is
+/// reported as `EOPNOTSUPP`.
+pub fn rss_table(nic: &str) -> io::Result<Vec<u32>> {
+    let mut head = [0u32; RXFH_HEADER_WORDS];
+    head[0] = ETHTOOL_GRSSH;
+    let grssh = ethtool(nic, &mut head);
+    if grssh.is_ok() && head[2] == 0 {
+        return Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP));
+    }
+    let mut size_query = [ETHTOOL_GRXFHINDIR, 0];
+    ethtool(nic, &mut size_query)?;
+    let size = size_query[1];
+    if size == 0 {
+        return Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP));
+    }
+    if size > INDIR_MAX {
+        return Err(too_big(size));
+    }
+    let mut buf = vec![0u32; 2 + size as usize];
+    buf[0] = ETHTOOL_GRXFHINDIR;
+    buf[1] = size;
+    ethtool(nic, &mut buf)?;
+    Ok(buf.split_off(2))
+}
+
+/// The `ETHTOOL_SRXFHINDIR` command buffer (`struct ethtool_rxfh_indir`) for `table`.
+pub fn srxfhindir_buffer(table: &[u32]) -> Vec<u32> {
+    let mut buf = Vec::with_capacity(2 + table.len());
+    buf.push(ETHTOOL_SRXFHINDIR);
+    buf.push(table.len() as u32);
+    buf.extend_from_slice(table);
+    buf
+}
+
+/// Writes the whole RSS indirection table (`ETHTOOL_SRXFHINDIR`; needs CAP_NET_ADMIN). The
+/// size must equal the device's; the kernel checks every entry against its RX ring count.
+pub fn set_rss_table(nic: &str, table: &[u32]) -> io::Result<()> {
+    if table.is_empty() || table.len() > INDIR_MAX as usize {
+        return Err(too_big(table.len() as u32));
+    }
+    ethtool(nic, &mut srxfhindir_buffer(table))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ifreq_matches_the_kernel_size() {
+        assert!(std::mem::size_of::<IfReq>() >= 40);
+    }
+
+    #[test]
+    fn srxfhindir_buffer_is_cmd_size_entries() {
+        assert_eq!(srxfhindir_buffer(&[0, 1, 1, 0]), vec![0x39, 4, 0, 1, 1, 0]);
+    }
+
+    #[test]
+    fn bad_names_and_missing_interfaces_are_errors() {
+        assert!(ifindex("").is_err());
+        assert!(ifindex("a/very/long/interface/name").is_err());
+        assert!(ifindex("nosuchif0").is_err());
+        assert!(rss_table("nosuchif0").is_err());
+        assert!(ifindex("lo").unwrap() >= 1);
+    }
+}
