@@ -20,8 +20,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Counters kept from the namespaces' snmp/netstat (sender and receiver).
-pub const COUNTERS: [&str; 7] = [
+pub const COUNTERS: [&str; 11] = [
     "Tcp:RetransSegs",
+    "TcpExt:TCPLossProbes",
+    "TcpExt:TCPTimeouts",
+    "TcpExt:TCPSpuriousRTOs",
+    "TcpExt:TCPDSACKRecv",
     "TcpExt:TCPLostRetransmit",
     "TcpExt:TCPBacklogDrop",
     "TcpExt:TCPRcvQDrop",
