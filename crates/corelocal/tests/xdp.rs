@@ -303,3 +303,94 @@ fn rss_detection_on_host_interfaces_is_read_only_and_explains() {
         }
     }
 }
+
+/// CPU time of each CPUMAP kthread (`cpumap/CPU/map:ID`), by /proc path, in ns.
+fn cpumap_kthread_ns() -> HashMap<String, u64> {
+    let mut out = HashMap::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let comm = std::fs::read_to_string(e.path().join("comm")).unwrap_or_default();
+        if comm.starts_with("cpumap/") {
+            let stat = std::fs::read_to_string(e.path().join("schedstat")).unwrap_or_default();
+            let ns = stat.split_whitespace().next().and_then(|v| v.parse().ok());
+            out.insert(e.path().display().to_string(), ns.unwrap_or(0));
+        }
+    }
+    out
+}
+
+fn thread_ns() -> u64 {
+    let stat = std::fs::read_to_string("/proc/thread-self/schedstat").unwrap();
+    stat.split_whitespace().next().unwrap().parse().unwrap()
+}
+
+/// One measured configuration (in its own namespace): 25 × 200 sequential connections from a
+/// thread pinned to the first CPU; XDP off, all groups → the same CPU, or → the other CPU.
+fn measure_one(config: &str) {
+    let Some((a, b)) = two_cpus() else { return };
+    sh("ip link set lo up");
+    let group = listeners("127.0.0.1", [a, b]);
+    let addr = group.local_addrs()[0];
+    let xdp = (config != "off").then(|| attach(&group, [a, b]));
+    if let Some(x) = &xdp {
+        x.set_all(Some(if config == "same" { a } else { b }))
+            .unwrap();
+    }
+    pin_current_thread(&CpuSet::single(a)).unwrap();
+    let (rounds, batch) = (25, 200);
+    let (k0, t0, w0) = (cpumap_kthread_ns(), thread_ns(), Instant::now());
+    let mut on_b = 0.0;
+    for _ in 0..rounds {
+        let conns: Vec<TcpStream> = (0..batch)
+            .map(|_| TcpStream::connect(addr).unwrap())
+            .collect();
+        on_b += share_on(&drain(&group, batch), b) * batch as f64;
+        drop(conns);
+    }
+    let n = (rounds * batch) as f64;
+    let wall = w0.elapsed().as_nanos() as f64 / n / 1e3;
+    let client = (thread_ns() - t0) as f64 / n / 1e3;
+    let k1 = cpumap_kthread_ns();
+    let kthreads: u64 = k1
+        .iter()
+        .map(|(p, v)| v.saturating_sub(k0.get(p).copied().unwrap_or(0)))
+        .sum();
+    println!(
+        "\n| {config:5} | {n} | {:.0} | {wall:.1} | {client:.1} | {:.1} |",
+        on_b,
+        kthreads as f64 / n / 1e3
+    );
+}
+
+/// `cargo test -p corelocal --test xdp -- --ignored --nocapture measure_xdp_cost` (root):
+/// per-connection wall time, the client thread's CPU time and the CPUMAP kthreads' CPU time.
+/// Prints a table; asserts nothing about timings.
+#[test]
+#[ignore = "measurement, run by hand"]
+fn measure_xdp_cost() {
+    if let Ok(config) = std::env::var("CORELOCAL_XDP_MEASURE") {
+        return measure_one(&config);
+    }
+    if !corelocal::testing::root_or_skip("measure_xdp_cost") {
+        return;
+    }
+    println!("| XDP | conns | on 2nd CPU | wall µs/conn | client thread CPU µs/conn | cpumap kthreads CPU µs/conn |");
+    println!("|---|---|---|---|---|---|");
+    for config in ["off", "same", "other", "off", "same", "other"] {
+        let exe = std::env::current_exe().unwrap();
+        let status = Command::new("unshare")
+            .args(["--net", "--mount", "--"])
+            .arg(exe)
+            .args([
+                "--exact",
+                "measure_xdp_cost",
+                "--nocapture",
+                "--ignored",
+                "--test-threads=1",
+            ])
+            .env("CORELOCAL_XDP_MEASURE", config)
+            .env(INNER_ENV, "1")
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+}

@@ -9,6 +9,7 @@
 //! h = fold(saddr) ^ fold(daddr) ^ *(u32 *)tcp     // ports word as on the wire
 //! h *= 0x9e3779b1; h ^= h >> 16; group = h & (G-1) // 32-bit arithmetic
 //! cpu = groups[group]                              // u32::MAX: not steered
+//! if cpu == smp_processor_id(): XDP_PASS          // already on its CPU: no CPUMAP hop
 //! return bpf_redirect_map(cpumap, cpu, XDP_PASS)   // unknown CPU → XDP_PASS
 //! ```
 //!
@@ -17,7 +18,7 @@
 //! headers, IPv4 fragments) passes untouched.
 
 use super::insn::{self, Cond, EbpfInsn, Size, R0, R1, R10, R2, R3, R4, R5, R7, R8};
-use super::programs::HELPER_MAP_LOOKUP_ELEM;
+use super::programs::{HELPER_GET_SMP_PROCESSOR_ID, HELPER_MAP_LOOKUP_ELEM};
 use crate::cpu::CpuSet;
 use crate::sys::bpf::{
     BpfError, Link, Map, MapType, ProgType, Program, ATTACH_XDP, XDP_FLAGS_DRV_MODE,
@@ -270,7 +271,10 @@ fn steer(a: &mut Asm, maps: XdpMaps, flow_groups: u32, pass: Label) {
     a.emit(insn::and32_imm(R7, (flow_groups - 1) as i32));
     a.emit(insn::stx_mem(Size::W, R10, R7, -8));
     lookup(a, maps.groups_fd, -8, pass);
-    a.emit(insn::ldx_mem(Size::W, R2, R0, 0)); // cpu
+    a.emit(insn::ldx_mem(Size::W, R8, R0, 0)); // cpu
+    a.emit(insn::call(HELPER_GET_SMP_PROCESSOR_ID));
+    a.jump(insn::jmp_reg(Cond::Eq, R0, R8, 0), pass); // already there: no CPUMAP hop
+    a.emit(insn::mov64_reg(R2, R8));
     a.emit2(insn::ld_map_fd(R1, maps.cpumap_fd));
     a.emit(insn::mov64_imm(R3, XDP_PASS)); // flags: the action when the CPU has no entry
     a.emit(insn::call(HELPER_REDIRECT_MAP));

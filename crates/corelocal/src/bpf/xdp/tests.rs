@@ -30,6 +30,8 @@ struct Vm<'a> {
     maps: HashMap<i32, Vec<u32>>,
     cpumap: Vec<u32>,
     redirect: Option<(i32, u64, u64)>,
+    /// What `bpf_get_smp_processor_id` answers.
+    this_cpu: u32,
 }
 
 impl Vm<'_> {
@@ -88,6 +90,7 @@ impl Vm<'_> {
                 let known = self.cpumap.contains(&(r[2] as u32));
                 r[0] = if known { XDP_REDIRECT as u64 } else { r[3] & 3 };
             }
+            HELPER_GET_SMP_PROCESSOR_ID => r[0] = u64::from(self.this_cpu),
             other => panic!("unexpected helper {other}"),
         }
         r[1..=5].fill(0xdead_beef);
@@ -194,6 +197,7 @@ fn vm(pkt: &[u8], flow_groups: u32) -> Vm<'_> {
         maps: HashMap::from([(PORTS_FD, ports), (GROUPS_FD, groups), (CPUMAP_FD, vec![])]),
         cpumap: vec![0, 1],
         redirect: None,
+        this_cpu: 7,
     }
 }
 
@@ -348,6 +352,19 @@ fn an_unsteered_group_passes() {
     let (action, redirect) = run(&insns, &mut w);
     assert_eq!(action, XDP_PASS as u64);
     assert_eq!(redirect.map(|r| r.1), Some(u64::from(NO_CPU)));
+}
+
+#[test]
+fn a_group_already_on_this_cpu_passes_without_a_hop() {
+    let lo = Ipv4Addr::LOCALHOST;
+    let pkt = ipv4(lo, lo, 40000, SERVER_PORT, 0);
+    let g = flow_group(lo.into(), lo.into(), 40000, SERVER_PORT, 16);
+    let (insns, _) = xdp_steer(MAPS, 16);
+    let mut w = vm(&pkt, 16);
+    w.this_cpu = g % 2;
+    assert_eq!(run(&insns, &mut w), (XDP_PASS as u64, None));
+    w.this_cpu = 1 - g % 2;
+    assert_eq!(run(&insns, &mut w).0, XDP_REDIRECT as u64);
 }
 
 proptest! {
