@@ -51,6 +51,19 @@ pub struct CommonArgs {
     /// Force the local-mode steering method (default: best available).
     #[arg(long, value_parser = ["ebpf", "incoming-cpu", "cbpf"])]
     steering: Option<String>,
+    /// The Affinity-Accept balancer (busy tracking, stealing, flow-group migration):
+    /// auto = on in local mode, off otherwise.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "on", "off"])]
+    balance: String,
+    /// Balancer: local:remote accept share for non-busy workers (paper: 5:1).
+    #[arg(long, default_value = "5:1", value_parser = parse_share)]
+    balance_share: (u32, u32),
+    /// Balancer: busy above this % of the accept-queue cap; not busy when its EWMA < low %.
+    #[arg(long, default_value = "75:10", value_parser = parse_share)]
+    busy_watermarks: (u32, u32),
+    /// Balancer: how often a non-busy worker moves one flow group to itself.
+    #[arg(long, default_value = "100ms", value_parser = parse_duration)]
+    migrate_interval: Duration,
     /// I/O backend.
     #[arg(long, default_value = "auto", value_parser = ["auto", "epoll", "uring"])]
     backend: String,
@@ -87,6 +100,18 @@ struct RpcArgs {
     /// Close after one response (connection-rate services).
     #[arg(long)]
     one_shot: bool,
+}
+
+fn parse_share(text: &str) -> Result<(u32, u32), String> {
+    let (a, b) = text
+        .split_once(':')
+        .ok_or_else(|| format!("{text:?}: expected A:B"))?;
+    let num = |t: &str| {
+        t.trim()
+            .parse::<u32>()
+            .map_err(|_| format!("{text:?}: expected A:B numbers"))
+    };
+    Ok((num(a)?, num(b)?))
 }
 
 fn parse_cpus(text: &str) -> Result<CpuSet, String> {
@@ -136,6 +161,20 @@ fn server_config(common: &CommonArgs) -> Result<ServerConfig, String> {
     config.backend = common.backend.parse::<BackendKind>()?;
     config.limits.idle_timeout = common.idle_timeout.max(Duration::from_millis(1));
     config.limits.drain_timeout = common.drain_timeout;
+    let balance_on = match common.balance.as_str() {
+        "on" => true,
+        "off" => false,
+        _ => mode == Mode::Local,
+    };
+    if balance_on {
+        let mut b = corelocal::balance::BalanceConfig::new(config.listen.worker_cpus.len());
+        (b.share_local, b.share_remote) = common.balance_share;
+        (b.busy_high_pct, b.busy_low_pct) = common.busy_watermarks;
+        b.migrate_interval_ns = common.migrate_interval.as_nanos().max(1) as u64;
+        b.flow_groups = config.listen.flow_groups;
+        b.validate().map_err(|e| e.to_string())?;
+        config.balance = Some(b);
+    }
     Ok(config)
 }
 
@@ -155,12 +194,13 @@ pub fn serve<S: Service>(common: &CommonArgs, service: Arc<S>) -> ExitCode {
     };
     let addrs: Vec<String> = server.local_addrs().iter().map(|a| a.to_string()).collect();
     eprintln!(
-        "corelocal serve {name}: listening on {} | workers on CPUs {} | mode {} | steering {} | backend {}",
+        "corelocal serve {name}: listening on {} | workers on CPUs {} | mode {} | steering {} | backend {} | balancer {}",
         addrs.join(", "),
         config.listen.worker_cpus.iter().map(|c| c.to_string()).collect::<Vec<_>>().join(","),
         config.listen.mode,
         server.steering(),
         server.backend(),
+        if config.balance.is_some() { "on" } else { "off" },
     );
     let mut stats_file = match open_stats_file(common) {
         Ok(f) => f,
@@ -233,11 +273,14 @@ fn print_stats(now: &Snapshot, last: &Snapshot, elapsed: Duration, tick: Duratio
             100.0 * local as f64 / accepted as f64
         };
         line += &format!(
-            " | w{} cpu{} conn/s {:.0} local {:.1}% req/s {:.0} open {} err {}",
+            " | w{} cpu{} conn/s {:.0} local {:.1}% stolen {} q {}{} req/s {:.0} open {} err {}",
             w.worker,
             w.cpu,
             accepted as f64 / secs,
             local_pct,
+            w.stolen - l.stolen,
+            w.queue_len,
+            if w.busy { " BUSY" } else { "" },
             (w.requests - l.requests) as f64 / secs,
             w.open,
             w.errors.total() - l.errors.total(),

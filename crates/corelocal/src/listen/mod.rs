@@ -331,6 +331,11 @@ impl ListenerGroup {
         Ok(())
     }
 
+    /// Whether flow groups can be moved ([`ListenerGroup::set_flow_group`]): eBPF steering.
+    pub fn supports_flow_groups(&self) -> bool {
+        self.groups.iter().all(|g| g.ebpf.is_some())
+    }
+
     /// Moves flow group `group` (`hash & (G-1)`) to `worker`, or back to CPU steering with
     /// `None`. Only with eBPF steering.
     pub fn set_flow_group(&self, group: u32, worker: Option<usize>) -> Result<(), ListenError> {

@@ -23,8 +23,8 @@ pub type BufId = u32;
 /// An operation for the backend.
 #[derive(Debug)]
 pub enum Op {
-    /// Start multishot accept on a listener. `listener` is the worker's index for it;
-    /// `exclusive` asks for one waiter per event when workers share the socket (`stock`).
+    /// Start accepting on a listener. `listener` is the worker's index for it; `exclusive`
+    /// asks for one waiter per event when workers share the socket (`stock`).
     Accept {
         /// The worker's index of the listener.
         listener: u32,
@@ -32,6 +32,18 @@ pub enum Op {
         fd: RawFd,
         /// Wake one worker per connection when the socket is shared.
         exclusive: bool,
+        /// `None`: accept everything that arrives (multishot). `Some(k)`: accept at most `k`
+        /// more, then stop by itself, leaving later connections in the kernel's queue where
+        /// the balancer sees them and other workers can steal them. A new `Accept` resets it.
+        budget: Option<u32>,
+    },
+    /// Accept one connection from another worker's listener if one is waiting (never waits):
+    /// Affinity-Accept's connection stealing.
+    Steal {
+        /// The victim worker.
+        victim: u32,
+        /// The victim's listening socket.
+        fd: RawFd,
     },
     /// Stop accepting on a listener (back-pressure or shutdown).
     AcceptPause {
@@ -76,8 +88,8 @@ pub enum Op {
 pub enum Completion {
     /// A new connection.
     Accepted {
-        /// The worker's index of the listener it came from.
-        listener: u32,
+        /// Where it came from.
+        origin: Origin,
         /// The new connection.
         conn: ConnId,
         /// The client's address, if known.
@@ -89,6 +101,13 @@ pub enum Completion {
     AcceptFailed {
         /// The worker's index of the listener.
         listener: u32,
+        /// The error.
+        error: io::Error,
+    },
+    /// A steal found no connection waiting (EAGAIN) or failed.
+    StealFailed {
+        /// The victim worker.
+        victim: u32,
         /// The error.
         error: io::Error,
     },
@@ -134,6 +153,15 @@ pub enum Completion {
         /// The connection.
         conn: ConnId,
     },
+}
+
+/// Where an accepted connection came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// The worker's own listener (its index among the worker's listeners).
+    Local(u32),
+    /// Stolen from another worker's listener.
+    Stolen(u32),
 }
 
 /// Wakes a worker blocked in [`Backend::wait`] from another thread.

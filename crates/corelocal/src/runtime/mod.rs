@@ -2,12 +2,14 @@
 //! listener, backend, connections and buffers; nothing connection-related is shared.
 //!
 //! - [`handler`]: the sans-IO application API ([`Service`], [`Handler`], [`Output`]).
+//! - [`balance`]: the Affinity-Accept balancer in the worker loop (sample, wake, steal, migrate).
 //! - [`backend`]: the submit / reap / wait interface every backend implements.
 //! - [`worker`]: the loop that drives a handler over a backend.
 //! - [`server`]: binding, starting, stats, graceful stop.
 //! - [`stats`]: per-worker counters on their own cache lines.
 
 pub mod backend;
+pub mod balance;
 pub mod handler;
 pub mod server;
 pub mod stats;
@@ -31,6 +33,9 @@ pub struct Limits {
     pub output_bytes_max: usize,
     /// Open connections per worker; accepting pauses at the limit.
     pub conns_per_worker_max: usize,
+    /// With the balancer on: connections a worker takes from its queue before answering them;
+    /// the rest stay in the kernel's accept queue (visible to busy detection, stealable).
+    pub unserved_max: usize,
     /// A connection with no traffic for this long is closed.
     pub idle_timeout: Duration,
     /// On stop, requests in progress get this long to finish.
@@ -47,6 +52,7 @@ impl Default for Limits {
             input_bytes_max: 64 * 1024,
             output_bytes_max: 1 << 20,
             conns_per_worker_max: 100_000,
+            unserved_max: 64,
             idle_timeout: Duration::from_secs(60),
             drain_timeout: Duration::from_secs(5),
             recv_bufs: 256,
@@ -61,7 +67,7 @@ impl Limits {
         if self.input_bytes_max == 0 || self.output_bytes_max == 0 {
             return Err("buffer limits must be positive".into());
         }
-        if self.conns_per_worker_max == 0 {
+        if self.conns_per_worker_max == 0 || self.unserved_max == 0 {
             return Err("connections per worker must be positive".into());
         }
         if self.recv_bufs == 0 || self.recv_buf_bytes == 0 {

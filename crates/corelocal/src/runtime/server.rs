@@ -2,6 +2,7 @@
 
 use super::backend::Backend;
 use super::backend::Wake;
+use super::balance::BalanceShared;
 use super::handler::Service;
 use super::stats::{Snapshot, WorkerStats};
 use super::worker::{Worker, WorkerSetup};
@@ -52,6 +53,9 @@ pub struct ServerConfig {
     pub backend: BackendKind,
     /// Limits.
     pub limits: Limits,
+    /// The Affinity-Accept balancer's parameters (`None`: off). `workers` and `flow_groups`
+    /// are taken from the listener group.
+    pub balance: Option<crate::balance::BalanceConfig>,
 }
 
 impl ServerConfig {
@@ -61,6 +65,7 @@ impl ServerConfig {
             listen: GroupConfig::new(addrs, cpus.iter().collect(), mode),
             backend: BackendKind::Auto,
             limits: Limits::default(),
+            balance: None,
         }
     }
 
@@ -130,6 +135,13 @@ impl Server {
             .map_err(|m| ServerError::Listen(ListenError::Config(m)))?;
         let group =
             Arc::new(ListenerGroup::bind(config.listen.clone()).map_err(ServerError::Listen)?);
+        let balance = match &config.balance {
+            Some(cfg) => Some(Arc::new(
+                BalanceShared::new(cfg.clone(), group.clone())
+                    .map_err(|m| ServerError::Listen(ListenError::Config(m)))?,
+            )),
+            None => None,
+        };
         let stop = Arc::new(AtomicBool::new(false));
         let workers = group.workers();
         let stats: Vec<Arc<WorkerStats>> = (0..workers).map(|_| Arc::default()).collect();
@@ -145,6 +157,7 @@ impl Server {
                 stats: worker_stats.clone(),
                 stop: stop.clone(),
                 limits: config.limits,
+                balance: balance.clone(),
             };
             let ready = ready_tx.clone();
             let kind = config.backend;
@@ -176,11 +189,15 @@ impl Server {
                 Err(_) => break,
             }
         }
+        let wakers: Vec<Arc<dyn Wake>> = wakers.into_iter().flatten().collect();
+        if let Some(b) = &balance {
+            let _ = b.wakers.set(wakers.clone());
+        }
         let server = Server {
             group,
             stats,
             stop,
-            wakers: wakers.into_iter().flatten().collect(),
+            wakers,
             threads,
             backend,
         };

@@ -44,6 +44,10 @@ pub struct WorkerStats {
     completions_reaped: AtomicU64,
     rearms: AtomicU64,
     recv_starved: AtomicU64,
+    queue_len: AtomicU64,
+    queue_cap: AtomicU64,
+    busy: AtomicU64,
+    migrated_in: AtomicU64,
 }
 
 /// Buckets of the batching histograms: 1, 2–3, 4–7, …, ≥ 2^(HIST_BUCKETS-1).
@@ -108,6 +112,18 @@ impl WorkerStats {
         }
     }
 
+    /// Records the latest accept-queue sample (gauges).
+    pub fn queue(&self, len: u32, cap: u32, busy: bool) {
+        self.queue_len.store(len as u64, Ordering::Relaxed);
+        self.queue_cap.store(cap as u64, Ordering::Relaxed);
+        self.busy.store(busy as u64, Ordering::Relaxed);
+    }
+
+    /// Counts a flow group migrated to this worker.
+    pub fn migrated_in(&self) {
+        bump(&self.migrated_in, 1);
+    }
+
     /// Counts received bytes.
     pub fn bytes_in(&self, n: u64) {
         bump(&self.bytes_in, n);
@@ -145,6 +161,10 @@ impl WorkerStats {
             bytes_in: get(&self.bytes_in),
             bytes_out: get(&self.bytes_out),
             open: get(&self.open),
+            queue_len: get(&self.queue_len),
+            queue_cap: get(&self.queue_cap),
+            busy: get(&self.busy) != 0,
+            migrated_in: get(&self.migrated_in),
             errors: ErrorCounts {
                 bad_request: get(&self.bad_request),
                 too_large: get(&self.too_large),
@@ -268,6 +288,14 @@ pub struct WorkerSnapshot {
     pub bytes_out: u64,
     /// Connections open now.
     pub open: u64,
+    /// Accept-queue length at the last sample (balancer on; else 0).
+    pub queue_len: u64,
+    /// Accept-queue cap at the last sample.
+    pub queue_cap: u64,
+    /// Busy at the last sample.
+    pub busy: bool,
+    /// Flow groups migrated to this worker.
+    pub migrated_in: u64,
     /// Errors by kind.
     pub errors: ErrorCounts,
     /// Operations per submit and completions per reap.
@@ -283,6 +311,10 @@ impl WorkerSnapshot {
         self.bytes_in += o.bytes_in;
         self.bytes_out += o.bytes_out;
         self.open += o.open;
+        self.queue_len += o.queue_len;
+        self.queue_cap += o.queue_cap;
+        self.busy |= o.busy;
+        self.migrated_in += o.migrated_in;
         self.errors.add(&o.errors);
         self.batching.add(&o.batching);
     }

@@ -1,7 +1,8 @@
 //! The worker loop: one pinned thread owning its listeners, backend, connections and buffers.
 //! Generic over the [`Backend`] and the [`Service`], so apps never see which backend runs.
 
-use super::backend::{Backend, Completion, ConnId, Op};
+use super::backend::{Backend, Completion, ConnId, Op, Origin};
+use super::balance::{BalanceShared, WorkerBalance};
 use super::handler::{Chunk, CloseReason, ConnInfo, Handler, Next, Output, Service};
 use super::stats::{ErrorKind, WorkerStats};
 use super::Limits;
@@ -37,6 +38,8 @@ pub struct WorkerSetup<S: Service> {
     pub stop: Arc<AtomicBool>,
     /// Limits.
     pub limits: Limits,
+    /// Balancing state shared by the server's workers (`None`: no balancer).
+    pub balance: Option<Arc<BalanceShared>>,
 }
 
 struct Conn<H> {
@@ -50,6 +53,8 @@ struct Conn<H> {
     closing: Option<CloseReason>,
     close_sent: bool,
     last_active: Instant,
+    /// Whether a request of this connection completed (or it closed): not waiting any more.
+    served: bool,
 }
 
 /// One worker's state.
@@ -66,12 +71,24 @@ pub struct Worker<S: Service, B: Backend> {
     accepting: bool,
     accept_resume_at: Option<Instant>,
     drain_deadline: Option<Instant>,
+    balance: Option<WorkerBalance>,
+    /// Connections accepted whose first request is not answered yet.
+    unserved: usize,
+    /// With the balancer on: connections the backend may still accept before it stops.
+    budget_left: usize,
 }
 
 impl<S: Service, B: Backend> Worker<S, B> {
     /// A worker over `backend`.
     pub fn new(setup: WorkerSetup<S>, backend: B) -> Self {
+        let balance = setup
+            .balance
+            .clone()
+            .map(|shared| WorkerBalance::new(shared, setup.index));
         Worker {
+            balance,
+            unserved: 0,
+            budget_left: 0,
             setup,
             backend,
             conns: Vec::new(),
@@ -106,6 +123,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
             }
             self.expire_idle(now);
             self.maybe_resume_accept(now);
+            self.balance_turn(now);
         }
         self.backend.submit().map(|_| ())
     }
@@ -115,17 +133,49 @@ impl<S: Service, B: Backend> Worker<S, B> {
             return;
         }
         self.accepting = on;
+        if on {
+            self.grant_accepts();
+            return;
+        }
         for (i, &fd) in self.setup.listeners.iter().enumerate() {
-            let listener = i as u32;
-            self.backend.push(if on {
-                Op::Accept {
-                    listener,
-                    fd,
-                    exclusive: self.setup.shared_listeners,
-                }
-            } else {
-                Op::AcceptPause { listener, fd }
+            self.backend.push(Op::AcceptPause {
+                listener: i as u32,
+                fd,
             });
+        }
+    }
+
+    /// (Re)arms accepting. With the balancer on, each listener may accept only as many
+    /// connections as the worker can take up (`unserved_max` minus those waiting for their
+    /// first answer): the rest wait in the kernel queue, where busy detection sees them and
+    /// idle workers steal them (Affinity-Accept accepts only when it can serve).
+    fn grant_accepts(&mut self) {
+        let budget = self.balance.is_some().then(|| {
+            self.setup
+                .limits
+                .unserved_max
+                .saturating_sub(self.unserved)
+                .max(1)
+        });
+        self.budget_left = budget.unwrap_or(usize::MAX);
+        for (i, &fd) in self.setup.listeners.iter().enumerate() {
+            self.backend.push(Op::Accept {
+                listener: i as u32,
+                fd,
+                exclusive: self.setup.shared_listeners,
+                budget: budget.map(|b| b.min(u32::MAX as usize) as u32),
+            });
+        }
+    }
+
+    /// A connection stopped waiting for its first answer; top the accept budget up when low.
+    fn served_one(&mut self) {
+        self.unserved = self.unserved.saturating_sub(1);
+        if self.balance.is_some()
+            && self.accepting
+            && self.budget_left < self.setup.limits.unserved_max / 4
+        {
+            self.grant_accepts();
         }
     }
 
@@ -185,11 +235,19 @@ impl<S: Service, B: Backend> Worker<S, B> {
     fn handle(&mut self, completion: Completion, now: Instant) {
         match completion {
             Completion::Accepted {
+                origin,
                 conn,
                 peer,
                 incoming_cpu,
-                ..
-            } => self.on_accepted(conn, peer, incoming_cpu, now),
+            } => self.on_accepted(origin, conn, peer, incoming_cpu, now),
+            Completion::StealFailed { victim, error } => {
+                if error.kind() != std::io::ErrorKind::WouldBlock {
+                    self.setup.stats.error(ErrorKind::Accept);
+                }
+                if let Some(b) = self.balance.as_mut() {
+                    b.steal_missed(victim as usize);
+                }
+            }
             Completion::AcceptFailed { .. } => {
                 self.setup.stats.error(ErrorKind::Accept);
                 self.set_accepting(false);
@@ -215,13 +273,24 @@ impl<S: Service, B: Backend> Worker<S, B> {
 
     fn on_accepted(
         &mut self,
+        origin: Origin,
         conn: ConnId,
         peer: Option<std::net::SocketAddr>,
         incoming_cpu: Option<usize>,
         now: Instant,
     ) {
         let local = incoming_cpu == Some(self.setup.cpu);
-        self.setup.stats.accepted(local, false);
+        let stolen = matches!(origin, Origin::Stolen(_));
+        self.setup.stats.accepted(local, stolen);
+        if let Some(b) = self.balance.as_mut() {
+            match origin {
+                Origin::Local(_) => {
+                    b.accepted_local();
+                    self.budget_left = self.budget_left.saturating_sub(1);
+                }
+                Origin::Stolen(victim) => b.stole(victim as usize),
+            }
+        }
         let info = ConnInfo {
             worker: self.setup.index,
             peer,
@@ -248,7 +317,9 @@ impl<S: Service, B: Backend> Worker<S, B> {
             closing: None,
             close_sent: false,
             last_active: now,
+            served: false,
         });
+        self.unserved += 1;
         self.open += 1;
         self.idle.push_back((
             now + self.setup.limits.idle_timeout,
@@ -275,8 +346,12 @@ impl<S: Service, B: Backend> Worker<S, B> {
         conn.last_active = now;
         conn.input
             .extend_from_slice(self.backend.recv_data(buf, len));
-        let verdict = process(conn, &self.setup, now);
-        if verdict.is_none() && conn.input.len() >= self.setup.limits.input_bytes_max {
+        let (verdict, answered) = process(conn, &self.setup, now);
+        let stuck = verdict.is_none() && conn.input.len() >= self.setup.limits.input_bytes_max;
+        if answered {
+            self.served_one();
+        }
+        if stuck {
             // The buffer is full and the handler still cannot make progress.
             self.setup.stats.error(ErrorKind::TooLarge);
             self.begin_close(id, CloseReason::TooLarge);
@@ -349,7 +424,10 @@ impl<S: Service, B: Backend> Worker<S, B> {
                 self.backend.push(Op::Recv { conn: id });
             }
             if conn.closing.is_none() && !conn.input.is_empty() {
-                let verdict = process(conn, &self.setup, now);
+                let (verdict, answered) = process(conn, &self.setup, now);
+                if answered {
+                    self.served_one();
+                }
                 self.after_process(id, verdict);
                 return;
             }
@@ -358,11 +436,13 @@ impl<S: Service, B: Backend> Worker<S, B> {
     }
 
     fn on_closed(&mut self, id: ConnId) {
-        if let Some(slot) = self.conns.get_mut(id as usize) {
-            if slot.take().is_some() {
-                self.open -= 1;
-                self.setup.stats.closed();
-            }
+        let Some(conn) = self.conns.get_mut(id as usize).and_then(Option::take) else {
+            return;
+        };
+        self.open -= 1;
+        self.setup.stats.closed();
+        if !conn.served {
+            self.served_one();
         }
         if !self.accepting
             && self.drain_deadline.is_none()
@@ -474,6 +554,32 @@ impl<S: Service, B: Backend> Worker<S, B> {
         }
     }
 
+    /// Samples the queue, steals and migrates (see [`super::balance`]). Not while draining.
+    fn balance_turn(&mut self, now: Instant) {
+        if self.drain_deadline.is_some() {
+            return;
+        }
+        let Some(b) = self.balance.as_mut() else {
+            return;
+        };
+        if let Some(gauge) = b.sample(now) {
+            self.setup.stats.queue(gauge.len, gauge.cap, gauge.busy);
+        }
+        let room = self.unserved < self.setup.limits.unserved_max
+            && self.open < self.setup.limits.conns_per_worker_max;
+        if self.accepting && room {
+            if let Some(order) = b.steal_order() {
+                self.backend.push(Op::Steal {
+                    victim: order.victim as u32,
+                    fd: order.fd,
+                });
+            }
+        }
+        if b.migrate(now).is_some() {
+            self.setup.stats.migrated_in();
+        }
+    }
+
     fn recycle(&mut self, mut buf: Vec<u8>) {
         if self.spare_bufs.len() < SPARE_BUFS_MAX && buf.capacity() <= 1 << 20 {
             buf.clear();
@@ -488,9 +594,10 @@ fn process<S: Service>(
     conn: &mut Conn<S::Conn>,
     setup: &WorkerSetup<S>,
     now: Instant,
-) -> Option<CloseReason> {
+) -> (Option<CloseReason>, bool) {
     let mut offset = 0;
     let mut verdict = None;
+    let first_answer = !conn.served;
     for _ in 0..HANDLER_ROUNDS_MAX {
         if offset == conn.input.len() {
             break;
@@ -504,6 +611,9 @@ fn process<S: Service>(
         );
         offset += step.consumed;
         setup.stats.requests(step.requests as u64);
+        if step.requests > 0 {
+            conn.served = true;
+        }
         if let Next::Close(reason) = step.next {
             verdict = Some(reason);
             break;
@@ -513,5 +623,5 @@ fn process<S: Service>(
         }
     }
     conn.input.drain(..offset);
-    verdict
+    (verdict, first_answer && conn.served)
 }

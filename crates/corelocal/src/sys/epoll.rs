@@ -6,7 +6,7 @@
 //! in a fixed pool of buffers; when the pool is empty, reading waits (level-triggered epoll
 //! reports the socket again) until the worker releases buffers.
 
-use crate::runtime::backend::{Backend, BufId, Completion, ConnId, Op, Wake};
+use crate::runtime::backend::{Backend, BufId, Completion, ConnId, Op, Origin, Wake};
 use crate::runtime::handler::FileRegion;
 use crate::sys::socket;
 use std::collections::VecDeque;
@@ -40,6 +40,14 @@ pub struct PoolConfig {
 enum PendingSend {
     Bytes { buf: Vec<u8>, sent: usize },
     File { region: FileRegion, sent: u64 },
+}
+
+#[derive(Debug, Clone, Copy)]
+struct ListenerIo {
+    fd: RawFd,
+    events: u32,
+    registered: bool,
+    budget: Option<u32>,
 }
 
 #[derive(Debug)]
@@ -80,7 +88,7 @@ pub struct EpollBackend {
     queued: Vec<Op>,
     ready: VecDeque<Completion>,
     events: Vec<libc::epoll_event>,
-    listeners: Vec<Option<RawFd>>,
+    listeners: Vec<Option<ListenerIo>>,
     conns: Vec<Option<ConnIo>>,
     pool: Vec<u8>,
     pool_free: Vec<BufId>,
@@ -174,28 +182,37 @@ impl EpollBackend {
                 listener,
                 fd,
                 exclusive,
+                budget,
             } => {
                 let slot = listener as usize;
                 if self.listeners.len() <= slot {
                     self.listeners.resize(slot + 1, None);
                 }
-                if self.listeners[slot].replace(fd).is_none() {
-                    let mut events = libc::EPOLLIN as u32;
-                    if exclusive {
-                        events |= libc::EPOLLEXCLUSIVE as u32;
-                    }
-                    self.ctl(
-                        libc::EPOLL_CTL_ADD,
-                        fd,
-                        events,
-                        TOKEN_LISTENER | listener as u64,
-                    )?;
+                let mut events = libc::EPOLLIN as u32;
+                if exclusive {
+                    events |= libc::EPOLLEXCLUSIVE as u32;
+                }
+                let state = self.listeners[slot].get_or_insert(ListenerIo {
+                    fd,
+                    events,
+                    registered: false,
+                    budget,
+                });
+                state.budget = budget;
+                self.sync_listener(listener)?;
+            }
+            Op::Steal { victim, fd } => {
+                if let Err(error) = self.accept_one(fd, Origin::Stolen(victim)) {
+                    self.ready
+                        .push_back(Completion::StealFailed { victim, error });
                 }
             }
-            Op::AcceptPause { listener, fd } => {
-                if let Some(slot) = self.listeners.get_mut(listener as usize) {
-                    if slot.take().is_some() {
-                        self.ctl(libc::EPOLL_CTL_DEL, fd, 0, 0)?;
+            Op::AcceptPause { listener, .. } => {
+                if let Some(state) = self.listeners.get_mut(listener as usize) {
+                    if let Some(l) = state.take() {
+                        if l.registered {
+                            self.ctl(libc::EPOLL_CTL_DEL, l.fd, 0, 0)?;
+                        }
                     }
                 }
             }
@@ -256,40 +273,78 @@ impl EpollBackend {
         self.update_interest(conn)
     }
 
-    fn accept_batch(&mut self, listener: u32) {
-        let Some(Some(fd)) = self.listeners.get(listener as usize).copied() else {
-            return;
+    /// Registers the listener in epoll while it has budget left, removes it when spent.
+    fn sync_listener(&mut self, listener: u32) -> io::Result<()> {
+        let Some(Some(l)) = self.listeners.get(listener as usize).copied() else {
+            return Ok(());
         };
-        for _ in 0..ACCEPT_BATCH_MAX {
-            match crate::listen::accept(fd) {
-                Ok(a) => {
-                    let conn = a.fd.as_raw_fd() as ConnId;
-                    let slot = conn as usize;
-                    if self.conns.len() <= slot {
-                        self.conns.resize_with(slot + 1, || None);
-                    }
-                    self.conns[slot] = Some(ConnIo {
-                        fd: a.fd,
-                        recv_on: false,
-                        registered: false,
-                        interest: 0,
-                        pending: None,
-                    });
-                    self.ready.push_back(Completion::Accepted {
-                        listener,
-                        conn,
-                        peer: a.peer,
-                        incoming_cpu: a.incoming_cpu,
-                    });
-                }
-                Err(e) if would_block(&e) => return,
+        let want = l.budget != Some(0);
+        if want != l.registered {
+            let (op, events) = if want {
+                (libc::EPOLL_CTL_ADD, l.events)
+            } else {
+                (libc::EPOLL_CTL_DEL, 0)
+            };
+            self.ctl(op, l.fd, events, TOKEN_LISTENER | listener as u64)?;
+            if let Some(Some(state)) = self.listeners.get_mut(listener as usize) {
+                state.registered = want;
+            }
+        }
+        Ok(())
+    }
+
+    fn accept_batch(&mut self, listener: u32) -> io::Result<()> {
+        let Some(Some(l)) = self.listeners.get(listener as usize).copied() else {
+            return Ok(());
+        };
+        let limit = l
+            .budget
+            .map_or(ACCEPT_BATCH_MAX, |b| (b as usize).min(ACCEPT_BATCH_MAX));
+        let mut accepted = 0;
+        let mut failure = None;
+        while accepted < limit {
+            match self.accept_one(l.fd, Origin::Local(listener)) {
+                Ok(()) => accepted += 1,
+                Err(e) if would_block(&e) => break,
                 Err(error) => {
-                    self.ready
-                        .push_back(Completion::AcceptFailed { listener, error });
-                    return;
+                    failure = Some(error);
+                    break;
                 }
             }
         }
+        if let Some(error) = failure {
+            self.ready
+                .push_back(Completion::AcceptFailed { listener, error });
+        }
+        if let Some(Some(state)) = self.listeners.get_mut(listener as usize) {
+            if let Some(b) = state.budget.as_mut() {
+                *b -= accepted as u32;
+            }
+        }
+        self.sync_listener(listener)
+    }
+
+    fn accept_one(&mut self, fd: RawFd, origin: Origin) -> io::Result<()> {
+        let a = crate::listen::accept(fd)?;
+        let conn = a.fd.as_raw_fd() as ConnId;
+        let slot = conn as usize;
+        if self.conns.len() <= slot {
+            self.conns.resize_with(slot + 1, || None);
+        }
+        self.conns[slot] = Some(ConnIo {
+            fd: a.fd,
+            recv_on: false,
+            registered: false,
+            interest: 0,
+            pending: None,
+        });
+        self.ready.push_back(Completion::Accepted {
+            origin,
+            conn,
+            peer: a.peer,
+            incoming_cpu: a.incoming_cpu,
+        });
+        Ok(())
     }
 
     fn read_once(&mut self, conn: ConnId) -> io::Result<()> {
@@ -350,7 +405,7 @@ impl EpollBackend {
         let id = (token & TOKEN_ID_MASK) as u32;
         match token & !TOKEN_ID_MASK {
             TOKEN_WAKER => self.drain_waker(),
-            TOKEN_LISTENER => self.accept_batch(id),
+            TOKEN_LISTENER => self.accept_batch(id)?,
             _ => {
                 if events & libc::EPOLLOUT as u32 != 0 || events & libc::EPOLLERR as u32 != 0 {
                     self.continue_send(id)?;

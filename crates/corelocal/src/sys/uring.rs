@@ -12,7 +12,9 @@
 //! buffers (ENOBUFS) is re-armed once buffers come back; completions of a closed connection's
 //! requests are recognised by a per-slot generation in `user_data` and dropped.
 
-use crate::runtime::backend::{Backend, BackendEvents, BufId, Completion, ConnId, Op, Wake};
+use crate::runtime::backend::{
+    Backend, BackendEvents, BufId, Completion, ConnId, Op, Origin, Wake,
+};
 use crate::runtime::handler::FileRegion;
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
 use std::alloc::{alloc_zeroed, dealloc, Layout};
@@ -30,6 +32,12 @@ const KIND_CLOSE: u64 = 4;
 const KIND_CANCEL: u64 = 5;
 const KIND_WAKE: u64 = 6;
 const KIND_SOCKOPT: u64 = 7;
+const KIND_STEAL: u64 = 8;
+const KIND_ACCEPT_ONE: u64 = 9;
+/// One-shot accepts kept in flight per listener when accepting with a budget.
+const ONESHOT_INFLIGHT_MAX: u32 = 4;
+/// `IORING_ACCEPT_DONTWAIT`: fail with EAGAIN instead of waiting for a connection.
+const IORING_ACCEPT_DONTWAIT: u16 = 2;
 /// The provided-buffer group id used for receives.
 const BUF_GROUP: u16 = 0;
 /// Bytes of a file region read per send on this backend (no sendfile here; see `SendFile`).
@@ -78,10 +86,21 @@ struct SendState {
 #[derive(Debug)]
 struct Slot {
     generation: u32,
-    listener: u32,
+    origin: Origin,
     recv: RecvState,
     send: Option<SendState>,
     closing: bool,
+}
+
+/// How a listener is being accepted from: multishot (no budget) or up to `remaining` more
+/// connections through at most [`ONESHOT_INFLIGHT_MAX`] one-shot accepts.
+#[derive(Debug, Clone, Copy)]
+struct ListenerState {
+    fd: RawFd,
+    active: bool,
+    multishot: bool,
+    remaining: Option<u32>,
+    inflight: u32,
 }
 
 /// The page-aligned buffer ring shared with the kernel, plus the buffers themselves.
@@ -192,7 +211,7 @@ pub struct UringBackend {
     cpu_vals: Box<[i32]>,
     /// Accepted connections waiting for their getsockopt: (slot, listener).
     slots: Vec<Slot>,
-    listeners: Vec<Option<RawFd>>,
+    listeners: Vec<Option<ListenerState>>,
     ready: VecDeque<Completion>,
     /// Send buffers of closed connections, kept until the kernel is done with them.
     graveyard: Vec<(u64, Vec<u8>)>,
@@ -252,7 +271,7 @@ impl UringBackend {
             slots: (0..config.files)
                 .map(|_| Slot {
                     generation: 0,
-                    listener: 0,
+                    origin: Origin::Local(0),
                     recv: RecvState::Off,
                     send: None,
                     closing: false,
@@ -298,6 +317,78 @@ impl UringBackend {
             .build()
             .user_data(user_data(KIND_ACCEPT, 0, listener));
         self.sqe(entry);
+    }
+
+    fn start_accepting(&mut self, listener: u32, fd: RawFd, budget: Option<u32>) {
+        let slot = listener as usize;
+        if self.listeners.len() <= slot {
+            self.listeners.resize(slot + 1, None);
+        }
+        let state = self.listeners[slot].get_or_insert(ListenerState {
+            fd,
+            active: false,
+            multishot: false,
+            remaining: None,
+            inflight: 0,
+        });
+        state.active = true;
+        state.remaining = budget;
+        if budget.is_none() && !state.multishot {
+            state.multishot = true;
+            self.arm_accept(listener, fd);
+        }
+        self.top_up_accepts(listener);
+    }
+
+    /// Keeps min(remaining, ONESHOT_INFLIGHT_MAX) one-shot accepts in flight.
+    fn top_up_accepts(&mut self, listener: u32) {
+        let Some(Some(state)) = self.listeners.get(listener as usize).copied() else {
+            return;
+        };
+        let Some(remaining) = state.remaining.filter(|_| state.active) else {
+            return;
+        };
+        let want = remaining.min(ONESHOT_INFLIGHT_MAX);
+        for _ in state.inflight..want {
+            let entry = opcode::Accept::new(
+                types::Fd(state.fd),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            )
+            .file_index(Some(types::DestinationSlot::auto_target()))
+            .build()
+            .user_data(user_data(KIND_ACCEPT_ONE, 0, listener));
+            self.sqe(entry);
+        }
+        if let Some(Some(s)) = self.listeners.get_mut(listener as usize) {
+            s.inflight = s.inflight.max(want);
+        }
+    }
+
+    fn stop_accepting(&mut self, listener: u32) {
+        let Some(Some(state)) = self.listeners.get_mut(listener as usize) else {
+            return;
+        };
+        if !state.active {
+            return;
+        }
+        state.active = false;
+        let (multishot, inflight) = (state.multishot, state.inflight);
+        if multishot {
+            self.cancel(user_data(KIND_ACCEPT, 0, listener));
+        }
+        for _ in 0..inflight {
+            self.cancel(user_data(KIND_ACCEPT_ONE, 0, listener));
+        }
+    }
+
+    /// One accept on another worker's listener into our table; EAGAIN if nothing waits.
+    fn steal(&mut self, victim: u32, fd: RawFd) {
+        let entry = opcode::Accept::new(types::Fd(fd), std::ptr::null_mut(), std::ptr::null_mut())
+            .file_index(Some(types::DestinationSlot::auto_target()))
+            .build()
+            .user_data(user_data(KIND_STEAL, 0, victim));
+        self.sqe(with_ioprio(entry, IORING_ACCEPT_DONTWAIT));
     }
 
     fn arm_recv(&mut self, conn: ConnId) {
@@ -352,22 +443,14 @@ impl UringBackend {
 
     fn run(&mut self, op: Op) {
         match op {
-            Op::Accept { listener, fd, .. } => {
-                let slot = listener as usize;
-                if self.listeners.len() <= slot {
-                    self.listeners.resize(slot + 1, None);
-                }
-                if self.listeners[slot].replace(fd).is_none() {
-                    self.arm_accept(listener, fd);
-                }
-            }
-            Op::AcceptPause { listener, .. } => {
-                if let Some(slot) = self.listeners.get_mut(listener as usize) {
-                    if slot.take().is_some() {
-                        self.cancel(user_data(KIND_ACCEPT, 0, listener));
-                    }
-                }
-            }
+            Op::Accept {
+                listener,
+                fd,
+                budget,
+                ..
+            } => self.start_accepting(listener, fd, budget),
+            Op::Steal { victim, fd } => self.steal(victim, fd),
+            Op::AcceptPause { listener, .. } => self.stop_accepting(listener),
             Op::Recv { conn } => {
                 if self.slots[conn as usize].recv != RecvState::Armed {
                     self.arm_recv(conn);
@@ -471,6 +554,8 @@ impl UringBackend {
         match kind {
             KIND_WAKE => self.arm_waker(),
             KIND_ACCEPT => self.on_accept(id, res, flags),
+            KIND_ACCEPT_ONE => self.on_accept_one(id, res),
+            KIND_STEAL => self.on_steal(id, res),
             KIND_CANCEL => {}
             _ => {
                 let Some(slot) = self.slots.get(id as usize) else {
@@ -496,18 +581,37 @@ impl UringBackend {
         }
     }
 
-    fn on_accept(&mut self, listener: u32, res: i32, flags: u32) {
-        let active = self.listeners.get(listener as usize).copied().flatten();
+    fn on_accept_one(&mut self, listener: u32, res: i32) {
+        let Some(Some(state)) = self.listeners.get_mut(listener as usize) else {
+            return;
+        };
+        state.inflight = state.inflight.saturating_sub(1);
         if res >= 0 {
-            let conn = res as u32;
-            let slot = &mut self.slots[conn as usize];
-            slot.generation = slot.generation.wrapping_add(1);
-            slot.listener = listener;
-            slot.recv = RecvState::Off;
-            slot.send = None;
-            slot.closing = false;
-            self.cpu_vals[conn as usize] = -1;
-            self.query_incoming_cpu(conn);
+            if let Some(r) = state.remaining.as_mut() {
+                *r = r.saturating_sub(1);
+            }
+            self.new_conn(res as u32, Origin::Local(listener));
+        } else if res != -libc::ECANCELED {
+            self.ready.push_back(Completion::AcceptFailed {
+                listener,
+                error: io::Error::from_raw_os_error(-res),
+            });
+        }
+        self.top_up_accepts(listener);
+    }
+
+    fn on_accept(&mut self, listener: u32, res: i32, flags: u32) {
+        let state = self.listeners.get(listener as usize).copied().flatten();
+        let active = state
+            .filter(|s| s.active && s.remaining.is_none())
+            .map(|s| s.fd);
+        if !cqueue::more(flags) {
+            if let Some(Some(s)) = self.listeners.get_mut(listener as usize) {
+                s.multishot = false;
+            }
+        }
+        if res >= 0 {
+            self.new_conn(res as u32, Origin::Local(listener));
         } else if res != -libc::ECANCELED {
             self.ready.push_back(Completion::AcceptFailed {
                 listener,
@@ -518,16 +622,42 @@ impl UringBackend {
             if let Some(fd) = active {
                 if res != -libc::ECANCELED {
                     self.events.rearms += 1;
+                    if let Some(Some(s)) = self.listeners.get_mut(listener as usize) {
+                        s.multishot = true;
+                    }
                     self.arm_accept(listener, fd);
                 }
             }
         }
     }
 
+    /// A new direct descriptor: reset its slot and ask for its SO_INCOMING_CPU.
+    fn new_conn(&mut self, conn: ConnId, origin: Origin) {
+        let slot = &mut self.slots[conn as usize];
+        slot.generation = slot.generation.wrapping_add(1);
+        slot.origin = origin;
+        slot.recv = RecvState::Off;
+        slot.send = None;
+        slot.closing = false;
+        self.cpu_vals[conn as usize] = -1;
+        self.query_incoming_cpu(conn);
+    }
+
+    fn on_steal(&mut self, victim: u32, res: i32) {
+        if res >= 0 {
+            self.new_conn(res as u32, Origin::Stolen(victim));
+        } else {
+            self.ready.push_back(Completion::StealFailed {
+                victim,
+                error: io::Error::from_raw_os_error(-res),
+            });
+        }
+    }
+
     fn on_sockopt(&mut self, conn: ConnId, res: i32) {
         let cpu = self.cpu_vals[conn as usize];
         self.ready.push_back(Completion::Accepted {
-            listener: self.slots[conn as usize].listener,
+            origin: self.slots[conn as usize].origin,
             conn,
             peer: None,
             incoming_cpu: (res >= 0 && cpu >= 0).then_some(cpu as usize),
@@ -639,6 +769,17 @@ fn as_getsockopt(entry: squeue::Entry) -> squeue::Entry {
     unsafe {
         let mut raw: [u8; 64] = std::mem::transmute(entry);
         raw[8..12].copy_from_slice(&SOCKET_URING_OP_GETSOCKOPT.to_ne_bytes());
+        std::mem::transmute::<[u8; 64], squeue::Entry>(raw)
+    }
+}
+
+/// Sets an accept SQE's `ioprio` flags (the crate's one-shot Accept builder has no setter).
+fn with_ioprio(entry: squeue::Entry, ioprio: u16) -> squeue::Entry {
+    // SAFETY: squeue::Entry is #[repr(C)] around the 64-byte kernel io_uring_sqe; `ioprio`
+    // (u16) sits at byte offset 2 in the kernel ABI. Only that field changes.
+    unsafe {
+        let mut raw: [u8; 64] = std::mem::transmute(entry);
+        raw[2..4].copy_from_slice(&ioprio.to_ne_bytes());
         std::mem::transmute::<[u8; 64], squeue::Entry>(raw)
     }
 }

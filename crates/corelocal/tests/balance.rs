@@ -1,0 +1,183 @@
+//! The balancer in the runtime: a slow worker's queue fills, it turns busy, the other worker
+//! steals its connections (and, with eBPF steering, moves flow groups to itself).
+//!
+//! Worker 0 is made slow by its handler (2 ms of spinning per request, like a CPU hog sharing
+//! its core); every client connects from CPU 0, so `local` mode queues everything on worker 0.
+
+use corelocal::balance::BalanceConfig;
+use corelocal::cpu::{current_affinity, pin_current_thread, CpuSet};
+use corelocal::listen::{Mode, Steering};
+use corelocal::runtime::{
+    BackendKind, CloseReason, ConnInfo, Handler, Output, Server, ServerConfig, Service, Snapshot,
+    Step,
+};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const CONNS_PER_ROUND: usize = 45;
+const SLOW_WORKER_SPIN: Duration = Duration::from_millis(2);
+
+struct SlowZero;
+struct SlowZeroConn {
+    slow: bool,
+}
+
+impl Handler for SlowZeroConn {
+    fn on_input(&mut self, input: &[u8], out: &mut Output, _now: Instant) -> Step {
+        if self.slow {
+            let t = Instant::now();
+            while t.elapsed() < SLOW_WORKER_SPIN {
+                std::hint::spin_loop();
+            }
+        }
+        out.write(b"ok\n");
+        Step::close(input.len(), 1, CloseReason::Done)
+    }
+}
+
+impl Service for SlowZero {
+    type Conn = SlowZeroConn;
+    fn name(&self) -> &'static str {
+        "slow-zero"
+    }
+    fn connect(&self, info: &ConnInfo) -> SlowZeroConn {
+        SlowZeroConn {
+            slow: info.worker == 0,
+        }
+    }
+}
+
+fn two_cpus() -> Option<CpuSet> {
+    let cpus: CpuSet = current_affinity().unwrap().iter().take(2).collect();
+    (cpus.len() == 2).then_some(cpus)
+}
+
+fn start(cpus: &CpuSet, steering: Steering, backend: BackendKind, balance: bool) -> Server {
+    let mut config = ServerConfig::new(vec!["127.0.0.1:0".parse().unwrap()], cpus, Mode::Local);
+    // Few flow groups, so that the groups moved during a short test carry many connections.
+    config.listen.flow_groups = 16;
+    config.listen.steering = Some(steering);
+    config.listen.backlog_total = 64;
+    config.limits.unserved_max = 16;
+    config.backend = backend;
+    if balance {
+        let mut b = BalanceConfig::new(2);
+        b.migrate_interval_ns = 20_000_000;
+        config.balance = Some(b);
+    }
+    Server::start(config, Arc::new(SlowZero)).unwrap()
+}
+
+/// Rounds of 45 connections opened back to back from CPU 0 (the slow worker keeps 16, the
+/// rest wait in its 33-deep queue, above the 75% busy mark), then all answered.
+fn load(addr: SocketAddr, cpu: usize, rounds: usize) {
+    load_checked(addr, cpu, rounds, None)
+}
+
+fn load_checked(addr: SocketAddr, cpu: usize, rounds: usize, server: Option<&Server>) {
+    let t = std::thread::spawn(move || {
+        pin_current_thread(&CpuSet::single(cpu)).unwrap();
+        for _ in 0..rounds {
+            // Each client sends its request right after connecting, then all wait.
+            let conns: Vec<TcpStream> = (0..CONNS_PER_ROUND)
+                .map(|_| {
+                    let mut c = TcpStream::connect(addr).unwrap();
+                    c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+                    c.write_all(b"x").unwrap();
+                    c
+                })
+                .collect();
+            for mut c in conns {
+                let mut v = Vec::new();
+                c.read_to_end(&mut v).unwrap();
+                assert_eq!(v, b"ok\n");
+            }
+        }
+    });
+    let r = t.join();
+    if r.is_err() {
+        if let Some(s) = server {
+            eprintln!("server stats: {:#?}", s.stats());
+        }
+        panic!("client failed");
+    }
+}
+
+fn finish(server: Server) -> Snapshot {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while server.stats().total.open > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let stats = server.stats();
+    server.stop();
+    server.join().unwrap();
+    stats
+}
+
+fn steals(backend: BackendKind, steering: Steering) {
+    let Some(cpus) = two_cpus() else {
+        eprintln!("skipping: needs 2 CPUs");
+        return;
+    };
+    let first = cpus.iter().next().unwrap();
+    let server = start(&cpus, steering, backend, true);
+    load_checked(server.local_addrs()[0], first, 4, Some(&server));
+    let stats = finish(server);
+    assert_eq!(
+        stats.total.requests,
+        4 * CONNS_PER_ROUND as u64,
+        "{stats:?}"
+    );
+    let w1 = &stats.workers[1];
+    assert!(w1.stolen > 10, "worker 1 stole too little: {stats:?}");
+    assert_eq!(
+        stats.workers[0].stolen, 0,
+        "the busy worker stole: {stats:?}"
+    );
+}
+
+#[test]
+fn without_the_balancer_the_idle_worker_gets_nothing() {
+    let Some(cpus) = two_cpus() else { return };
+    let first = cpus.iter().next().unwrap();
+    let server = start(&cpus, Steering::IncomingCpu, BackendKind::Epoll, false);
+    load(server.local_addrs()[0], first, 1);
+    let stats = finish(server);
+    assert_eq!(stats.workers[1].accepted, 0, "{stats:?}");
+    assert_eq!(
+        stats.workers[0].accepted, CONNS_PER_ROUND as u64,
+        "{stats:?}"
+    );
+}
+
+#[test]
+fn an_idle_worker_steals_from_a_busy_one_epoll() {
+    steals(BackendKind::Epoll, Steering::IncomingCpu);
+}
+
+#[test]
+fn an_idle_worker_steals_from_a_busy_one_uring() {
+    steals(BackendKind::Uring, Steering::IncomingCpu);
+}
+
+#[test]
+fn flow_groups_migrate_to_the_stealer_with_ebpf() {
+    if !corelocal::testing::root_or_skip("flow_groups_migrate_to_the_stealer_with_ebpf") {
+        return;
+    }
+    let Some(cpus) = two_cpus() else { return };
+    let first = cpus.iter().next().unwrap();
+    let server = start(&cpus, Steering::Ebpf, BackendKind::Uring, true);
+    load(server.local_addrs()[0], first, 8);
+    let stats = finish(server);
+    let w1 = &stats.workers[1];
+    assert!(w1.migrated_in > 0, "no flow group moved: {stats:?}");
+    // Connections of migrated groups now arrive on worker 1's own listener although their SYN
+    // was processed on CPU 0: accepted there, not stolen, not local.
+    assert!(
+        w1.accepted > w1.stolen + w1.accepted_local,
+        "no connection arrived through a moved group: {stats:?}"
+    );
+}
