@@ -6,6 +6,8 @@ use corelocal::cpu::{current_affinity, CpuSet};
 use corelocal::listen::{Mode, Steering};
 use corelocal::runtime::{BackendKind, Server, ServerConfig, Service, Snapshot};
 use corelocal::sys::signal;
+use corelocal_apps::http::{AccessLog, HttpConfig, HttpService};
+use corelocal_apps::kv::{KvConfig, KvService};
 use corelocal_apps::rpc::{RpcConfig, RpcService};
 use std::io::Write;
 use std::net::SocketAddr;
@@ -31,13 +33,60 @@ enum App {
     ///   corelocal serve rpc --req-size 64 --resp-size 1024 --stats-interval 1s --json
     #[command(verbatim_doc_comment)]
     Rpc(RpcArgs),
+    /// Static HTTP/1.1 file server (GET/HEAD, keep-alive, pipelining, 304, Range).
+    ///
+    /// Without --root it serves a built-in site: the Affinity-Accept paper's file set
+    /// (30,000 files, 30 B..5,670 B, generated in memory) with an index page.
+    ///
+    /// Examples:
+    ///   corelocal serve http
+    ///   corelocal serve http --listen 0.0.0.0:8080 --root /var/www --cpus 0-3
+    ///   curl -s http://127.0.0.1:8080/files/00/00000.txt
+    #[command(verbatim_doc_comment)]
+    Http(HttpArgs),
+    /// memcached text-protocol server (get/gets/set/add/replace/append/prepend/cas/delete/
+    /// incr/decr/touch/flush_all/stats), with LRU eviction under a memory cap.
+    ///
+    /// Examples:
+    ///   corelocal serve kv
+    ///   corelocal serve kv --listen 127.0.0.1:11211 --memory-mb 256 --item-max 1048576
+    #[command(verbatim_doc_comment)]
+    Kv(KvArgs),
+}
+
+#[derive(Debug, Args)]
+struct HttpArgs {
+    #[command(flatten)]
+    common: CommonArgs,
+    /// Directory to serve (default: the built-in paper file set).
+    #[arg(long)]
+    root: Option<PathBuf>,
+    /// In-memory cache of small files, in MiB.
+    #[arg(long, default_value_t = 64)]
+    cache_mb: u64,
+    /// Access log: off, stderr, or a file path.
+    #[arg(long, default_value = "off")]
+    access_log: String,
+}
+
+#[derive(Debug, Args)]
+struct KvArgs {
+    #[command(flatten)]
+    common: CommonArgs,
+    /// Memory for items, in MiB (memcached -m).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=1_048_576))]
+    memory_mb: u64,
+    /// Largest item in bytes (memcached -I).
+    #[arg(long, default_value_t = 1_048_576, value_parser = clap::value_parser!(u64).range(1024..=1_073_741_824))]
+    item_max: u64,
 }
 
 /// Options every server shares.
 #[derive(Debug, Args)]
 pub struct CommonArgs {
-    /// Address to listen on (repeat for several, e.g. IPv4 and IPv6).
-    #[arg(long = "listen", default_value = "127.0.0.1:7000")]
+    /// Address to listen on (repeat for several, e.g. IPv4 and IPv6); default per server:
+    /// rpc 127.0.0.1:7000, http 127.0.0.1:8080, kv 127.0.0.1:11211.
+    #[arg(long = "listen")]
     listen: Vec<SocketAddr>,
     /// CPUs to run one worker each on (cpulist like 0-3,8); default: all CPUs allowed.
     #[arg(long, value_parser = parse_cpus)]
@@ -125,7 +174,38 @@ fn parse_cpus(text: &str) -> Result<CpuSet, String> {
 /// Runs `corelocal serve`.
 pub fn run(cmd: Command) -> ExitCode {
     match cmd.app {
-        App::Rpc(args) => {
+        App::Http(mut args) => {
+            default_listen(&mut args.common, "127.0.0.1:8080");
+            let access_log = match args.access_log.as_str() {
+                "off" => AccessLog::Off,
+                "stderr" => AccessLog::Stderr,
+                path => AccessLog::File(PathBuf::from(path)),
+            };
+            let config = HttpConfig {
+                root: args.root,
+                cache_bytes_max: args.cache_mb.saturating_mul(1 << 20),
+                access_log,
+                ..HttpConfig::default()
+            };
+            match HttpService::new(config) {
+                Ok(service) => serve(&args.common, Arc::new(service)),
+                Err(e) => fail(&format!("http: {e}")),
+            }
+        }
+        App::Kv(mut args) => {
+            default_listen(&mut args.common, "127.0.0.1:11211");
+            let config = KvConfig {
+                memory_bytes_max: args.memory_mb << 20,
+                item_bytes_max: args.item_max,
+                ..KvConfig::default()
+            };
+            match KvService::new(config) {
+                Ok(service) => serve(&args.common, Arc::new(service)),
+                Err(e) => fail(&format!("kv: {e}")),
+            }
+        }
+        App::Rpc(mut args) => {
+            default_listen(&mut args.common, "127.0.0.1:7000");
             let config = RpcConfig {
                 request_bytes: args.req_size as usize,
                 response_bytes: args.resp_size as usize,
@@ -136,6 +216,12 @@ pub fn run(cmd: Command) -> ExitCode {
                 Err(e) => fail(&e),
             }
         }
+    }
+}
+
+fn default_listen(common: &mut CommonArgs, addr: &str) {
+    if common.listen.is_empty() {
+        common.listen.push(addr.parse().expect("static address"));
     }
 }
 
