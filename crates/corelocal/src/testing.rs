@@ -13,3 +13,55 @@ pub fn root_or_skip(test: &str) -> bool {
     eprintln!("skipping {test}: needs root (CAP_BPF / CAP_NET_ADMIN)");
     false
 }
+
+/// Set in the environment of a test binary re-run inside a private network namespace.
+pub const NETNS_INNER_ENV: &str = "CORELOCAL_NETNS_INNER";
+
+/// For tests that need a private network namespace: returns `true` when this process already
+/// runs inside one (the caller then does the work). Otherwise, as root, re-runs this same test
+/// binary filtered to `test` under `unshare --net --mount` and asserts it passed, then returns
+/// `false`; not root, it skips as [`root_or_skip`] does. Nothing outside the namespace changes.
+pub fn inside_private_netns(test: &str) -> bool {
+    if std::env::var(NETNS_INNER_ENV).is_ok() {
+        return true;
+    }
+    if root_or_skip(test) {
+        let exe = std::env::current_exe().expect("test binary path");
+        let status = std::process::Command::new("unshare")
+            .args(["--net", "--mount", "--"])
+            .arg(exe)
+            .args(["--exact", test, "--nocapture", "--test-threads=1"])
+            .env(NETNS_INNER_ENV, "1")
+            .status()
+            .expect("running unshare");
+        assert!(status.success(), "{test} failed inside the namespace");
+    }
+    false
+}
+
+/// Runs a shell command, asserting it succeeds; returns its standard output.
+pub fn sh(cmd: &str) -> String {
+    let out = std::process::Command::new("sh")
+        .args(["-c", cmd])
+        .output()
+        .expect("running sh");
+    assert!(out.status.success(), "{cmd}: {out:?}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Inside a private namespace: mounts its own sysfs, brings `lo` up and, when `rps_cpus` is
+/// given, spreads loopback flows over those CPUs with RPS (like RSS on a NIC).
+pub fn set_up_loopback(rps_cpus: Option<&crate::cpu::CpuSet>) {
+    sh("mount -t sysfs sysfs /sys");
+    sh("ip link set lo up");
+    if let Some(cpus) = rps_cpus {
+        let path = "/sys/class/net/lo/queues/rx-0/rps_cpus";
+        std::fs::write(path, cpus.to_mask(0)).expect("writing rps_cpus");
+        let back = std::fs::read_to_string(path).expect("reading rps_cpus");
+        assert_eq!(
+            crate::cpu::CpuSet::parse_mask(&back).expect("mask"),
+            *cpus,
+            "rps_cpus did not take"
+        );
+    }
+}

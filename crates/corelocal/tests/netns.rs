@@ -13,11 +13,9 @@ use corelocal::runtime::{
 };
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-const INNER_ENV: &str = "CORELOCAL_NETNS_INNER";
 const CONNS: usize = 400;
 
 struct OneShot;
@@ -40,45 +38,13 @@ impl Service for OneShot {
     }
 }
 
-/// Runs `test` in a fresh network + mount namespace (this same test binary, filtered to it).
-fn rerun_in_netns(test: &str) {
-    let exe = std::env::current_exe().unwrap();
-    let status = Command::new("unshare")
-        .args(["--net", "--mount", "--"])
-        .arg(exe)
-        .args(["--exact", test, "--nocapture", "--test-threads=1"])
-        .env(INNER_ENV, "1")
-        .status()
-        .expect("running unshare");
-    assert!(status.success(), "{test} failed inside the namespace");
-}
-
-fn sh(cmd: &str) {
-    let status = Command::new("sh").args(["-c", cmd]).status().unwrap();
-    assert!(status.success(), "{cmd}");
-}
-
-/// Inside the namespace: sysfs of this netns, lo up, RPS over `cpus`.
-fn set_up_namespace(cpus: &CpuSet) {
-    sh("mount -t sysfs sysfs /sys");
-    sh("ip link set lo up");
-    let mask = cpus.to_mask(0);
-    std::fs::write("/sys/class/net/lo/queues/rx-0/rps_cpus", &mask).unwrap();
-    let back = std::fs::read_to_string("/sys/class/net/lo/queues/rx-0/rps_cpus").unwrap();
-    assert_eq!(
-        CpuSet::parse_mask(&back).unwrap(),
-        *cpus,
-        "rps_cpus did not take"
-    );
-}
-
 fn locality_with_rps(steering: Steering) {
     let cpus: CpuSet = current_affinity().unwrap().iter().take(2).collect();
     if cpus.len() < 2 {
         eprintln!("skipping: needs 2 CPUs");
         return;
     }
-    set_up_namespace(&cpus);
+    corelocal::testing::set_up_loopback(Some(&cpus));
     let mut config = ServerConfig::new(vec!["127.0.0.1:0".parse().unwrap()], &cpus, Mode::Local);
     config.listen.steering = Some(steering);
     let server = Server::start(config, Arc::new(OneShot)).unwrap();
@@ -123,42 +89,35 @@ fn locality_with_rps(steering: Steering) {
 
 #[test]
 fn rps_spread_flows_are_accepted_locally_with_ebpf() {
-    if std::env::var(INNER_ENV).is_ok() {
-        return locality_with_rps(Steering::Ebpf);
-    }
-    if corelocal::testing::root_or_skip("rps_spread_flows_are_accepted_locally_with_ebpf") {
-        rerun_in_netns("rps_spread_flows_are_accepted_locally_with_ebpf");
+    if corelocal::testing::inside_private_netns("rps_spread_flows_are_accepted_locally_with_ebpf") {
+        locality_with_rps(Steering::Ebpf);
     }
 }
 
 #[test]
 fn rps_spread_flows_are_accepted_locally_with_incoming_cpu() {
-    if std::env::var(INNER_ENV).is_ok() {
-        return locality_with_rps(Steering::IncomingCpu);
-    }
-    if corelocal::testing::root_or_skip("rps_spread_flows_are_accepted_locally_with_incoming_cpu") {
-        rerun_in_netns("rps_spread_flows_are_accepted_locally_with_incoming_cpu");
+    if corelocal::testing::inside_private_netns(
+        "rps_spread_flows_are_accepted_locally_with_incoming_cpu",
+    ) {
+        locality_with_rps(Steering::IncomingCpu);
     }
 }
 
 #[test]
 fn rps_spread_flows_are_accepted_locally_with_cbpf() {
-    if std::env::var(INNER_ENV).is_ok() {
-        return locality_with_rps(Steering::Cbpf);
-    }
-    if corelocal::testing::root_or_skip("rps_spread_flows_are_accepted_locally_with_cbpf") {
-        rerun_in_netns("rps_spread_flows_are_accepted_locally_with_cbpf");
+    if corelocal::testing::inside_private_netns("rps_spread_flows_are_accepted_locally_with_cbpf") {
+        locality_with_rps(Steering::Cbpf);
     }
 }
 
 #[test]
 fn rps_spread_flows_lose_locality_in_fine_mode() {
-    if std::env::var(INNER_ENV).is_ok() {
+    if corelocal::testing::inside_private_netns("rps_spread_flows_lose_locality_in_fine_mode") {
         let cpus: CpuSet = current_affinity().unwrap().iter().take(2).collect();
         if cpus.len() < 2 {
             return;
         }
-        set_up_namespace(&cpus);
+        corelocal::testing::set_up_loopback(Some(&cpus));
         let config = ServerConfig::new(vec!["127.0.0.1:0".parse().unwrap()], &cpus, Mode::Fine);
         let server = Server::start(config, Arc::new(OneShot)).unwrap();
         let addr = server.local_addrs()[0];
@@ -173,9 +132,5 @@ fn rps_spread_flows_lose_locality_in_fine_mode() {
         server.join().unwrap();
         let l = stats.locality();
         assert!(l > 0.3 && l < 0.7, "fine mode locality {l}: {stats:?}");
-        return;
-    }
-    if corelocal::testing::root_or_skip("rps_spread_flows_lose_locality_in_fine_mode") {
-        rerun_in_netns("rps_spread_flows_lose_locality_in_fine_mode");
     }
 }

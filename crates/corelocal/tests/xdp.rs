@@ -15,38 +15,15 @@ use std::process::Command;
 use std::thread;
 use std::time::{Duration, Instant};
 
-const INNER_ENV: &str = "CORELOCAL_XDP_NETNS_INNER";
 const GROUPS: u32 = 16;
 const CONNS: usize = 320;
 
-/// Runs `test` in a fresh network + mount namespace (this same test binary, filtered to it).
-fn rerun_in_netns(test: &str) {
-    let exe = std::env::current_exe().unwrap();
-    let status = Command::new("unshare")
-        .args(["--net", "--mount", "--"])
-        .arg(exe)
-        .args(["--exact", test, "--nocapture", "--test-threads=1"])
-        .env(INNER_ENV, "1")
-        .status()
-        .expect("running unshare");
-    assert!(status.success(), "{test} failed inside the namespace");
-}
-
-/// Root runs `test` in a namespace; returns true when this process is the one inside.
 fn inside_netns(test: &str) -> bool {
-    if std::env::var(INNER_ENV).is_ok() {
-        return true;
-    }
-    if corelocal::testing::root_or_skip(test) {
-        rerun_in_netns(test);
-    }
-    false
+    corelocal::testing::inside_private_netns(test)
 }
 
 fn sh(cmd: &str) -> String {
-    let out = Command::new("sh").args(["-c", cmd]).output().unwrap();
-    assert!(out.status.success(), "{cmd}: {:?}", out);
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    corelocal::testing::sh(cmd)
 }
 
 fn two_cpus() -> Option<(usize, usize)> {
@@ -388,7 +365,7 @@ fn measure_xdp_cost() {
                 "--test-threads=1",
             ])
             .env("CORELOCAL_XDP_MEASURE", config)
-            .env(INNER_ENV, "1")
+            .env(corelocal::testing::NETNS_INNER_ENV, "1")
             .status()
             .unwrap();
         assert!(status.success());
