@@ -113,6 +113,10 @@ pub struct CommonArgs {
     /// Balancer: how often a non-busy worker moves one flow group to itself.
     #[arg(long, default_value = "100ms", value_parser = parse_duration)]
     migrate_interval: Duration,
+    /// Packet-level flow-group steering: attach XDP + CPUMAP (generic mode) to this interface
+    /// so the balancer moves a flow group's packets, not only its new connections.
+    #[arg(long, value_name = "IF")]
+    xdp_iface: Option<String>,
     /// I/O backend.
     #[arg(long, default_value = "auto", value_parser = ["auto", "epoll", "uring"])]
     backend: String,
@@ -247,6 +251,19 @@ fn server_config(common: &CommonArgs) -> Result<ServerConfig, String> {
     config.backend = common.backend.parse::<BackendKind>()?;
     config.limits.idle_timeout = common.idle_timeout.max(Duration::from_millis(1));
     config.limits.drain_timeout = common.drain_timeout;
+    if let Some(iface) = &common.xdp_iface {
+        match corelocal::steer::RssSteering::detect(iface) {
+            Err(unsupported) => {
+                eprintln!("corelocal serve: {unsupported}; steering flow groups with XDP + CPUMAP")
+            }
+            Ok(_) => eprintln!(
+                "corelocal serve: {iface} has an RSS indirection table, but moving its buckets \
+                 also needs queue → CPU IRQ affinity (corelocal tune); steering flow groups \
+                 with XDP + CPUMAP"
+            ),
+        }
+        config.xdp_iface = Some(iface.clone());
+    }
     let balance_on = match common.balance.as_str() {
         "on" => true,
         "off" => false,

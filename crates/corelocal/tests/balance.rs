@@ -55,6 +55,16 @@ fn two_cpus() -> Option<CpuSet> {
 }
 
 fn start(cpus: &CpuSet, steering: Steering, backend: BackendKind, balance: bool) -> Server {
+    start_with(cpus, steering, backend, balance, None)
+}
+
+fn start_with(
+    cpus: &CpuSet,
+    steering: Steering,
+    backend: BackendKind,
+    balance: bool,
+    xdp_iface: Option<&str>,
+) -> Server {
     let mut config = ServerConfig::new(vec!["127.0.0.1:0".parse().unwrap()], cpus, Mode::Local);
     // Few flow groups, so that the groups moved during a short test carry many connections.
     config.listen.flow_groups = 16;
@@ -67,21 +77,28 @@ fn start(cpus: &CpuSet, steering: Steering, backend: BackendKind, balance: bool)
         b.migrate_interval_ns = 20_000_000;
         config.balance = Some(b);
     }
+    config.xdp_iface = xdp_iface.map(str::to_string);
     Server::start(config, Arc::new(SlowZero)).unwrap()
 }
 
 /// Rounds of 45 connections opened back to back from CPU 0 (the slow worker keeps 16, the
 /// rest wait in its 33-deep queue, above the 75% busy mark), then all answered.
 fn load(addr: SocketAddr, cpu: usize, rounds: usize) {
-    load_checked(addr, cpu, rounds, None)
+    load_checked(addr, cpu, rounds, CONNS_PER_ROUND, None)
 }
 
-fn load_checked(addr: SocketAddr, cpu: usize, rounds: usize, server: Option<&Server>) {
+fn load_checked(
+    addr: SocketAddr,
+    cpu: usize,
+    rounds: usize,
+    per_round: usize,
+    server: Option<&Server>,
+) {
     let t = std::thread::spawn(move || {
         pin_current_thread(&CpuSet::single(cpu)).unwrap();
         for _ in 0..rounds {
             // Each client sends its request right after connecting, then all wait.
-            let conns: Vec<TcpStream> = (0..CONNS_PER_ROUND)
+            let conns: Vec<TcpStream> = (0..per_round)
                 .map(|_| {
                     let mut c = TcpStream::connect(addr).unwrap();
                     c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
@@ -123,7 +140,13 @@ fn steals(backend: BackendKind, steering: Steering) {
     };
     let first = cpus.iter().next().unwrap();
     let server = start(&cpus, steering, backend, true);
-    load_checked(server.local_addrs()[0], first, 4, Some(&server));
+    load_checked(
+        server.local_addrs()[0],
+        first,
+        4,
+        CONNS_PER_ROUND,
+        Some(&server),
+    );
     let stats = finish(server);
     assert_eq!(
         stats.total.requests,
@@ -179,5 +202,44 @@ fn flow_groups_migrate_to_the_stealer_with_ebpf() {
     assert!(
         w1.accepted > w1.stolen + w1.accepted_local,
         "no connection arrived through a moved group: {stats:?}"
+    );
+}
+
+/// Packet level: with XDP + CPUMAP on `lo` (private namespace), the groups the balancer moves
+/// to worker 1 have their packets — and so their SYNs — processed on worker 1's CPU: the
+/// XDP table ends with most groups there, and worker 1 accepts connections locally that
+/// clients on CPU 0 opened.
+#[test]
+fn flow_groups_migrate_at_packet_level_with_xdp() {
+    if !corelocal::testing::inside_private_netns("flow_groups_migrate_at_packet_level_with_xdp") {
+        return;
+    }
+    let Some(cpus) = two_cpus() else { return };
+    corelocal::testing::set_up_loopback(None);
+    let first = cpus.iter().next().unwrap();
+    let server = start_with(
+        &cpus,
+        Steering::IncomingCpu,
+        BackendKind::Uring,
+        true,
+        Some("lo"),
+    );
+    // Twice the usual round: XDP starts with half the groups on CPU 1.
+    load_checked(
+        server.local_addrs()[0],
+        first,
+        8,
+        2 * CONNS_PER_ROUND,
+        Some(&server),
+    );
+    let stats = finish(server);
+    let w1 = &stats.workers[1];
+    assert!(w1.migrated_in > 0, "no flow group moved: {stats:?}");
+    // Locally accepted on worker 1 although every client ran on CPU 0: their packets were
+    // redirected to CPU 1 by the XDP table.
+    assert!(w1.accepted_local > 0, "{stats:?}");
+    assert!(
+        w1.accepted_local > stats.workers[0].accepted_local,
+        "moved groups did not bring their packets: {stats:?}"
     );
 }

@@ -9,7 +9,9 @@
 //! - if not busy and some other worker is, let the [`Balancer`] choose a victim (5:1 share,
 //!   round-robin) and queue one non-blocking accept on the victim's listener (one in flight);
 //! - run the migration tick: every 100 ms a non-busy worker moves one flow group from its top
-//!   victim to itself (socket level: the eBPF override table).
+//!   victim to itself: at packet level when XDP steering is attached (the group → CPU table of
+//!   the XDP + CPUMAP program, so the group's softirq work moves too), else at socket level
+//!   (the eBPF override table of the SK_REUSEPORT program).
 //!
 //! Waiting loses no wake-ups: a waker writes the sleeper's eventfd, which stays readable until
 //! the sleeper consumes it, so a wake between "checked the busy bits" and "went to sleep" makes
@@ -20,6 +22,7 @@ use crate::balance::{
     AcceptFrom, BalanceConfig, Balancer, BusyChange, BusySet, BusyTracker, FlowGroupTable,
 };
 use crate::listen::ListenerGroup;
+use crate::steer::XdpSteering;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -44,6 +47,8 @@ pub struct BalanceShared {
     pub migrations: AtomicU64,
     /// Time zero for the policy's nanosecond clock.
     pub epoch: Instant,
+    /// Packet-level steering (XDP + CPUMAP): when present, flow groups move there.
+    pub xdp: Option<Arc<XdpSteering>>,
 }
 
 impl std::fmt::Debug for BalanceShared {
@@ -57,10 +62,24 @@ impl std::fmt::Debug for BalanceShared {
 impl BalanceShared {
     /// Shared state for `group`'s workers. Migration needs eBPF steering (the override table);
     /// without it, migration is switched off and stealing still works.
-    pub fn new(mut config: BalanceConfig, group: Arc<ListenerGroup>) -> Result<Self, String> {
+    /// With `xdp`, migration moves a group's packets (and so its SYNs' CPU, hence its
+    /// listener) by rewriting the XDP group → CPU table; that needs one worker per CPU.
+    pub fn new(
+        mut config: BalanceConfig,
+        group: Arc<ListenerGroup>,
+        xdp: Option<Arc<XdpSteering>>,
+    ) -> Result<Self, String> {
         config.workers = group.workers();
         config.flow_groups = group.flow_groups();
-        if !group.supports_flow_groups() {
+        if xdp.is_some() {
+            let cpus: std::collections::BTreeSet<usize> =
+                (0..group.workers()).map(|w| group.worker_cpu(w)).collect();
+            let ascending =
+                (1..group.workers()).all(|w| group.worker_cpu(w - 1) < group.worker_cpu(w));
+            if cpus.len() != group.workers() || !ascending {
+                return Err("XDP steering needs one worker per CPU, in CPU order".into());
+            }
+        } else if !group.supports_flow_groups() {
             config.migrate_enabled = false;
         }
         config.validate().map_err(|e| e.to_string())?;
@@ -72,6 +91,7 @@ impl BalanceShared {
             wakers: OnceLock::new(),
             migrations: AtomicU64::new(0),
             epoch: Instant::now(),
+            xdp,
         })
     }
 
@@ -216,12 +236,19 @@ impl WorkerBalance {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .migrate(request)?;
-        if self
-            .shared
-            .group
-            .set_flow_group(mv.group, Some(mv.to))
-            .is_ok()
-        {
+        let moved = match &self.shared.xdp {
+            // Packet level: the group's packets, hence its SYNs, now go to the new CPU, and
+            // CPU steering hands them to that CPU's worker.
+            Some(xdp) => xdp
+                .set_group_cpu(mv.group, self.shared.group.worker_cpu(mv.to))
+                .is_ok(),
+            None => self
+                .shared
+                .group
+                .set_flow_group(mv.group, Some(mv.to))
+                .is_ok(),
+        };
+        if moved {
             self.shared.migrations.fetch_add(1, Ordering::Relaxed);
         }
         Some(mv.group)

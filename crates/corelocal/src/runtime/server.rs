@@ -56,6 +56,9 @@ pub struct ServerConfig {
     /// The Affinity-Accept balancer's parameters (`None`: off). `workers` and `flow_groups`
     /// are taken from the listener group.
     pub balance: Option<crate::balance::BalanceConfig>,
+    /// Packet-level flow-group steering: attach XDP + CPUMAP to this interface (generic mode),
+    /// groups spread over the workers' CPUs; the balancer then migrates groups there.
+    pub xdp_iface: Option<String>,
 }
 
 impl ServerConfig {
@@ -66,6 +69,7 @@ impl ServerConfig {
             backend: BackendKind::Auto,
             limits: Limits::default(),
             balance: None,
+            xdp_iface: None,
         }
     }
 
@@ -87,6 +91,8 @@ impl ServerConfig {
 pub enum ServerError {
     /// Binding the listeners failed.
     Listen(ListenError),
+    /// XDP steering could not be attached.
+    Xdp(crate::steer::XdpError),
     /// A worker could not start (pinning, backend creation).
     Worker {
         /// The worker.
@@ -100,6 +106,7 @@ impl fmt::Display for ServerError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ServerError::Listen(e) => write!(f, "{e}"),
+            ServerError::Xdp(e) => write!(f, "XDP steering: {e}"),
             ServerError::Worker { worker, source } => write!(f, "worker {worker}: {source}"),
         }
     }
@@ -115,6 +122,8 @@ pub struct Server {
     wakers: Vec<Arc<dyn Wake>>,
     threads: Vec<JoinHandle<io::Result<()>>>,
     backend: &'static str,
+    /// Detaches on drop, after the workers are gone.
+    _xdp: Option<Arc<crate::steer::XdpSteering>>,
 }
 
 impl fmt::Debug for Server {
@@ -135,9 +144,13 @@ impl Server {
             .map_err(|m| ServerError::Listen(ListenError::Config(m)))?;
         let group =
             Arc::new(ListenerGroup::bind(config.listen.clone()).map_err(ServerError::Listen)?);
+        let xdp = match &config.xdp_iface {
+            Some(iface) => Some(Arc::new(attach_xdp(iface, &group)?)),
+            None => None,
+        };
         let balance = match &config.balance {
             Some(cfg) => Some(Arc::new(
-                BalanceShared::new(cfg.clone(), group.clone())
+                BalanceShared::new(cfg.clone(), group.clone(), xdp.clone())
                     .map_err(|m| ServerError::Listen(ListenError::Config(m)))?,
             )),
             None => None,
@@ -200,6 +213,7 @@ impl Server {
             wakers,
             threads,
             backend,
+            _xdp: xdp,
         };
         if let Some(e) = failure {
             server.stop();
@@ -262,6 +276,18 @@ impl Server {
         }
         result
     }
+}
+
+/// XDP + CPUMAP over the workers' CPUs for the group's ports; flow groups as the listener
+/// group's (so the balancer's moves map one to one).
+fn attach_xdp(
+    iface: &str,
+    group: &ListenerGroup,
+) -> Result<crate::steer::XdpSteering, ServerError> {
+    let cpus: CpuSet = (0..group.workers()).map(|w| group.worker_cpu(w)).collect();
+    let ports: Vec<u16> = group.local_addrs().iter().map(|a| a.port()).collect();
+    let config = crate::steer::XdpConfig::new(iface, &cpus, group.flow_groups(), &ports);
+    crate::steer::XdpSteering::attach(&config).map_err(ServerError::Xdp)
 }
 
 type Ready = mpsc::Sender<(usize, io::Result<(&'static str, Arc<dyn Wake>)>)>;
