@@ -17,6 +17,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const CONNS_PER_ROUND: usize = 45;
+
+/// The tests here make CPU 0 deliberately slow; run them one at a time so that they do not
+/// slow each other down as well.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
 const SLOW_WORKER_SPIN: Duration = Duration::from_millis(2);
 
 struct SlowZero;
@@ -163,6 +171,7 @@ fn steals(backend: BackendKind, steering: Steering) {
 
 #[test]
 fn without_the_balancer_the_idle_worker_gets_nothing() {
+    let _serial = serial();
     let Some(cpus) = two_cpus() else { return };
     let first = cpus.iter().next().unwrap();
     let server = start(&cpus, Steering::IncomingCpu, BackendKind::Epoll, false);
@@ -177,16 +186,19 @@ fn without_the_balancer_the_idle_worker_gets_nothing() {
 
 #[test]
 fn an_idle_worker_steals_from_a_busy_one_epoll() {
+    let _serial = serial();
     steals(BackendKind::Epoll, Steering::IncomingCpu);
 }
 
 #[test]
 fn an_idle_worker_steals_from_a_busy_one_uring() {
+    let _serial = serial();
     steals(BackendKind::Uring, Steering::IncomingCpu);
 }
 
 #[test]
 fn flow_groups_migrate_to_the_stealer_with_ebpf() {
+    let _serial = serial();
     if !corelocal::testing::root_or_skip("flow_groups_migrate_to_the_stealer_with_ebpf") {
         return;
     }
@@ -211,6 +223,7 @@ fn flow_groups_migrate_to_the_stealer_with_ebpf() {
 /// clients on CPU 0 opened.
 #[test]
 fn flow_groups_migrate_at_packet_level_with_xdp() {
+    let _serial = serial();
     if !corelocal::testing::inside_private_netns("flow_groups_migrate_at_packet_level_with_xdp") {
         return;
     }
