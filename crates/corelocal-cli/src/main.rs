@@ -4,6 +4,7 @@ use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
 mod duration;
+mod files;
 mod serve;
 mod sim;
 
@@ -29,6 +30,8 @@ enum Command {
     Sweep(corelocal_sweep::Command),
     /// Live per-core view: CPU, interfaces, listen drops, corelocal workers.
     Top(corelocal_top::Command),
+    /// The paper's static file set: `files gen --out DIR`.
+    Files(files::Command),
     /// Many-core simulation of the Affinity-Accept balancer.
     Sim(sim::Command),
 }
@@ -41,6 +44,7 @@ fn main() -> ExitCode {
         Command::Tune(cmd) => corelocal_tune::run(cmd),
         Command::Sweep(cmd) => corelocal_sweep::run(cmd),
         Command::Top(cmd) => corelocal_top::run(cmd),
+        Command::Files(cmd) => files::run(cmd),
         Command::Sim(cmd) => sim::run(cmd),
     }
 }

@@ -245,3 +245,29 @@ fn forcing_uring_where_it_is_refused_is_a_clear_error() {
         "{err}"
     );
 }
+
+#[test]
+fn files_gen_writes_the_paper_file_set() {
+    let dir = std::env::temp_dir().join(format!("corelocal-files-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let out = Command::new(BIN)
+        .args(["files", "gen", "--out"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let list = std::fs::read_to_string(dir.join("files.txt")).unwrap();
+    let paths: Vec<&str> = list.lines().collect();
+    assert_eq!(paths.len(), 30_000);
+    let mut total = 0u64;
+    for p in &paths {
+        let len = std::fs::metadata(dir.join(p.trim_start_matches('/')))
+            .unwrap()
+            .len();
+        assert!((30..=5_670).contains(&len), "{p}: {len}");
+        total += len;
+    }
+    let mean = total / 30_000;
+    assert!((650..750).contains(&mean), "mean {mean}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -99,7 +99,7 @@ fn fnv1a(data: &[u8]) -> u64 {
 }
 
 impl Site {
-    /// The built-in site (≈ 32 MB of generated files; built once at startup).
+    /// The built-in site (≈ 21 MB of generated files; built once at startup).
     pub fn builtin() -> Site {
         let mut map = HashMap::with_capacity(fileset::FILE_COUNT + 4);
         for (path, body) in fileset::files() {

@@ -16,7 +16,7 @@ fn service(config: HttpConfig) -> (HttpService, Instant) {
     (svc, base)
 }
 
-/// The built-in site is 32 MB: build it once for all tests.
+/// The built-in site is 21 MB: build it once for all tests.
 fn builtin() -> &'static (HttpService, Instant) {
     static SVC: OnceLock<(HttpService, Instant)> = OnceLock::new();
     SVC.get_or_init(|| service(HttpConfig::default()))

@@ -2,9 +2,10 @@
 //!
 //! "The files served range from 30 bytes to 5,670 bytes. The web server serves 30,000 distinct
 //! files, and a client chooses a file to request uniformly over all files." The paper gives
-//! only the range; sizes here are log-uniform over it (SpecWeb-like: many small files, a tail of
-//! larger ones; mean ≈ 1.1 KB, ≈ 32 MB in all), with file 0 at exactly 30 bytes and file 1 at
-//! exactly 5,670. Same index → same path, size and bytes on every machine, so the built-in site,
+//! the range and, in §6.4, an average "around 700 bytes"; sizes here are `30·(5670/30)^(u^1.73)`
+//! for a uniform `u` — a log-uniform skewed towards small files (SpecWeb-like: many small files,
+//! a tail of larger ones) whose mean is ≈ 700 B (≈ 21 MB in all), with file 0 at exactly 30
+//! bytes and file 1 at exactly 5,670. Same index → same path, size and bytes on every machine, so the built-in site,
 //! a copy written to disk for nginx/lighttpd, and the load generator all agree.
 //!
 //! Paths: `/files/DD/NNNNN.txt` (DD = NNNNN / 1000, 30 directories of 1,000 files), plus
@@ -17,6 +18,8 @@ pub const FILE_COUNT: usize = 30_000;
 pub const SIZE_MIN: usize = 30;
 /// Largest file, bytes.
 pub const SIZE_MAX: usize = 5_670;
+/// Exponent skewing the log-uniform sizes towards small files so the mean is ≈ 700 B.
+const SIZE_SKEW: f64 = 1.73;
 /// Path of the 64-byte file.
 pub const SMALL_PATH: &str = "/64.txt";
 /// Path of the URL list.
@@ -45,7 +48,7 @@ pub fn size(i: usize) -> usize {
             // u in [0, 1): 53 random bits.
             let u = (splitmix64(i as u64) >> 11) as f64 / (1u64 << 53) as f64;
             let ratio = SIZE_MAX as f64 / SIZE_MIN as f64;
-            let s = (SIZE_MIN as f64 * ratio.powf(u)).round() as usize;
+            let s = (SIZE_MIN as f64 * ratio.powf(u.powf(SIZE_SKEW))).round() as usize;
             s.clamp(SIZE_MIN, SIZE_MAX)
         }
     }
@@ -136,10 +139,11 @@ mod tests {
         assert_eq!(*sizes.iter().max().unwrap(), SIZE_MAX);
         let total: usize = sizes.iter().sum();
         let mean = total / FILE_COUNT;
-        assert!((900..1300).contains(&mean), "mean {mean}");
-        // Log-uniform: about as many files below the geometric midpoint (~412 B) as above.
+        assert!((650..750).contains(&mean), "mean {mean}");
+        // Skewed log-uniform: P(u^1.73 < 1/2) = 0.5^(1/1.73) ≈ 67% below the geometric
+        // midpoint (~412 B).
         let below = sizes.iter().filter(|&&s| s < 412).count();
-        assert!((13_500..16_500).contains(&below), "{below}");
+        assert!((19_000..21_200).contains(&below), "{below}");
     }
 
     #[test]
@@ -155,7 +159,7 @@ mod tests {
         assert_ne!(body(2)[12..], body(3)[12..]);
         assert_eq!(small_body().len(), 64);
         // Pin the generator: a change here changes every benchmark's workload.
-        assert_eq!(size(2), 665);
+        assert_eq!(size(2), 248);
         assert_eq!(&body(0)[..11], b"file 00000\n");
     }
 
