@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 mod duration;
 mod files;
+mod metrics;
 mod serve;
 mod sim;
 

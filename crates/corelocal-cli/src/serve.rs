@@ -138,6 +138,9 @@ pub struct CommonArgs {
     /// Also append each stats snapshot as a JSON line to this file.
     #[arg(long)]
     stats_file: Option<PathBuf>,
+    /// Serve per-worker counters at http://ADDR/metrics (Prometheus) and /metrics.json.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<SocketAddr>,
 }
 
 #[derive(Debug, Args)]
@@ -305,6 +308,14 @@ pub fn serve<S: Service>(common: &CommonArgs, service: Arc<S>) -> ExitCode {
         server.backend(),
         if config.balance.is_some() { "on" } else { "off" },
     );
+    let _metrics = match crate::metrics::start_for(common.metrics, &server, name, &config) {
+        Ok(m) => m,
+        Err(e) => {
+            server.stop();
+            let _ = server.join();
+            return fail(&e);
+        }
+    };
     let mut stats_file = match open_stats_file(common) {
         Ok(f) => f,
         Err(e) => {

@@ -126,6 +126,34 @@ pub struct Server {
     _xdp: Option<Arc<crate::steer::XdpSteering>>,
 }
 
+/// Reads every worker's counters of a [`Server`]; see [`Server::stats_reader`].
+#[derive(Clone)]
+pub struct StatsReader {
+    group: Arc<ListenerGroup>,
+    stats: Vec<Arc<WorkerStats>>,
+}
+
+impl fmt::Debug for StatsReader {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StatsReader")
+            .field("workers", &self.stats.len())
+            .finish()
+    }
+}
+
+impl StatsReader {
+    /// Every worker's counters now.
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot::from_workers(
+            self.stats
+                .iter()
+                .enumerate()
+                .map(|(w, s)| s.snapshot(w, self.group.worker_cpu(w)))
+                .collect(),
+        )
+    }
+}
+
 impl fmt::Debug for Server {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Server")
@@ -245,13 +273,16 @@ impl Server {
 
     /// Every worker's counters.
     pub fn stats(&self) -> Snapshot {
-        Snapshot::from_workers(
-            self.stats
-                .iter()
-                .enumerate()
-                .map(|(w, s)| s.snapshot(w, self.group.worker_cpu(w)))
-                .collect(),
-        )
+        self.stats_reader().snapshot()
+    }
+
+    /// A cheap, shareable handle that takes the same snapshots as [`Server::stats`] from
+    /// another thread (e.g. a metrics endpoint) without borrowing the server.
+    pub fn stats_reader(&self) -> StatsReader {
+        StatsReader {
+            group: Arc::clone(&self.group),
+            stats: self.stats.clone(),
+        }
     }
 
     /// Asks every worker to stop: accepting stops, requests in progress finish (bounded by the

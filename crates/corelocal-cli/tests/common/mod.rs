@@ -1,0 +1,228 @@
+//! Shared by the end-to-end tests: start `corelocal serve …` on ephemeral ports, find external
+//! tools (skip with a reason when missing, fail under `CI=true`), run them with a time limit.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read};
+use std::net::SocketAddr;
+use std::process::{Child, ChildStderr, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// The binary under test.
+pub const BIN: &str = env!("CARGO_BIN_EXE_corelocal");
+
+/// A running `corelocal serve APP`.
+pub struct Served {
+    /// The server process.
+    pub child: Child,
+    /// Where it listens.
+    pub addr: SocketAddr,
+    /// Where its metrics endpoint listens (with `--metrics`).
+    pub metrics: Option<SocketAddr>,
+    stderr: Option<BufReader<ChildStderr>>,
+}
+
+fn addr_after(line: &str, marker: &str) -> Option<SocketAddr> {
+    let rest = line.split(marker).nth(1)?;
+    rest.split([' ', ',', '/'])
+        .find(|s| !s.is_empty())?
+        .parse()
+        .ok()
+}
+
+impl Served {
+    /// Starts `corelocal serve APP --listen 127.0.0.1:0 ARGS` (stats printing off) and waits
+    /// for its "listening on" line (and "metrics on" line when ARGS has `--metrics`).
+    pub fn start(app: &str, args: &[&str]) -> Served {
+        let mut child = Command::new(BIN)
+            .args([
+                "serve",
+                app,
+                "--listen",
+                "127.0.0.1:0",
+                "--stats-interval",
+                "0",
+            ])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn corelocal");
+        let mut stderr = BufReader::new(child.stderr.take().unwrap());
+        let want_metrics = args.contains(&"--metrics");
+        let (mut addr, mut metrics, mut text) = (None, None, String::new());
+        while addr.is_none() || (want_metrics && metrics.is_none()) {
+            let mut line = String::new();
+            if stderr.read_line(&mut line).unwrap_or(0) == 0 {
+                panic!("corelocal serve {app} exited early: {text}");
+            }
+            addr = addr.or_else(|| addr_after(&line, "listening on "));
+            metrics = metrics.or_else(|| addr_after(&line, "metrics on http://"));
+            text += &line;
+        }
+        Served {
+            child,
+            addr: addr.unwrap(),
+            metrics,
+            stderr: Some(stderr),
+        }
+    }
+
+    /// Host and port, for URLs and `--servers=`.
+    pub fn hostport(&self) -> String {
+        self.addr.to_string()
+    }
+
+    /// SIGTERM, then waits (at most 10 s, then SIGKILL); returns the exit code and the rest of
+    /// stderr.
+    pub fn terminate(mut self) -> (i32, String) {
+        // SAFETY: sending SIGTERM to our own child process, which has not been reaped.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let code = wait_bounded(&mut self.child, Duration::from_secs(10));
+        let mut rest = String::new();
+        if let Some(mut e) = self.stderr.take() {
+            let _ = e.read_to_string(&mut rest);
+        }
+        (code, rest)
+    }
+}
+
+fn wait_bounded(child: &mut Child, limit: Duration) -> i32 {
+    let end = Instant::now() + limit;
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            return status.code().unwrap_or(-1);
+        }
+        if Instant::now() > end {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("corelocal did not exit within {limit:?} of SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// True under CI (`CI=true`), where a missing tool is a failure, not a skip.
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
+}
+
+fn have(program: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {program}")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Whether `check` holds; when not, prints why the test is skipped, or panics under CI.
+pub fn require(what: &str, check: bool) -> bool {
+    if check {
+        return true;
+    }
+    if in_ci() {
+        panic!("{what} is missing, and CI=true: .ci/run must install it");
+    }
+    eprintln!("SKIP: {what} is not installed");
+    false
+}
+
+/// Whether every program in `programs` is on PATH (see [`require`]).
+pub fn need(programs: &[&str]) -> bool {
+    programs.iter().all(|p| require(p, have(p)))
+}
+
+/// The first of `names` on PATH (Debian renames libmemcached's tools memc*).
+pub fn first_of(names: &[&str]) -> Option<String> {
+    names.iter().find(|n| have(n)).map(|n| n.to_string())
+}
+
+/// Whether Python 3 can import `module`.
+pub fn python_has(module: &str) -> bool {
+    have("python3")
+        && Command::new("python3")
+            .args(["-c", &format!("import {module}")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+}
+
+/// Runs `program ARGS` under `timeout` (SIGKILL 2 s after the limit); returns its output.
+pub fn run(limit_s: u32, program: &str, args: &[&str]) -> Output {
+    let out = Command::new("timeout")
+        .args(["-k", "2", &limit_s.to_string(), program])
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("spawn timeout");
+    assert_ne!(
+        out.status.code(),
+        Some(124),
+        "{program} {args:?} ran past {limit_s} s"
+    );
+    out
+}
+
+/// Runs `program ARGS` (time-limited) and returns stdout; panics with stderr when it fails.
+pub fn run_ok(limit_s: u32, program: &str, args: &[&str]) -> String {
+    let out = run(limit_s, program, args);
+    assert!(
+        out.status.success(),
+        "{program} {args:?}: {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A fresh temporary directory (removed on drop).
+pub struct TempDir(pub std::path::PathBuf);
+
+impl TempDir {
+    /// Creates `corelocal-e2e-TAG-PID-N` under the system temp dir.
+    pub fn new(tag: &str) -> TempDir {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        static N: AtomicU32 = AtomicU32::new(0);
+        let p = std::env::temp_dir().join(format!(
+            "corelocal-e2e-{tag}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// `GET PATH` over a plain socket to `addr`; returns the whole response.
+pub fn http_get(addr: SocketAddr, path: &str) -> String {
+    use std::io::Write;
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut v = Vec::new();
+    let _ = s.read_to_end(&mut v);
+    String::from_utf8_lossy(&v).into_owned()
+}
