@@ -27,8 +27,8 @@ pub enum CmpWorkload {
 /// `compare` arguments.
 #[derive(Debug, Clone, clap::Args, Serialize)]
 pub struct CompareArgs {
-    /// A preset server: floor (shared/tools/floor_server), nginx, corelocal-rpc, corelocal-http,
-    /// memcached, corelocal-kv. Repeat; the first is the baseline of the ratios.
+    /// A preset server: floor (shared/tools/floor_server), nginx, lighttpd, corelocal-rpc,
+    /// corelocal-http, memcached, corelocal-kv (Debian peers are installed when missing). Repeat; the first is the baseline of the ratios.
     #[arg(long)]
     pub peer: Vec<String>,
     /// A custom server: NAME=PROTO:COMMAND with PROTO http|rpc|kv and {port} {cpu} in COMMAND,
@@ -155,6 +155,34 @@ fn which(name: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
+/// Finds `name`, installing Debian package `package` first when it is missing and we are root
+/// (the peers come from Debian).
+fn which_or_install(name: &str, package: &str) -> Result<PathBuf, String> {
+    if let Some(p) = which(name) {
+        return Ok(p);
+    }
+    if corelocal::sys::process::is_root() {
+        eprintln!("compare: {name} missing; apt-get install {package}");
+        let _ = std::process::Command::new("apt-get")
+            .args(["install", "-y", "-qq", package])
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .status();
+    }
+    which(name).ok_or_else(|| format!("{name} not installed (apt-get install {package})"))
+}
+
+/// The lighttpd configuration used for the comparison: one process, `/hello` as a static file.
+pub fn lighttpd_conf(dir: &Path, port: u16) -> String {
+    let d = dir.display();
+    format!(
+        "server.document-root = \"{d}/www\"\nserver.bind = \"127.0.0.1\"\nserver.port = {port}\n\
+         server.pid-file = \"{d}/lighttpd.pid\"\nserver.errorlog = \"{d}/error.log\"\n\
+         server.max-fds = 16384\nserver.max-connections = 8192\n\
+         server.max-keep-alive-requests = 1000000\nserver.max-keep-alive-idle = 60\n\
+         mimetype.assign = (\"\" => \"text/plain\")\n"
+    )
+}
+
 fn floor_bin(a: &CompareArgs, work: &Path) -> Result<PathBuf, String> {
     if let Some(b) = &a.floor_bin {
         return Ok(b.clone());
@@ -221,11 +249,20 @@ fn preset(name: &str, a: &CompareArgs, work: &Path) -> Result<ServerDef, String>
             def("http", format!("{} {{port}} 1 {{cpu}}{}", b.display(), if ka { " keepalive" } else { "" }))
         }
         "nginx" => {
-            let nginx = which("nginx").ok_or("nginx not installed (apt-get install nginx-light)")?;
+            let nginx = which_or_install("nginx", "nginx-light")?;
             let dir = work.join("nginx");
             std::fs::create_dir_all(dir.join("tmp")).map_err(|e| e.to_string())?;
             std::fs::write(dir.join("nginx.conf"), nginx_conf(&dir, a.port)).map_err(|e| e.to_string())?;
             def("http", format!("{} -p {} -c {}/nginx.conf", nginx.display(), dir.display(), dir.display()))
+        }
+        "lighttpd" => {
+            let bin = which_or_install("lighttpd", "lighttpd")?;
+            let dir = work.join("lighttpd");
+            std::fs::create_dir_all(dir.join("www")).map_err(|e| e.to_string())?;
+            std::fs::write(dir.join("www/hello"), "hello\n").map_err(|e| e.to_string())?;
+            std::fs::write(dir.join("lighttpd.conf"), lighttpd_conf(&dir, a.port))
+                .map_err(|e| e.to_string())?;
+            def("http", format!("{} -D -f {}/lighttpd.conf", bin.display(), dir.display()))
         }
         "corelocal-rpc" => def(
             "rpc",
@@ -242,10 +279,10 @@ fn preset(name: &str, a: &CompareArgs, work: &Path) -> Result<ServerDef, String>
             def("kv", format!("{} serve kv --listen 127.0.0.1:{{port}} --cpus {{cpu}} --stats-interval 0", cl.display()))
         }
         "memcached" => {
-            let m = which("memcached").ok_or("memcached not installed")?;
+            let m = which_or_install("memcached", "memcached")?;
             def("kv", format!("{} -l 127.0.0.1 -p {{port}} -t 1 -U 0 -c 20000 -u nobody", m.display()))
         }
-        _ => Err(format!("unknown --peer {name:?}: floor, nginx, corelocal-rpc, corelocal-http, memcached, corelocal-kv")),
+        _ => Err(format!("unknown --peer {name:?}: floor, nginx, lighttpd, corelocal-rpc, corelocal-http, memcached, corelocal-kv")),
     }
 }
 
@@ -925,5 +962,6 @@ mod tests {
         assert_eq!(&v[v.len() - 2..], ["--engine", "epoll"]);
         assert!(bench_args(&a, "kv", Path::new("x")).is_err());
         assert!(nginx_conf(Path::new("/t"), 9).contains("listen 127.0.0.1:9 reuseport"));
+        assert!(lighttpd_conf(Path::new("/t"), 9).contains("server.port = 9"));
     }
 }
