@@ -3,7 +3,7 @@
 use crate::duration::parse_duration;
 use clap::{Args, Subcommand};
 use corelocal::cpu::{current_affinity, CpuSet};
-use corelocal::listen::{Mode, Steering};
+use corelocal::listen::{ActiveSteering, Mode, Steering};
 use corelocal::runtime::{BackendKind, Server, ServerConfig, Service, Snapshot};
 use corelocal::sys::signal;
 use corelocal_apps::http::{AccessLog, HttpConfig, HttpService};
@@ -141,6 +141,11 @@ pub struct CommonArgs {
     /// Serve per-worker counters at http://ADDR/metrics (Prometheus) and /metrics.json.
     #[arg(long, value_name = "ADDR")]
     metrics: Option<SocketAddr>,
+    /// Binary upgrade: join the listener group of the running server PID (same addresses,
+    /// `--mode local` with eBPF steering), take its new SYNs, then SIGTERM it so it drains
+    /// its queues and exits; anything left in its queues migrates to this process.
+    #[arg(long, value_name = "PID")]
+    takeover: Option<i32>,
 }
 
 #[derive(Debug, Args)]
@@ -316,6 +321,11 @@ pub fn serve<S: Service>(common: &CommonArgs, service: Arc<S>) -> ExitCode {
             return fail(&e);
         }
     };
+    if let Err(e) = take_over(common, &server) {
+        server.stop();
+        let _ = server.join();
+        return fail(&e);
+    }
     let mut stats_file = match open_stats_file(common) {
         Ok(f) => f,
         Err(e) => {
@@ -349,14 +359,36 @@ pub fn serve<S: Service>(common: &CommonArgs, service: Arc<S>) -> ExitCode {
         common.drain_timeout
     );
     server.stop();
-    let final_stats = server.stats();
+    let (result, report) = server.join_report();
     if let Some(f) = stats_file.as_mut() {
-        let _ = writeln!(f, "{}", final_stats.to_json());
+        let _ = writeln!(f, "{}", report.stats.to_json());
     }
-    match server.join() {
+    eprintln!(
+        "corelocal serve {name}: stopped | accepted while draining {} | new SYNs refused {} | migration {} | lost at close {}",
+        report.stats.total.drain_accepted, report.refused_new_syns, report.migration, report.lost_at_close
+    );
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => fail(&e.to_string()),
     }
+}
+
+/// `--takeover PID`: this server's listeners already joined the old group and its eBPF
+/// program now steers the group's SYNs; ask the old server to drain and exit.
+fn take_over(common: &CommonArgs, server: &Server) -> Result<(), String> {
+    let Some(pid) = common.takeover else {
+        return Ok(());
+    };
+    if server.steering() != ActiveSteering::Local(Steering::Ebpf) {
+        return Err(format!(
+            "--takeover needs --mode local with eBPF steering (this server has {}): only a \
+             program attached by the new process moves the group's SYNs to it",
+            server.steering()
+        ));
+    }
+    signal::terminate(pid).map_err(|e| format!("--takeover: signalling pid {pid}: {e}"))?;
+    eprintln!("corelocal serve: took over from pid {pid} (SIGTERM sent; it drains and exits)");
+    Ok(())
 }
 
 fn open_stats_file(common: &CommonArgs) -> Result<Option<std::fs::File>, String> {

@@ -10,7 +10,7 @@ pub mod xdp;
 
 pub use crate::sys::bpf::{BpfError, Map, MapType, ProgType, Program};
 
-use crate::sys::bpf::ATTACH_SK_REUSEPORT_SELECT;
+use crate::sys::bpf::ATTACH_SK_REUSEPORT_SELECT_OR_MIGRATE;
 use std::os::fd::RawFd;
 
 /// Default number of flow groups (Affinity-Accept uses 4096 FDir groups).
@@ -18,14 +18,17 @@ pub const FLOW_GROUPS_DEFAULT: u32 = 4096;
 /// Upper bound on CPU ids the `cpu_to_worker` map covers.
 pub const CPU_SLOTS_MAX: u32 = 4096;
 
-/// The eBPF SK_REUSEPORT steering program and its three maps:
-/// `group_override` (flow group → worker), `cpu_to_worker` (CPU → worker) and the
-/// REUSEPORT_SOCKARRAY (worker → listener).
+/// The eBPF SK_REUSEPORT steering program and its four maps:
+/// `group_override` (flow group → worker), `cpu_to_worker` (CPU → worker), the
+/// REUSEPORT_SOCKARRAY (worker → listener) and `state` (stopping: refuse new SYNs).
+/// Loaded as SELECT_OR_MIGRATE, so a closing listener's queue moves to a live sibling
+/// (see [`programs::reuseport_select`]).
 #[derive(Debug)]
 pub struct ReuseportSelect {
     group_override: Map,
     cpu_to_worker: Map,
     sockarray: Map,
+    state: Map,
     program: Program,
     flow_groups: u32,
 }
@@ -40,17 +43,19 @@ impl ReuseportSelect {
         let group_override = Map::create(MapType::Array, 4, 4, flow_groups, "cl_group_ovr")?;
         let cpu_to_worker = Map::create(MapType::Array, 4, 4, cpu_slots, "cl_cpu_worker")?;
         let sockarray = Map::create(MapType::ReuseportSockArray, 4, 8, workers, "cl_listeners")?;
+        let state = Map::create(MapType::Array, 4, 4, 1, "cl_state")?;
         let insns = programs::reuseport_select(
             programs::SelectMaps {
                 group_override_fd: group_override.raw_fd(),
                 cpu_to_worker_fd: cpu_to_worker.raw_fd(),
                 sockarray_fd: sockarray.raw_fd(),
+                state_fd: state.raw_fd(),
             },
             flow_groups,
         );
         let program = Program::load(
             ProgType::SkReuseport,
-            ATTACH_SK_REUSEPORT_SELECT,
+            ATTACH_SK_REUSEPORT_SELECT_OR_MIGRATE,
             &insns,
             "cl_select",
         )?;
@@ -58,6 +63,7 @@ impl ReuseportSelect {
             group_override,
             cpu_to_worker,
             sockarray,
+            state,
             program,
             flow_groups,
         })
@@ -80,6 +86,12 @@ impl ReuseportSelect {
             &(listener_fd as u64).to_ne_bytes(),
             crate::sys::bpf::BPF_ANY,
         )
+    }
+
+    /// While `stopping`, new SYNs steered by this program are refused (`SK_DROP`); queued
+    /// children of closing listeners still migrate.
+    pub fn set_stopping(&self, stopping: bool) -> Result<(), BpfError> {
+        self.state.update_u32(0, stopping as u32)
     }
 
     /// Routes SYNs processed on `cpu` to `worker` (or, with `None`, to the kernel's hash).

@@ -10,6 +10,11 @@ pub const HELPER_GET_SMP_PROCESSOR_ID: i32 = 8;
 pub const HELPER_SK_SELECT_REUSEPORT: i32 = 82;
 /// `SK_PASS`.
 pub const SK_PASS: i32 = 1;
+/// `SK_DROP`.
+pub const SK_DROP: i32 = 0;
+/// Offset of `migrating_sk` in `struct sk_reuseport_md` (an 8-byte pointer; non-zero when
+/// the program runs for a child of a closing listener, SELECT_OR_MIGRATE).
+pub const MD_MIGRATING_SK_OFFSET: i16 = 48;
 /// Offset of `hash` in `struct sk_reuseport_md` (4-byte loads only).
 pub const MD_HASH_OFFSET: i16 = 32;
 
@@ -22,7 +27,12 @@ pub struct SelectMaps {
     pub cpu_to_worker_fd: i32,
     /// REUSEPORT_SOCKARRAY u32 → u64: slot `worker` = that worker's listener.
     pub sockarray_fd: i32,
+    /// ARRAY u32 → u32, one entry: non-zero = the server is stopping, refuse new SYNs.
+    pub state_fd: i32,
 }
+
+/// Instructions the stop check puts before the select program.
+pub const STOP_CHECK_LEN: usize = 14;
 
 /// The SK_REUSEPORT select program:
 ///
@@ -33,7 +43,44 @@ pub struct SelectMaps {
 /// ```
 ///
 /// Values are stored as `worker + 1` so that the zero-filled ARRAY maps mean "no entry".
+///
+/// Loaded as `BPF_SK_REUSEPORT_SELECT_OR_MIGRATE`, it also runs for each queued child of a
+/// closing listener (`md->migrating_sk != 0`): the closed listener's sockarray slot is
+/// already empty, so the selection fails or picks a live sibling, and the kernel's fallback
+/// is its hash over the *live* listeners — the child moves instead of being reset. Before
+/// all that, a stop check: while `state[0] != 0` a new SYN (not a migration) gets `SK_DROP`,
+/// so a stopping server's queues only shrink.
 pub fn reuseport_select(maps: SelectMaps, flow_groups: u32) -> Vec<EbpfInsn> {
+    let mut program = stop_check(maps.state_fd);
+    program.extend(select_body(maps, flow_groups));
+    program
+}
+
+/// `r6 = ctx; if !migrating_sk && state[0] { return SK_DROP }`; falls through to the body.
+fn stop_check(state_fd: i32) -> Vec<EbpfInsn> {
+    let [st0, st1] = insn::ld_map_fd(R1, state_fd);
+    let body = STOP_CHECK_LEN as i16;
+    vec![
+        /* 0 */ insn::mov64_reg(R6, R1),
+        /* 1 */ insn::ldx_mem(Size::DW, R2, R6, MD_MIGRATING_SK_OFFSET),
+        /* 2 */ insn::jmp_imm(Cond::Ne, R2, 0, body - 3), // -> body
+        /* 3 */ insn::st_mem(Size::W, R10, -4, 0),
+        /* 4 */ st0,
+        /* 5 */ st1,
+        /* 6 */ insn::mov64_reg(R2, R10),
+        /* 7 */ insn::add64_imm(R2, -4),
+        /* 8 */ insn::call(HELPER_MAP_LOOKUP_ELEM),
+        /* 9 */ insn::jmp_imm(Cond::Eq, R0, 0, body - 10), // -> body
+        /* 10 */ insn::ldx_mem(Size::W, R2, R0, 0),
+        /* 11 */ insn::jmp_imm(Cond::Eq, R2, 0, body - 12), // -> body
+        /* 12 */ insn::mov64_imm(R0, SK_DROP),
+        /* 13 */ insn::exit(),
+    ]
+}
+
+/// The select program proper (expects the context in r6). Numbered as in the unprefixed
+/// program, whose instruction 0 (`r6 = r1`) the stop check already did.
+fn select_body(maps: SelectMaps, flow_groups: u32) -> Vec<EbpfInsn> {
     assert!(
         flow_groups.is_power_of_two() && flow_groups <= 1 << 30,
         "flow groups must be a power of two"
@@ -41,8 +88,7 @@ pub fn reuseport_select(maps: SelectMaps, flow_groups: u32) -> Vec<EbpfInsn> {
     let [ov0, ov1] = insn::ld_map_fd(R1, maps.group_override_fd);
     let [cpu0, cpu1] = insn::ld_map_fd(R1, maps.cpu_to_worker_fd);
     let [sa0, sa1] = insn::ld_map_fd(R2, maps.sockarray_fd);
-    let program = vec![
-        /* 0 */ insn::mov64_reg(R6, R1),
+    vec![
         /* 1 */ insn::ldx_mem(Size::W, R2, R6, MD_HASH_OFFSET),
         /* 2 */ insn::and64_imm(R2, (flow_groups - 1) as i32),
         /* 3 */ insn::stx_mem(Size::W, R10, R2, -4),
@@ -75,8 +121,7 @@ pub fn reuseport_select(maps: SelectMaps, flow_groups: u32) -> Vec<EbpfInsn> {
         /* 30 */ insn::call(HELPER_SK_SELECT_REUSEPORT),
         /* 31 */ insn::mov64_imm(R0, SK_PASS),
         /* 32 */ insn::exit(),
-    ];
-    program
+    ]
 }
 
 /// The classic "steer by CPU" program: `return index_of[cpu]`, where `cpu_to_index` maps each
@@ -131,17 +176,25 @@ mod tests {
             group_override_fd: 3,
             cpu_to_worker_fd: 4,
             sockarray_fd: 5,
+            state_fd: 6,
         };
         let p = reuseport_select(maps, 4096);
-        assert_eq!(p.len(), 33);
+        let k = STOP_CHECK_LEN - 1; // body instruction i sits at i + k
+        assert_eq!(p.len(), 33 + k);
         let target = |i: usize| (i as i64 + 1 + p[i].off as i64) as usize;
-        assert_eq!(target(9), 12);
-        assert_eq!(target(11), 22);
-        assert_eq!(target(19), 31); // pass: r0 = SK_PASS
-        assert_eq!(target(21), 31);
-        assert_eq!(p[31].imm, SK_PASS);
-        assert_eq!(p[2].imm, 4095);
-        assert_eq!(p[30].imm, HELPER_SK_SELECT_REUSEPORT);
+        // The stop check: migrations and running servers go to the body; stopping → SK_DROP.
+        assert_eq!(p[1].off, MD_MIGRATING_SK_OFFSET);
+        assert_eq!(target(2), STOP_CHECK_LEN);
+        assert_eq!(target(9), STOP_CHECK_LEN);
+        assert_eq!(target(11), STOP_CHECK_LEN);
+        assert_eq!(p[12].imm, SK_DROP);
+        assert_eq!(target(9 + k), 12 + k);
+        assert_eq!(target(11 + k), 22 + k);
+        assert_eq!(target(19 + k), 31 + k); // pass: r0 = SK_PASS
+        assert_eq!(target(21 + k), 31 + k);
+        assert_eq!(p[31 + k].imm, SK_PASS);
+        assert_eq!(p[2 + k].imm, 4095);
+        assert_eq!(p[30 + k].imm, HELPER_SK_SELECT_REUSEPORT);
     }
 
     #[test]

@@ -117,6 +117,28 @@ impl fmt::Display for ActiveSteering {
     }
 }
 
+/// How the queued connections of a closing listener survive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Migration {
+    /// The group's eBPF program is SELECT_OR_MIGRATE: children move to a live sibling.
+    Ebpf,
+    /// `net.ipv4.tcp_migrate_req=1` in this network namespace: the kernel picks a live sibling.
+    Sysctl,
+    /// Queued children of a closing listener are reset.
+    None,
+}
+
+impl fmt::Display for Migration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Migration::Ebpf => "ebpf",
+            Migration::Sysctl => "sysctl",
+            Migration::None => "none",
+        })
+    }
+}
+
 /// What to bind.
 #[derive(Debug, Clone)]
 pub struct GroupConfig {
@@ -301,7 +323,9 @@ impl ListenerGroup {
         Ok(total)
     }
 
-    /// Closes `worker`'s listeners and re-steers so the other workers keep their traffic:
+    /// Closes `worker`'s listeners and re-steers so the other workers keep their traffic; the
+    /// connections queued in them move to live siblings when [`ListenerGroup::migration`]
+    /// allows (eBPF SELECT_OR_MIGRATE or the netns sysctl), else they are reset:
     /// the eBPF sockarray slot empties itself (its CPU falls back to the hash), SO_INCOMING_CPU
     /// needs nothing, and the cBPF program is rebuilt for the kernel's new `socks[]` order.
     pub fn close_worker(&mut self, worker: usize) -> Result<(), ListenError> {
@@ -329,6 +353,50 @@ impl ListenerGroup {
             }
         }
         Ok(())
+    }
+
+    /// Starts stopping the whole group: with eBPF steering, new SYNs are refused from now on
+    /// (`SK_DROP`) while queued children and handshakes in progress are kept, so the queues
+    /// only shrink and can be drained by accept. Returns whether new SYNs are now refused
+    /// (false without eBPF: the queues keep filling until the listeners close).
+    pub fn begin_stop(&self) -> Result<bool, ListenError> {
+        let mut refusing = !self.groups.is_empty();
+        for g in &self.groups {
+            match &g.ebpf {
+                Some(sel) => sel.set_stopping(true)?,
+                None => refusing = false,
+            }
+        }
+        Ok(refusing)
+    }
+
+    /// How a closing listener's queued connections survive (see [`Migration`]).
+    pub fn migration(&self) -> Migration {
+        if self.groups.iter().all(|g| g.ebpf.is_some()) {
+            return Migration::Ebpf;
+        }
+        let sysctl = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_migrate_req");
+        if sysctl.is_ok_and(|v| v.trim() == "1") {
+            return Migration::Sysctl;
+        }
+        Migration::None
+    }
+
+    /// Connections waiting in all open listeners' accept queues (each socket counted once).
+    pub fn queued_total(&self) -> u64 {
+        let mut seen = Vec::new();
+        let mut total = 0u64;
+        for g in &self.groups {
+            for fd in g.listeners.iter().flatten() {
+                let raw = fd.as_raw_fd();
+                if seen.contains(&raw) {
+                    continue;
+                }
+                seen.push(raw);
+                total += socket::listen_queue(raw).map_or(0, |d| d.len as u64);
+            }
+        }
+        total
     }
 
     /// Whether flow groups can be moved ([`ListenerGroup::set_flow_group`]): eBPF steering.

@@ -19,7 +19,7 @@ pub use backend::{Backend, Completion, Op};
 pub use handler::{
     Chunk, CloseReason, ConnInfo, FileRegion, Handler, Next, Output, OutputFront, Service, Step,
 };
-pub use server::{BackendKind, Server, ServerConfig, ServerError, StatsReader};
+pub use server::{BackendKind, Server, ServerConfig, ServerError, ShutdownReport, StatsReader};
 pub use stats::{Batching, ErrorKind, Snapshot, WorkerSnapshot, WorkerStats};
 
 use std::time::Duration;

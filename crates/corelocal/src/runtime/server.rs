@@ -8,7 +8,7 @@ use super::stats::{Snapshot, WorkerStats};
 use super::worker::{Worker, WorkerSetup};
 use super::Limits;
 use crate::cpu::{pin_current_thread, CpuSet};
-use crate::listen::{ActiveSteering, GroupConfig, ListenError, ListenerGroup, Mode};
+use crate::listen::{ActiveSteering, GroupConfig, ListenError, ListenerGroup, Migration, Mode};
 use crate::sys::epoll::{EpollBackend, PoolConfig};
 use crate::sys::uring::{UringBackend, UringConfig};
 use std::fmt;
@@ -124,6 +124,20 @@ pub struct Server {
     backend: &'static str,
     /// Detaches on drop, after the workers are gone.
     _xdp: Option<Arc<crate::steer::XdpSteering>>,
+    refusing: AtomicBool,
+}
+
+/// How a graceful stop went (see [`Server::join_report`]).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ShutdownReport {
+    /// Every worker's final counters (`drain_accepted`: taken from the queues after the stop).
+    pub stats: Snapshot,
+    /// Whether new SYNs were refused during the stop (eBPF steering) — else they kept queuing.
+    pub refused_new_syns: bool,
+    /// How a closing listener's queue survives.
+    pub migration: Migration,
+    /// Connections still queued when the last listeners closed: these were reset.
+    pub lost_at_close: u64,
 }
 
 /// Reads every worker's counters of a [`Server`]; see [`Server::stats_reader`].
@@ -242,6 +256,7 @@ impl Server {
             threads,
             backend,
             _xdp: xdp,
+            refusing: AtomicBool::new(false),
         };
         if let Some(e) = failure {
             server.stop();
@@ -285,9 +300,15 @@ impl Server {
         }
     }
 
-    /// Asks every worker to stop: accepting stops, requests in progress finish (bounded by the
-    /// drain timeout), then the workers exit.
+    /// Asks every worker to stop without losing a queued connection: new SYNs are refused
+    /// (eBPF steering; or a successor's listeners in the same group take them), each worker
+    /// accepts until its queues are empty, requests in progress finish (bounded by the drain
+    /// timeout), then the workers exit.
     pub fn stop(&self) {
+        match self.group.begin_stop() {
+            Ok(refusing) => self.refusing.store(refusing, Ordering::Relaxed),
+            Err(e) => eprintln!("corelocal: refusing new SYNs on stop failed: {e}"),
+        }
         self.stop.store(true, Ordering::Release);
         for w in &self.wakers {
             w.wake();
@@ -296,8 +317,31 @@ impl Server {
 
     /// Waits for every worker to exit; the first worker error, if any.
     pub fn join(self) -> io::Result<()> {
+        self.join_report().0
+    }
+
+    /// Waits for every worker to exit, then reports how the stop went (counted before the
+    /// listeners close: what is still queued then is lost).
+    pub fn join_report(self) -> (io::Result<()>, ShutdownReport) {
+        let result = Self::join_threads(self.threads);
+        let report = ShutdownReport {
+            stats: Snapshot::from_workers(
+                self.stats
+                    .iter()
+                    .enumerate()
+                    .map(|(w, s)| s.snapshot(w, self.group.worker_cpu(w)))
+                    .collect(),
+            ),
+            refused_new_syns: self.refusing.load(Ordering::Relaxed),
+            migration: self.group.migration(),
+            lost_at_close: self.group.queued_total(),
+        };
+        (result, report)
+    }
+
+    fn join_threads(threads: Vec<JoinHandle<io::Result<()>>>) -> io::Result<()> {
         let mut result = Ok(());
-        for t in self.threads {
+        for t in threads {
             let r = t
                 .join()
                 .unwrap_or_else(|_| Err(io::Error::other("worker panicked")));

@@ -48,6 +48,7 @@ pub struct WorkerStats {
     queue_cap: AtomicU64,
     busy: AtomicU64,
     migrated_in: AtomicU64,
+    drain_accepted: AtomicU64,
 }
 
 /// Buckets of the batching histograms: 1, 2–3, 4–7, …, ≥ 2^(HIST_BUCKETS-1).
@@ -124,6 +125,12 @@ impl WorkerStats {
         bump(&self.migrated_in, 1);
     }
 
+    /// Counts a connection taken from the accept queue after the stop began (it would have
+    /// been reset had the listener just closed).
+    pub fn drain_accepted(&self) {
+        bump(&self.drain_accepted, 1);
+    }
+
     /// Counts received bytes.
     pub fn bytes_in(&self, n: u64) {
         bump(&self.bytes_in, n);
@@ -165,6 +172,7 @@ impl WorkerStats {
             queue_cap: get(&self.queue_cap),
             busy: get(&self.busy) != 0,
             migrated_in: get(&self.migrated_in),
+            drain_accepted: get(&self.drain_accepted),
             errors: ErrorCounts {
                 bad_request: get(&self.bad_request),
                 too_large: get(&self.too_large),
@@ -296,6 +304,8 @@ pub struct WorkerSnapshot {
     pub busy: bool,
     /// Flow groups migrated to this worker.
     pub migrated_in: u64,
+    /// Connections accepted from the queue after a graceful stop began.
+    pub drain_accepted: u64,
     /// Errors by kind.
     pub errors: ErrorCounts,
     /// Operations per submit and completions per reap.
@@ -307,6 +317,7 @@ impl WorkerSnapshot {
         self.accepted += o.accepted;
         self.accepted_local += o.accepted_local;
         self.stolen += o.stolen;
+        self.drain_accepted += o.drain_accepted;
         self.requests += o.requests;
         self.bytes_in += o.bytes_in;
         self.bytes_out += o.bytes_out;

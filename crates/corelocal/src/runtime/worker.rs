@@ -19,6 +19,11 @@ const HANDLER_ROUNDS_MAX: usize = 256;
 const SPARE_BUFS_MAX: usize = 64;
 /// How long accepting pauses after accept() fails (EMFILE and friends).
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+/// On stop, how long a worker keeps accepting before it may stop at an empty queue: time for
+/// handshakes in progress when the SYNs started being refused to land in the queue.
+const DRAIN_QUIESCE: Duration = Duration::from_millis(100);
+/// While draining the accept queue, how often it is checked for emptiness.
+const DRAIN_POLL: Duration = Duration::from_millis(5);
 
 /// What a worker is given.
 pub struct WorkerSetup<S: Service> {
@@ -40,6 +45,15 @@ pub struct WorkerSetup<S: Service> {
     pub limits: Limits,
     /// Balancing state shared by the server's workers (`None`: no balancer).
     pub balance: Option<Arc<BalanceShared>>,
+}
+
+/// The accept phase of a graceful stop: keep accepting until the queues are empty (after
+/// [`DRAIN_QUIESCE`]) or `until` (half the drain timeout), whichever comes first.
+#[derive(Debug, Clone, Copy)]
+struct AcceptDrain {
+    quiet_at: Instant,
+    until: Instant,
+    next_check: Instant,
 }
 
 struct Conn<H> {
@@ -71,6 +85,10 @@ pub struct Worker<S: Service, B: Backend> {
     accepting: bool,
     accept_resume_at: Option<Instant>,
     drain_deadline: Option<Instant>,
+    /// While stopping: the accept phase (drain the listener queues by accepting).
+    accept_drain: Option<AcceptDrain>,
+    /// Stopping and the accept queues are drained: never accept again.
+    accept_done: bool,
     balance: Option<WorkerBalance>,
     /// Connections accepted whose first request is not answered yet.
     unserved: usize,
@@ -99,6 +117,8 @@ impl<S: Service, B: Backend> Worker<S, B> {
             accepting: false,
             accept_resume_at: None,
             drain_deadline: None,
+            accept_drain: None,
+            accept_done: false,
         }
     }
 
@@ -179,27 +199,76 @@ impl<S: Service, B: Backend> Worker<S, B> {
         }
     }
 
-    /// Handles the stop flag; returns true when the worker may exit.
+    /// Handles the stop flag; returns true when the worker may exit. A stop never drops a
+    /// queued connection on purpose: the worker keeps accepting until its listeners' queues
+    /// are empty (new SYNs are refused by the listener group meanwhile, or go to a successor),
+    /// serves what it accepted, closes keep-alive connections between requests, and exits when
+    /// nothing is open (or at the drain deadline).
     fn stop_requested(&mut self, now: Instant) -> bool {
         if !self.setup.stop.load(Ordering::Acquire) {
             return false;
         }
         if self.drain_deadline.is_none() {
-            self.drain_deadline = Some(now + self.setup.limits.drain_timeout);
-            self.set_accepting(false);
-            self.accept_resume_at = None;
-            let idle: Vec<ConnId> = self.idle_conn_ids();
-            for id in idle {
-                self.begin_close(id, CloseReason::Done);
-            }
+            self.begin_drain(now);
         }
+        self.drain_accept_queue(now);
         if self.drain_deadline.is_some_and(|d| now >= d) {
+            self.finish_accepting();
             let all: Vec<ConnId> = self.live_conn_ids();
             for id in all {
                 self.force_close(id);
             }
         }
-        self.open == 0
+        self.accept_done && self.open == 0
+    }
+
+    fn begin_drain(&mut self, now: Instant) {
+        let timeout = self.setup.limits.drain_timeout;
+        self.drain_deadline = Some(now + timeout);
+        self.accept_drain = Some(AcceptDrain {
+            quiet_at: now + DRAIN_QUIESCE.min(timeout / 4),
+            until: now + timeout / 2,
+            next_check: now,
+        });
+        if !self.accepting && self.accept_resume_at.is_none() {
+            self.set_accepting(true);
+        }
+        let idle: Vec<ConnId> = self.idle_conn_ids();
+        for id in idle {
+            self.begin_close(id, CloseReason::Done);
+        }
+    }
+
+    /// The accept phase of a stop: once the quiesce time passed, stop at an empty queue.
+    fn drain_accept_queue(&mut self, now: Instant) {
+        let Some(mut d) = self.accept_drain else {
+            return;
+        };
+        if now < d.next_check {
+            return;
+        }
+        d.next_check = now + DRAIN_POLL;
+        self.accept_drain = Some(d);
+        if now >= d.until || (now >= d.quiet_at && self.queues_empty()) {
+            self.finish_accepting();
+        }
+    }
+
+    fn queues_empty(&self) -> bool {
+        self.setup
+            .listeners
+            .iter()
+            .all(|&fd| crate::sys::socket::listen_queue(fd).map_or(true, |q| q.len == 0))
+    }
+
+    fn finish_accepting(&mut self) {
+        if self.accept_done {
+            return;
+        }
+        self.accept_drain = None;
+        self.accept_done = true;
+        self.accept_resume_at = None;
+        self.set_accepting(false);
     }
 
     fn live_conn_ids(&self) -> Vec<ConnId> {
@@ -214,7 +283,11 @@ impl<S: Service, B: Backend> Worker<S, B> {
         (0..self.conns.len())
             .filter(|&i| {
                 self.conns[i].as_ref().is_some_and(|c| {
-                    c.input.is_empty() && c.output.is_empty() && !c.sending && !c.close_sent
+                    c.served
+                        && c.input.is_empty()
+                        && c.output.is_empty()
+                        && !c.sending
+                        && !c.close_sent
                 })
             })
             .map(|i| i as ConnId)
@@ -223,7 +296,8 @@ impl<S: Service, B: Backend> Worker<S, B> {
 
     fn next_timeout(&self, now: Instant) -> Option<Duration> {
         let mut deadline = self.idle.front().map(|e| e.0);
-        for d in [self.accept_resume_at, self.drain_deadline]
+        let drain_check = self.accept_drain.map(|d| d.next_check);
+        for d in [self.accept_resume_at, self.drain_deadline, drain_check]
             .into_iter()
             .flatten()
         {
@@ -331,7 +405,8 @@ impl<S: Service, B: Backend> Worker<S, B> {
             self.set_accepting(false);
         }
         if self.drain_deadline.is_some() {
-            self.begin_close(conn, CloseReason::Done);
+            // Taken from the queue while stopping: served once, then closed (after_process).
+            self.setup.stats.drain_accepted();
         }
     }
 
@@ -445,7 +520,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
             self.served_one();
         }
         if !self.accepting
-            && self.drain_deadline.is_none()
+            && !self.accept_done
             && self.accept_resume_at.is_none()
             && self.open < self.setup.limits.conns_per_worker_max
         {
@@ -548,7 +623,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
     fn maybe_resume_accept(&mut self, now: Instant) {
         if self.accept_resume_at.is_some_and(|t| now >= t) {
             self.accept_resume_at = None;
-            if self.drain_deadline.is_none() && self.open < self.setup.limits.conns_per_worker_max {
+            if !self.accept_done && self.open < self.setup.limits.conns_per_worker_max {
                 self.set_accepting(true);
             }
         }

@@ -38,3 +38,19 @@ pub fn wait_termination(timeout: Duration) -> Option<i32> {
     let sig = unsafe { libc::sigtimedwait(&set, std::ptr::null_mut(), &ts) };
     (sig > 0).then_some(sig)
 }
+
+/// Sends SIGTERM to process `pid` (a graceful stop request, e.g. to the server a takeover
+/// replaces). Refuses pids ≤ 1 (the whole process group, init).
+pub fn terminate(pid: i32) -> io::Result<()> {
+    if pid <= 1 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("refusing to signal pid {pid}"),
+        ));
+    }
+    // SAFETY: kill(2) with a positive pid only sends a signal; no memory is involved.
+    if unsafe { libc::kill(pid, libc::SIGTERM) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
