@@ -89,6 +89,8 @@ pub struct Worker<S: Service, B: Backend> {
     accept_drain: Option<AcceptDrain>,
     /// Stopping and the accept queues are drained: never accept again.
     accept_done: bool,
+    /// While stopping: when to close connections that stayed silent (see `sweep_silent`).
+    sweep_at: Option<Instant>,
     balance: Option<WorkerBalance>,
     /// Connections accepted whose first request is not answered yet.
     unserved: usize,
@@ -119,6 +121,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
             drain_deadline: None,
             accept_drain: None,
             accept_done: false,
+            sweep_at: None,
         }
     }
 
@@ -212,6 +215,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
             self.begin_drain(now);
         }
         self.drain_accept_queue(now);
+        self.sweep_silent(now);
         if self.drain_deadline.is_some_and(|d| now >= d) {
             self.finish_accepting();
             let all: Vec<ConnId> = self.live_conn_ids();
@@ -251,6 +255,29 @@ impl<S: Service, B: Backend> Worker<S, B> {
         self.accept_drain = Some(d);
         if now >= d.until || (now >= d.quiet_at && self.queues_empty()) {
             self.finish_accepting();
+        }
+    }
+
+    /// While stopping, connections that never sent a request and stayed silent for
+    /// [`DRAIN_QUIESCE`] are closed (a request already on its way gets that long to land).
+    fn sweep_silent(&mut self, now: Instant) {
+        if self.sweep_at.is_some_and(|t| now < t) {
+            return;
+        }
+        self.sweep_at = Some(now + DRAIN_POLL * 4);
+        let silent: Vec<ConnId> = (0..self.conns.len())
+            .filter(|&i| {
+                self.conns[i].as_ref().is_some_and(|c| {
+                    !c.served
+                        && c.closing.is_none()
+                        && c.input.is_empty()
+                        && now.saturating_duration_since(c.last_active) >= DRAIN_QUIESCE
+                })
+            })
+            .map(|i| i as ConnId)
+            .collect();
+        for id in silent {
+            self.begin_close(id, CloseReason::Done);
         }
     }
 
@@ -297,7 +324,8 @@ impl<S: Service, B: Backend> Worker<S, B> {
     fn next_timeout(&self, now: Instant) -> Option<Duration> {
         let mut deadline = self.idle.front().map(|e| e.0);
         let drain_check = self.accept_drain.map(|d| d.next_check);
-        for d in [self.accept_resume_at, self.drain_deadline, drain_check]
+        let sweep = self.sweep_at;
+        for d in [self.accept_resume_at, self.drain_deadline, drain_check, sweep]
             .into_iter()
             .flatten()
         {

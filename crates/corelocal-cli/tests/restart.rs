@@ -1,0 +1,435 @@
+//! Zero-loss restarts and overload, end to end with the `corelocal` binary, each inside a
+//! private network namespace (`unshare --net`, root; skipped with a reason otherwise, never
+//! under CI=true): graceful stop with a full accept queue, takeover under load, EMFILE
+//! back-off. Client errors are counted by kind and the namespace's RSTs from /proc/net/snmp.
+//! With `CORELOCAL_RECORD=DIR` each scenario also writes `DIR/restart-<name>.json`.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_corelocal");
+const INNER_ENV: &str = "CORELOCAL_RESTART_INNER";
+const ADDR: &str = "127.0.0.1:7400";
+const REQ: usize = 64;
+const CLIENT_THREADS: usize = 4;
+
+fn root_or_skip(test: &str) -> bool {
+    // SAFETY-free check: geteuid via id(1) keeps this file free of unsafe.
+    let out = Command::new("id").arg("-u").output().expect("id -u");
+    if String::from_utf8_lossy(&out.stdout).trim() == "0" {
+        return true;
+    }
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "{test}: needs root (unshare --net), and CI=true forbids skipping"
+    );
+    eprintln!("skipping {test}: needs root (unshare --net, eBPF)");
+    false
+}
+
+/// Runs `test` again in a fresh network namespace; returns false when this is the inner run.
+fn outer(test: &str) -> bool {
+    if std::env::var(INNER_ENV).is_ok() {
+        let up = Command::new("ip")
+            .args(["link", "set", "lo", "up"])
+            .status();
+        assert!(up.unwrap().success(), "ip link set lo up");
+        return false;
+    }
+    if root_or_skip(test) {
+        let status = Command::new("unshare")
+            .args(["--net", "--"])
+            .arg(std::env::current_exe().unwrap())
+            .args(["--exact", test, "--nocapture", "--test-threads=1"])
+            .env(INNER_ENV, "1")
+            .status()
+            .expect("running unshare");
+        assert!(status.success(), "{test} failed inside the namespace");
+    }
+    true
+}
+
+/// TCP counters of this namespace: `Tcp:` from snmp and `TcpExt:` from netstat.
+fn counters() -> BTreeMap<String, i64> {
+    let mut map = BTreeMap::new();
+    for file in ["/proc/net/snmp", "/proc/net/netstat"] {
+        let text = std::fs::read_to_string(file).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        for pair in lines.chunks(2) {
+            let (Some(h), Some(v)) = (pair.first(), pair.get(1)) else {
+                continue;
+            };
+            let prefix = h.split(':').next().unwrap_or("");
+            for (k, v) in h.split_whitespace().zip(v.split_whitespace()).skip(1) {
+                map.insert(format!("{prefix}.{k}"), v.parse().unwrap_or(0));
+            }
+        }
+    }
+    map
+}
+
+fn delta(before: &BTreeMap<String, i64>, key: &str) -> i64 {
+    counters()[key] - before[key]
+}
+
+fn cpus() -> String {
+    let n = std::thread::available_parallelism().map_or(1, |n| n.get().min(2));
+    if n >= 2 {
+        "0-1".into()
+    } else {
+        "0".into()
+    }
+}
+
+struct Server {
+    child: Child,
+    lines: std::sync::mpsc::Receiver<String>,
+}
+
+fn serve(extra: &[&str], limit_fds: Option<u32>) -> Server {
+    let mut cmd = match limit_fds {
+        Some(n) => {
+            let mut c = Command::new("prlimit");
+            c.arg(format!("--nofile={n}:{n}")).arg(BIN);
+            c
+        }
+        None => Command::new(BIN),
+    };
+    let mut child = cmd
+        .args([
+            "serve",
+            "rpc",
+            "--one-shot",
+            "--listen",
+            ADDR,
+            "--cpus",
+            &cpus(),
+        ])
+        .args(["--drain-timeout", "5s"])
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = BufReader::new(child.stderr.take().unwrap());
+    let (tx, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in stderr.lines().map_while(Result::ok) {
+            eprintln!("  server: {line}");
+            let _ = tx.send(line);
+        }
+    });
+    let s = Server { child, lines };
+    s.wait_line("listening on", Duration::from_secs(10));
+    s
+}
+
+impl Server {
+    fn wait_line(&self, needle: &str, timeout: Duration) -> String {
+        let end = Instant::now() + timeout;
+        loop {
+            let left = end.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) if l.contains(needle) => return l,
+                Ok(_) => {}
+                Err(_) => panic!("server never printed {needle:?}"),
+            }
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .args([sig, &self.pid().to_string()])
+            .status();
+        assert!(ok.unwrap().success(), "kill {sig}");
+    }
+
+    /// SIGTERM, then the exit status and the "stopped" summary line.
+    fn stop(mut self) -> (bool, String) {
+        self.signal("-TERM");
+        self.finish()
+    }
+
+    fn finish(&mut self) -> (bool, String) {
+        let line = self.wait_line("stopped", Duration::from_secs(15));
+        (self.child.wait().unwrap().success(), line)
+    }
+}
+
+/// One-shot RPC client outcomes.
+#[derive(Default)]
+struct Tally {
+    attempted: AtomicU64,
+    served: AtomicU64,
+    refused: AtomicU64,
+    reset: AtomicU64,
+    other: AtomicU64,
+}
+
+impl Tally {
+    fn count(&self, r: std::io::Result<()>) {
+        self.attempted.fetch_add(1, Ordering::Relaxed);
+        let c = match r {
+            Ok(()) => &self.served,
+            Err(e) if e.kind() == ErrorKind::ConnectionRefused => &self.refused,
+            Err(e) if e.kind() == ErrorKind::ConnectionReset => &self.reset,
+            Err(e) if e.kind() == ErrorKind::UnexpectedEof => &self.reset,
+            Err(_) => &self.other,
+        };
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn json(&self, name: &str, rsts: i64, extra: &str) -> String {
+        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        format!(
+            "{{\"scenario\":\"{name}\",\"attempted\":{},\"served\":{},\"refused\":{},\"reset\":{},\"other_errors\":{},\"server_rsts\":{rsts}{extra}}}",
+            g(&self.attempted), g(&self.served), g(&self.refused), g(&self.reset), g(&self.other)
+        )
+    }
+
+    fn errors(&self) -> u64 {
+        [&self.refused, &self.reset, &self.other]
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .sum()
+    }
+}
+
+fn finish_request(mut s: TcpStream) -> std::io::Result<()> {
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let mut v = Vec::new();
+    s.read_to_end(&mut v)?;
+    if v.len() != REQ {
+        return Err(ErrorKind::UnexpectedEof.into());
+    }
+    Ok(())
+}
+
+fn one_request(addr: SocketAddr) -> std::io::Result<()> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+    s.write_all(&[b'x'; REQ])?;
+    finish_request(s)
+}
+
+/// Closed-loop one-shot clients until `stop`.
+fn load(tally: Arc<Tally>, stop: Arc<AtomicBool>) -> Vec<std::thread::JoinHandle<()>> {
+    let addr: SocketAddr = ADDR.parse().unwrap();
+    (0..CLIENT_THREADS)
+        .map(|_| {
+            let (t, s) = (tally.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !s.load(Ordering::Relaxed) {
+                    t.count(one_request(addr));
+                }
+            })
+        })
+        .collect()
+}
+
+fn record(name: &str, json: &str) {
+    eprintln!("RECORD {json}");
+    if let Ok(dir) = std::env::var("CORELOCAL_RECORD") {
+        std::fs::write(format!("{dir}/restart-{name}.json"), format!("{json}\n")).unwrap();
+    }
+}
+
+fn graceful_stop_drains(backend: &str, test: &str) {
+    if outer(test) {
+        return;
+    }
+    let server = serve(&["--backend", backend, "--stats-interval", "0"], None);
+    let before = counters();
+    // Freeze the server, fill its accept queues with requests, then SIGTERM it: every queued
+    // connection must be answered, none reset.
+    server.signal("-STOP");
+    let addr: SocketAddr = ADDR.parse().unwrap();
+    let queued: Vec<TcpStream> = (0..200)
+        .map(|_| {
+            let mut s = TcpStream::connect(addr).unwrap();
+            s.write_all(&[b'q'; REQ]).unwrap();
+            s
+        })
+        .collect();
+    server.signal("-TERM");
+    server.signal("-CONT");
+    let tally = Tally::default();
+    for s in queued {
+        tally.count(finish_request(s));
+    }
+    let (ok, line) = server.finish_owned();
+    let rsts = delta(&before, "Tcp.OutRsts");
+    let extra = format!(",\"backend\":\"{backend}\",\"server\":\"{}\"", line.trim());
+    record(
+        &format!("graceful-stop-queued-{backend}"),
+        &tally.json("graceful-stop-queued", rsts, &extra),
+    );
+    assert!(ok, "server exit status");
+    assert_eq!(tally.errors(), 0, "queued connections lost");
+    assert_eq!(tally.served.load(Ordering::Relaxed), 200);
+    assert_eq!(rsts, 0, "RSTs sent");
+    assert!(line.contains("lost at close 0"), "{line}");
+}
+
+impl Server {
+    fn finish_owned(mut self) -> (bool, String) {
+        self.finish()
+    }
+}
+
+#[test]
+fn graceful_stop_serves_the_queue_epoll() {
+    graceful_stop_drains("epoll", "graceful_stop_serves_the_queue_epoll");
+}
+
+#[test]
+fn graceful_stop_serves_the_queue_uring() {
+    graceful_stop_drains("auto", "graceful_stop_serves_the_queue_uring");
+}
+
+/// The same offered load for each scenario: CLIENT_THREADS closed-loop one-shot clients.
+fn under_load(name: &str, event: impl FnOnce() -> String) -> (Arc<Tally>, i64, String) {
+    let before = counters();
+    let tally = Arc::new(Tally::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    let threads = load(tally.clone(), stop.clone());
+    std::thread::sleep(Duration::from_millis(500));
+    let what = event();
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, Ordering::Relaxed);
+    for t in threads {
+        t.join().unwrap();
+    }
+    let rsts = delta(&before, "Tcp.OutRsts");
+    let migrated = delta(&before, "TcpExt.TCPMigrateReqSuccess");
+    let failed = delta(&before, "TcpExt.TCPMigrateReqFailure");
+    let extra = format!(
+        ",\"migrated\":{migrated},\"migrate_failed\":{failed},\"server\":\"{}\"",
+        what.replace('"', "'")
+    );
+    record(name, &tally.json(name, rsts, &extra));
+    (tally, rsts, what)
+}
+
+#[test]
+fn takeover_under_load_refuses_nothing() {
+    if outer("takeover_under_load_refuses_nothing") {
+        return;
+    }
+    let old = serve(&["--stats-interval", "0"], None);
+    let mut new_server = None;
+    let (tally, rsts, line) = under_load("takeover", || {
+        let pid = old.pid().to_string();
+        let new = serve(&["--takeover", &pid, "--stats-interval", "0"], None);
+        let mut old = old;
+        let (ok, line) = old.finish();
+        assert!(ok, "old server exit status");
+        new_server = Some(new);
+        line
+    });
+    let (ok, _) = new_server.unwrap().stop();
+    assert!(ok);
+    assert!(tally.served.load(Ordering::Relaxed) > 0);
+    assert_eq!(tally.errors(), 0, "refused/reset during takeover");
+    assert_eq!(rsts, 0, "RSTs during takeover");
+    assert!(line.contains("lost at close 0"), "{line}");
+}
+
+#[test]
+fn graceful_stop_under_load_resets_nothing() {
+    if outer("graceful_stop_under_load_resets_nothing") {
+        return;
+    }
+    let server = serve(&["--stats-interval", "0"], None);
+    let (tally, _rsts, line) = under_load("graceful-stop", || server.stop().1);
+    // Nothing listens after the stop, so later connects are refused; none that got in is lost.
+    assert!(tally.served.load(Ordering::Relaxed) > 0);
+    assert_eq!(
+        tally.reset.load(Ordering::Relaxed),
+        0,
+        "reset after being queued"
+    );
+    assert_eq!(tally.other.load(Ordering::Relaxed), 0);
+    assert!(line.contains("lost at close 0"), "{line}");
+}
+
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let after = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = after.split_whitespace().collect();
+    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+}
+
+fn fd_limit_backs_off(backend: &str, test: &str) {
+    if outer(test) {
+        return;
+    }
+    let stats = std::env::temp_dir().join(format!("corelocal-emfile-{backend}.jsonl"));
+    let _ = std::fs::remove_file(&stats);
+    let file = stats.to_str().unwrap();
+    let server = serve(
+        &[
+            "--backend",
+            backend,
+            "--balance",
+            "off",
+            "--stats-interval",
+            "200ms",
+            "--stats-file",
+            file,
+            "--json",
+        ],
+        Some(64),
+    );
+    let addr: SocketAddr = ADDR.parse().unwrap();
+    // Hold more connections than the descriptor limit (or direct-descriptor tables) allow.
+    let held: Vec<TcpStream> = (0..300)
+        .filter_map(|_| TcpStream::connect(addr).ok())
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let t0 = cpu_ticks(server.pid());
+    std::thread::sleep(Duration::from_secs(1));
+    let busy = cpu_ticks(server.pid()) - t0; // USER_HZ = 100: ticks per second of CPU
+    drop(held);
+    let started = Instant::now();
+    let mut recovered = false;
+    while started.elapsed() < Duration::from_secs(5) && !recovered {
+        recovered = one_request(addr).is_ok();
+    }
+    std::thread::sleep(Duration::from_millis(400));
+    let last = std::fs::read_to_string(&stats).unwrap();
+    let last = last.lines().last().unwrap_or("").to_string();
+    let (ok, _) = server.stop();
+    let accept_errors = last
+        .split("\"total\":")
+        .nth(1)
+        .unwrap_or("")
+        .split("\"accept\":")
+        .nth(1)
+        .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|n| n.parse::<u64>().ok())
+        .unwrap_or(0);
+    eprintln!("{backend}: cpu ticks in 1 s at the limit: {busy}; accept errors {accept_errors}");
+    assert!(ok);
+    assert!(accept_errors > 0, "no accept error counted: {last}");
+    assert!(busy < 30, "spinning at the fd limit: {busy} ticks/s");
+    assert!(recovered, "no recovery after the connections closed");
+}
+
+#[test]
+fn fd_limit_backs_off_and_recovers_epoll() {
+    fd_limit_backs_off("epoll", "fd_limit_backs_off_and_recovers_epoll");
+}
+
+#[test]
+fn fd_limit_backs_off_and_recovers_uring() {
+    fd_limit_backs_off("uring", "fd_limit_backs_off_and_recovers_uring");
+}
