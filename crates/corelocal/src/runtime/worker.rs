@@ -325,9 +325,14 @@ impl<S: Service, B: Backend> Worker<S, B> {
         let mut deadline = self.idle.front().map(|e| e.0);
         let drain_check = self.accept_drain.map(|d| d.next_check);
         let sweep = self.sweep_at;
-        for d in [self.accept_resume_at, self.drain_deadline, drain_check, sweep]
-            .into_iter()
-            .flatten()
+        for d in [
+            self.accept_resume_at,
+            self.drain_deadline,
+            drain_check,
+            sweep,
+        ]
+        .into_iter()
+        .flatten()
         {
             deadline = Some(deadline.map_or(d, |x: Instant| x.min(d)));
         }
