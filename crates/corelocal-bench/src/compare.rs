@@ -273,7 +273,18 @@ fn preset(name: &str, a: &CompareArgs, work: &Path) -> Result<ServerDef, String>
             ),
         ),
         "corelocal-http" => {
-            def("http", format!("{} serve http --listen 127.0.0.1:{{port}} --cpus {{cpu}} --stats-interval 0", cl.display()))
+            // The same 6-byte `/hello` body nginx's preset returns, as a static file.
+            let root = work.join("corelocal-www");
+            std::fs::create_dir_all(&root).map_err(|e| e.to_string())?;
+            std::fs::write(root.join("hello"), "hello\n").map_err(|e| e.to_string())?;
+            def(
+                "http",
+                format!(
+                    "{} serve http --listen 127.0.0.1:{{port}} --cpus {{cpu}} --stats-interval 0 --root {}",
+                    cl.display(),
+                    root.display()
+                ),
+            )
         }
         "corelocal-kv" => {
             def("kv", format!("{} serve kv --listen 127.0.0.1:{{port}} --cpus {{cpu}} --stats-interval 0", cl.display()))
