@@ -177,9 +177,10 @@ fn without_the_balancer_the_idle_worker_gets_nothing() {
     let server = start(&cpus, Steering::IncomingCpu, BackendKind::Epoll, false);
     load(server.local_addrs()[0], first, 1);
     let stats = finish(server);
-    assert_eq!(stats.workers[1].accepted, 0, "{stats:?}");
-    assert_eq!(
-        stats.workers[0].accepted, CONNS_PER_ROUND as u64,
+    // Nothing is stolen; only a stray SYN retransmitted from another CPU may land on worker 1.
+    assert_eq!(stats.total.stolen, 0, "{stats:?}");
+    assert!(
+        stats.workers[1].accepted * 10 < CONNS_PER_ROUND as u64,
         "{stats:?}"
     );
 }
@@ -209,6 +210,7 @@ fn flow_groups_migrate_to_the_stealer_with_ebpf() {
     let stats = finish(server);
     let w1 = &stats.workers[1];
     assert!(w1.migrated_in > 0, "no flow group moved: {stats:?}");
+    assert_eq!(stats.workers[0].migrated_out, w1.migrated_in, "{stats:?}");
     // Connections of migrated groups now arrive on worker 1's own listener although their SYN
     // was processed on CPU 0: accepted there, not stolen, not local.
     assert!(

@@ -18,6 +18,7 @@
 //! the sleep return at once. No timeouts are used for this.
 
 use super::backend::Wake;
+use super::stats::WorkerStats;
 use crate::balance::{
     AcceptFrom, BalanceConfig, Balancer, BusyChange, BusySet, BusyTracker, FlowGroupTable,
 };
@@ -49,6 +50,8 @@ pub struct BalanceShared {
     pub epoch: Instant,
     /// Packet-level steering (XDP + CPUMAP): when present, flow groups move there.
     pub xdp: Option<Arc<XdpSteering>>,
+    /// Every worker's counters (a migration counts out at the victim).
+    pub stats: Vec<Arc<WorkerStats>>,
 }
 
 impl std::fmt::Debug for BalanceShared {
@@ -68,6 +71,7 @@ impl BalanceShared {
         mut config: BalanceConfig,
         group: Arc<ListenerGroup>,
         xdp: Option<Arc<XdpSteering>>,
+        stats: Vec<Arc<WorkerStats>>,
     ) -> Result<Self, String> {
         config.workers = group.workers();
         config.flow_groups = group.flow_groups();
@@ -92,6 +96,7 @@ impl BalanceShared {
             migrations: AtomicU64::new(0),
             epoch: Instant::now(),
             xdp,
+            stats,
         })
     }
 
@@ -209,6 +214,10 @@ impl WorkerBalance {
         ready
     }
 
+    fn own_stats(&self) -> &WorkerStats {
+        &self.shared.stats[self.worker]
+    }
+
     /// A connection came from the own listener.
     pub fn accepted_local(&mut self) {
         self.balancer.record_local();
@@ -217,6 +226,7 @@ impl WorkerBalance {
     /// A steal from `victim` succeeded.
     pub fn stole(&mut self, victim: usize) {
         self.steal_in_flight = false;
+        self.own_stats().stole_from(victim);
         self.balancer.record_steal(victim, self.local_len > 0);
     }
 
@@ -250,6 +260,9 @@ impl WorkerBalance {
         };
         if moved {
             self.shared.migrations.fetch_add(1, Ordering::Relaxed);
+            if let Some(victim) = self.shared.stats.get(mv.from) {
+                victim.migrated_out();
+            }
         }
         Some(mv.group)
     }

@@ -190,16 +190,18 @@ impl Server {
             Some(iface) => Some(Arc::new(attach_xdp(iface, &group)?)),
             None => None,
         };
+        let workers = group.workers();
+        let stats: Vec<Arc<WorkerStats>> = (0..workers)
+            .map(|_| Arc::new(WorkerStats::new(workers)))
+            .collect();
         let balance = match &config.balance {
             Some(cfg) => Some(Arc::new(
-                BalanceShared::new(cfg.clone(), group.clone(), xdp.clone())
+                BalanceShared::new(cfg.clone(), group.clone(), xdp.clone(), stats.clone())
                     .map_err(|m| ServerError::Listen(ListenError::Config(m)))?,
             )),
             None => None,
         };
         let stop = Arc::new(AtomicBool::new(false));
-        let workers = group.workers();
-        let stats: Vec<Arc<WorkerStats>> = (0..workers).map(|_| Arc::default()).collect();
         let (ready_tx, ready_rx) = mpsc::channel();
         let mut threads = Vec::with_capacity(workers);
         for (index, worker_stats) in stats.iter().enumerate() {

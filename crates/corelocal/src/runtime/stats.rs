@@ -49,6 +49,13 @@ pub struct WorkerStats {
     busy: AtomicU64,
     migrated_in: AtomicU64,
     drain_accepted: AtomicU64,
+    /// Written by the workers that take groups from this one (atomic add, rare).
+    migrated_out: AtomicU64,
+    busy_transitions: AtomicU64,
+    queue_samples: AtomicU64,
+    queue_len_sum: AtomicU64,
+    /// Connections this worker stole, by victim.
+    stolen_from: Box<[AtomicU64]>,
 }
 
 /// Buckets of the batching histograms: 1, 2–3, 4–7, …, ≥ 2^(HIST_BUCKETS-1).
@@ -64,6 +71,14 @@ fn bump(counter: &AtomicU64, n: u64) {
 }
 
 impl WorkerStats {
+    /// Counters for one worker of `workers` (sizes the per-victim steal counters).
+    pub fn new(workers: usize) -> WorkerStats {
+        WorkerStats {
+            stolen_from: (0..workers).map(|_| AtomicU64::new(0)).collect(),
+            ..WorkerStats::default()
+        }
+    }
+
     /// Counts an accepted connection, local when its SYN was processed on the worker's CPU.
     pub fn accepted(&self, local: bool, stolen: bool) {
         bump(&self.accepted, 1);
@@ -113,11 +128,30 @@ impl WorkerStats {
         }
     }
 
-    /// Records the latest accept-queue sample (gauges).
+    /// Records an accept-queue sample: the gauges, and the running count and sum.
     pub fn queue(&self, len: u32, cap: u32, busy: bool) {
+        bump(&self.queue_samples, 1);
+        bump(&self.queue_len_sum, len as u64);
         self.queue_len.store(len as u64, Ordering::Relaxed);
         self.queue_cap.store(cap as u64, Ordering::Relaxed);
         self.busy.store(busy as u64, Ordering::Relaxed);
+    }
+
+    /// Counts a change of busy state.
+    pub fn busy_transition(&self) {
+        bump(&self.busy_transitions, 1);
+    }
+
+    /// Counts a connection stolen from `victim`.
+    pub fn stole_from(&self, victim: usize) {
+        if let Some(c) = self.stolen_from.get(victim) {
+            bump(c, 1);
+        }
+    }
+
+    /// Counts a flow group taken from this worker (called by the taker: atomic add).
+    pub fn migrated_out(&self) {
+        self.migrated_out.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Counts a flow group migrated to this worker.
@@ -173,6 +207,11 @@ impl WorkerStats {
             busy: get(&self.busy) != 0,
             migrated_in: get(&self.migrated_in),
             drain_accepted: get(&self.drain_accepted),
+            migrated_out: get(&self.migrated_out),
+            busy_transitions: get(&self.busy_transitions),
+            queue_samples: get(&self.queue_samples),
+            queue_len_sum: get(&self.queue_len_sum),
+            stolen_from: self.stolen_from.iter().map(get).collect(),
             errors: ErrorCounts {
                 bad_request: get(&self.bad_request),
                 too_large: get(&self.too_large),
@@ -306,6 +345,16 @@ pub struct WorkerSnapshot {
     pub migrated_in: u64,
     /// Connections accepted from the queue after a graceful stop began.
     pub drain_accepted: u64,
+    /// Flow groups migrated away from this worker.
+    pub migrated_out: u64,
+    /// Busy ↔ not-busy changes.
+    pub busy_transitions: u64,
+    /// Accept-queue samples taken (balancer on).
+    pub queue_samples: u64,
+    /// Sum of the sampled queue lengths (mean = sum / samples).
+    pub queue_len_sum: u64,
+    /// Connections stolen, by victim worker.
+    pub stolen_from: Vec<u64>,
     /// Errors by kind.
     pub errors: ErrorCounts,
     /// Operations per submit and completions per reap.
@@ -326,6 +375,15 @@ impl WorkerSnapshot {
         self.queue_cap += o.queue_cap;
         self.busy |= o.busy;
         self.migrated_in += o.migrated_in;
+        self.migrated_out += o.migrated_out;
+        self.busy_transitions += o.busy_transitions;
+        self.queue_samples += o.queue_samples;
+        self.queue_len_sum += o.queue_len_sum;
+        self.stolen_from
+            .resize(o.stolen_from.len().max(self.stolen_from.len()), 0);
+        for (a, b) in self.stolen_from.iter_mut().zip(&o.stolen_from) {
+            *a += b;
+        }
         self.errors.add(&o.errors);
         self.batching.add(&o.batching);
     }
