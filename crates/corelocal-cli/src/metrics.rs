@@ -132,6 +132,30 @@ const PER_WORKER: &[(&str, &str, &str, Field)] = &[
         |w| w.migrated_in,
     ),
     (
+        "corelocal_migrated_out_flow_groups_total",
+        "counter",
+        "Flow groups migrated away from the worker.",
+        |w| w.migrated_out,
+    ),
+    (
+        "corelocal_busy_transitions_total",
+        "counter",
+        "Changes between busy and not busy.",
+        |w| w.busy_transitions,
+    ),
+    (
+        "corelocal_accept_queue_samples_total",
+        "counter",
+        "Accept-queue samples taken by the balancer.",
+        |w| w.queue_samples,
+    ),
+    (
+        "corelocal_accept_queue_length_sum",
+        "counter",
+        "Sum of the sampled accept-queue lengths (mean = sum / samples).",
+        |w| w.queue_len_sum,
+    ),
+    (
         "corelocal_open_connections",
         "gauge",
         "Connections open now.",
@@ -188,6 +212,20 @@ pub fn prometheus(snap: &Snapshot, info: &[(&str, String)]) -> String {
                 w.worker,
                 w.cpu,
                 field(w)
+            );
+        }
+    }
+    let name = "corelocal_stolen_from_total";
+    let _ = writeln!(
+        s,
+        "# HELP {name} Connections the worker stole, by victim worker.\n# TYPE {name} counter"
+    );
+    for w in &snap.workers {
+        for (victim, n) in w.stolen_from.iter().enumerate() {
+            let _ = writeln!(
+                s,
+                "{name}{{worker=\"{}\",cpu=\"{}\",victim=\"{victim}\"}} {n}",
+                w.worker, w.cpu
             );
         }
     }
@@ -399,6 +437,7 @@ mod tests {
             queue_len: 4,
             queue_cap: 128,
             busy: true,
+            stolen_from: vec![0, 1],
             ..WorkerSnapshot::default()
         };
         let mut w1 = WorkerSnapshot {
@@ -454,6 +493,9 @@ mod tests {
         assert!(text.contains("corelocal_accepted_total{worker=\"1\",cpu=\"5\"} 7\n"));
         assert!(text.contains("corelocal_accepted_local_total{worker=\"0\",cpu=\"2\"} 9\n"));
         assert!(text.contains("corelocal_stolen_total{worker=\"0\",cpu=\"2\"} 1\n"));
+        assert!(
+            text.contains("corelocal_stolen_from_total{worker=\"0\",cpu=\"2\",victim=\"1\"} 1\n")
+        );
         assert!(text.contains("corelocal_requests_total{worker=\"0\",cpu=\"2\"} 30\n"));
         assert!(text.contains("corelocal_open_connections{worker=\"0\",cpu=\"2\"} 3\n"));
         assert!(text.contains("# TYPE corelocal_open_connections gauge\n"));
