@@ -1,77 +1,10 @@
 //! Server CPU cost from /proc: a process's utime+stime (exact totals, clock ticks), its
 //! threads' schedstat run time (ns), and the per-CPU user/sys/softirq split of /proc/stat.
-//! Parsers are pure; `snapshot` reads the files.
+//! The parsers are [`corelocal::procfs`]'s; `snapshot` reads the files.
 
+use corelocal::procfs::{parse_pid_stat, parse_schedstat, parse_stat, CpuTimes};
 use serde::Serialize;
 use std::path::Path;
-
-/// utime+stime of /proc/PID/stat, in clock ticks.
-pub fn parse_pid_stat(text: &str) -> Option<(u64, u64)> {
-    // Field 2 (comm) may contain spaces and ')': fields resume after the last ')'.
-    let rest = &text[text.rfind(')')? + 1..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    // rest[0] is field 3 (state); utime is field 14, stime field 15.
-    Some((f.get(11)?.parse().ok()?, f.get(12)?.parse().ok()?))
-}
-
-/// Run time (ns) from a /proc/.../schedstat line.
-pub fn parse_schedstat(text: &str) -> Option<u64> {
-    text.split_whitespace().next()?.parse().ok()
-}
-
-/// One CPU's /proc/stat counters (USER_HZ ticks).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-pub struct CpuTimes {
-    /// user + nice
-    pub user: u64,
-    /// system
-    pub sys: u64,
-    /// irq
-    pub irq: u64,
-    /// softirq
-    pub softirq: u64,
-    /// idle + iowait
-    pub idle: u64,
-    /// steal
-    pub steal: u64,
-}
-
-impl CpuTimes {
-    fn total(&self) -> u64 {
-        self.user + self.sys + self.irq + self.softirq + self.idle + self.steal
-    }
-}
-
-/// Per-CPU lines of /proc/stat, indexed by CPU number.
-pub fn parse_proc_stat(text: &str) -> Vec<(usize, CpuTimes)> {
-    let mut v = Vec::new();
-    for line in text.lines() {
-        let Some(rest) = line
-            .strip_prefix("cpu")
-            .filter(|r| r.starts_with(|c: char| c.is_ascii_digit()))
-        else {
-            continue;
-        };
-        let mut f = rest.split_whitespace();
-        let Some(Ok(cpu)) = f.next().map(|c| c.parse::<usize>()) else {
-            continue;
-        };
-        let n: Vec<u64> = f.map(|x| x.parse().unwrap_or(0)).collect();
-        let g = |i: usize| n.get(i).copied().unwrap_or(0);
-        v.push((
-            cpu,
-            CpuTimes {
-                user: g(0) + g(1),
-                sys: g(2),
-                idle: g(3) + g(4),
-                irq: g(5),
-                softirq: g(6),
-                steal: g(7),
-            },
-        ));
-    }
-    v
-}
 
 /// A point-in-time reading.
 #[derive(Debug, Clone, Default)]
@@ -95,7 +28,7 @@ pub fn snapshot(pid: Option<u32>) -> Snapshot {
 pub fn snapshot_at(root: &Path, pid: Option<u32>) -> Snapshot {
     let mut s = Snapshot {
         cpus: std::fs::read_to_string(root.join("stat"))
-            .map(|t| parse_proc_stat(&t))
+            .map(|t| parse_stat(&t))
             .unwrap_or_default(),
         ..Default::default()
     };
@@ -187,14 +120,7 @@ pub fn cost(
     let mut per_cpu = Vec::new();
     for (cpu, t1) in &b.cpus {
         if let Some((_, t0)) = a.cpus.iter().find(|(c, _)| c == cpu) {
-            let d = CpuTimes {
-                user: t1.user.saturating_sub(t0.user),
-                sys: t1.sys.saturating_sub(t0.sys),
-                irq: t1.irq.saturating_sub(t0.irq),
-                softirq: t1.softirq.saturating_sub(t0.softirq),
-                idle: t1.idle.saturating_sub(t0.idle),
-                steal: t1.steal.saturating_sub(t0.steal),
-            };
+            let d = t1.since(t0);
             let tot = d.total().max(1) as f64 / 100.0;
             per_cpu.push(CpuSplit {
                 cpu: *cpu,
@@ -221,35 +147,6 @@ pub fn cost(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn pid_stat_with_odd_comm() {
-        let t = "1234 (a b) c)) S 1 2 3 4 5 6 7 8 9 10 250 37 0 0 20 0 1 0 5 6 7";
-        assert_eq!(parse_pid_stat(t), Some((250, 37)));
-        assert_eq!(parse_pid_stat("garbage"), None);
-        assert_eq!(parse_schedstat("123456 789 10\n"), Some(123456));
-    }
-
-    #[test]
-    fn proc_stat_lines() {
-        let t = "cpu  10 0 10 100 0 0 0 0 0 0\ncpu0 1 2 3 4 5 6 7 8 0 0\ncpu1 10 0 20 70 0 0 0 0 0 0\nintr 5\n";
-        let v = parse_proc_stat(t);
-        assert_eq!(v.len(), 2);
-        assert_eq!(
-            v[0],
-            (
-                0,
-                CpuTimes {
-                    user: 3,
-                    sys: 3,
-                    idle: 9,
-                    irq: 6,
-                    softirq: 7,
-                    steal: 8
-                }
-            )
-        );
-    }
 
     #[test]
     fn cost_math_from_a_fake_proc_tree() {

@@ -11,7 +11,7 @@ use crate::placement::Cell;
 use crate::sys;
 use crate::transfer::{self, RecvSpec, SendSpec, Side};
 use corelocal::cpu::CpuSet;
-use corelocal_top::procfs::{self, CpuPercent, CpuTimes};
+use corelocal::procfs::{self, CpuPercent, CpuTimes};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddrV4};

@@ -113,8 +113,8 @@ pub fn read_counters(net_dir: &str) -> BTreeMap<String, u64> {
     let mut m = BTreeMap::new();
     for f in ["snmp", "netstat"] {
         let path = std::path::Path::new(net_dir).join(f);
-        if let Ok(text) = corelocal_top::procfs::read_text(&path) {
-            m.extend(corelocal_top::procfs::parse_counters(&text));
+        if let Ok(text) = corelocal::procfs::read_text(&path) {
+            m.extend(corelocal::procfs::parse_counters(&text));
         }
     }
     m

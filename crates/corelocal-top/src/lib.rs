@@ -3,10 +3,10 @@
 //! 002's ifstat2), listen overflows/drops and softnet drops/time_squeeze, and per corelocal
 //! worker accepted local/stolen, queue length and busy (`--server-stats`).
 //!
-//! Layout: [`procfs`] and [`server`] parse (pure); [`sample`] reads a root and computes rates;
-//! [`render`] lays out 80 columns; [`sys`] holds the terminal calls (the only `unsafe`).
+//! Layout: [`corelocal::procfs`] and [`server`] parse (pure); [`sample`] reads a root and
+//! computes rates; [`render`] lays out 80 columns; [`sys`] holds the terminal calls (the only
+//! `unsafe`).
 
-pub mod procfs;
 pub mod render;
 pub mod sample;
 pub mod server;

@@ -2,9 +2,9 @@
 //! Files are read through corelocal-tune's [`Fs`] under a root, so fixtures work; interface
 //! steering (RX queues, RPS, IRQ CPUs) comes from corelocal-tune's state reader.
 
-use crate::procfs::{self, CpuTimes, IfCounters, Softnet};
 use crate::server::{self, ServerStats};
 use corelocal::cpu::CpuSet;
+use corelocal::procfs::{self, CpuTimes, IfCounters, Softnet};
 use corelocal_tune::fs::{Fs, RootFs};
 use corelocal_tune::state;
 use serde::Serialize;

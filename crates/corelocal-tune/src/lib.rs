@@ -2,10 +2,10 @@
 //! affinity, RPS, RFS, XPS — and show RSS (issue 7).
 //!
 //! Layout: I/O only at the edges ([`fs`] for `/proc` + `/sys` under a root, [`sys`] for the
-//! ethtool ioctl); [`state`] reads the host into plain data; [`plan`] is pure (topology + NIC
-//! state + options → knob values); [`check`], [`apply`] and [`verify`] validate, write, read
-//! back and restore through [`fs::Fs`], so every step runs on fixture trees ([`fixture`]) with
-//! the test doubles in [`fakes`].
+//! ethtool probes, over `corelocal::sys::ethtool`); [`state`] reads the host into plain data;
+//! [`plan`] is pure (topology + NIC state + options → knob values); [`check`], [`apply`] and
+//! [`verify`] validate, write, read back and restore through [`fs::Fs`], so every step runs on
+//! fixture trees ([`fixture`]) with the test doubles in [`fakes`].
 
 pub mod apply;
 pub mod check;

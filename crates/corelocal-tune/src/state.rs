@@ -26,26 +26,8 @@ pub enum Probe<T> {
     NotQueried(String),
 }
 
-/// `ETHTOOL_GCHANNELS`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct Channels {
-    /// Maximum RX-only channels.
-    pub max_rx: u32,
-    /// Maximum TX-only channels.
-    pub max_tx: u32,
-    /// Maximum other channels.
-    pub max_other: u32,
-    /// Maximum combined channels.
-    pub max_combined: u32,
-    /// Current RX-only channels.
-    pub rx: u32,
-    /// Current TX-only channels.
-    pub tx: u32,
-    /// Current other channels.
-    pub other: u32,
-    /// Current combined channels.
-    pub combined: u32,
-}
+/// `ETHTOOL_GCHANNELS` (the ioctl's own type).
+pub use corelocal::sys::ethtool::Channels;
 
 /// The RSS indirection table and hash key (`ETHTOOL_GRSSH`, or `ETHTOOL_GRXFHINDIR`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

@@ -13,12 +13,15 @@
 //!   and the NIC's RSS indirection table (ethtool), with detection.
 //! - [`runtime`]: one pinned worker per CPU, the sans-IO [`runtime::Handler`] API, stats, and
 //!   the backends behind one submit / reap / wait interface.
+//! - [`procfs`]: pure parsers for `/proc` files (`stat`, `net/*`, `PID/stat`, `schedstat`),
+//!   plus a bounded reader.
 //! - [`sys`]: every syscall and `unsafe` block of the crate.
 
 pub mod balance;
 pub mod bpf;
 pub mod cpu;
 pub mod listen;
+pub mod procfs;
 pub mod runtime;
 pub mod steer;
 pub mod sys;

@@ -8,6 +8,7 @@
 
 use crate::runtime::backend::{Backend, BufId, Completion, ConnId, Op, Origin, Wake};
 use crate::runtime::handler::FileRegion;
+use crate::sys::eventfd::EventFdWaker;
 use crate::sys::socket;
 use std::collections::VecDeque;
 use std::io;
@@ -59,27 +60,6 @@ struct ConnIo {
     pending: Option<PendingSend>,
 }
 
-/// Wakes an epoll worker through an eventfd.
-#[derive(Debug)]
-struct EventFdWaker {
-    fd: OwnedFd,
-}
-
-impl Wake for EventFdWaker {
-    fn wake(&self) {
-        let one: u64 = 1;
-        // SAFETY: writes 8 bytes from a live u64 to our eventfd. A full counter (EAGAIN) means
-        // a wake-up is already pending, which is all we need.
-        let _ = unsafe {
-            libc::write(
-                self.fd.as_raw_fd(),
-                &one as *const u64 as *const libc::c_void,
-                8,
-            )
-        };
-    }
-}
-
 /// The epoll backend of one worker.
 #[derive(Debug)]
 pub struct EpollBackend {
@@ -115,13 +95,10 @@ impl EpollBackend {
         let epfd = cvt(unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) })?;
         // SAFETY: a new descriptor owned by nobody else.
         let epfd = unsafe { OwnedFd::from_raw_fd(epfd) };
-        // SAFETY: plain eventfd; the result is checked.
-        let efd = cvt(unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) })?;
-        // SAFETY: a new descriptor owned by nobody else.
-        let efd = unsafe { OwnedFd::from_raw_fd(efd) };
+        let waker = Arc::new(EventFdWaker::new()?);
         let backend = EpollBackend {
             epfd,
-            waker: Arc::new(EventFdWaker { fd: efd }),
+            waker,
             queued: Vec::new(),
             ready: VecDeque::new(),
             events: Vec::with_capacity(EVENTS_MAX),
@@ -133,7 +110,7 @@ impl EpollBackend {
         };
         backend.ctl(
             libc::EPOLL_CTL_ADD,
-            backend.waker.fd.as_raw_fd(),
+            backend.waker.fd(),
             libc::EPOLLIN as u32,
             TOKEN_WAKER,
         )?;
@@ -394,7 +371,7 @@ impl EpollBackend {
         // SAFETY: reads 8 bytes into a live u64 from our non-blocking eventfd.
         let _ = unsafe {
             libc::read(
-                self.waker.fd.as_raw_fd(),
+                self.waker.fd(),
                 &mut value as *mut u64 as *mut libc::c_void,
                 8,
             )

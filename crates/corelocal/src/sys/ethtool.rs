@@ -1,11 +1,12 @@
 //! Network-device ioctls: interface index by name and the ethtool ioctl (`SIOCETHTOOL`) for
-//! the driver name, RX queue count and the RSS indirection table (read and write).
+//! the driver name, channel counts, the RSS hash key and the RSS indirection table (read and
+//! write). `corelocal-tune`'s read-only probe uses the readers.
 //!
 //! Commands (values from `linux/ethtool.h`): `ETHTOOL_GDRVINFO` 0x03, `ETHTOOL_GRXFHINDIR`
 //! 0x38 / `ETHTOOL_SRXFHINDIR` 0x39 (table only), `ETHTOOL_GCHANNELS` 0x3c, `ETHTOOL_GRSSH`
-//! 0x46 (table and key sizes). A driver without the operation answers `EOPNOTSUPP`. Same
-//! approach as `corelocal-tune`'s read-only probe, plus the write.
+//! 0x46 (table and key). A driver without the operation answers `EOPNOTSUPP`.
 
+use serde::Serialize;
 use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -18,6 +19,8 @@ const ETHTOOL_GCHANNELS: u32 = 0x3c;
 const ETHTOOL_GRSSH: u32 = 0x46;
 /// Largest indirection table accepted (drivers use 128 to 2048 entries).
 pub const INDIR_MAX: u32 = 65_536;
+/// Largest hash key accepted (Toeplitz keys are 40 or 52 bytes).
+pub const KEY_MAX: u32 = 1024;
 /// `struct ethtool_rxfh` up to `rss_config[]`, in u32 words.
 const RXFH_HEADER_WORDS: usize = 6;
 /// `struct ethtool_drvinfo` is 196 bytes; `driver[32]` follows `cmd`.
@@ -97,12 +100,48 @@ pub fn driver(nic: &str) -> io::Result<String> {
     Ok(String::from_utf8_lossy(&bytes[..end]).into_owned())
 }
 
-/// RX queues the RSS table may point at (`ETHTOOL_GCHANNELS`: rx + combined channels).
-pub fn rx_queues(nic: &str) -> io::Result<u32> {
+/// Channel counts (`ETHTOOL_GCHANNELS`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Channels {
+    /// Maximum RX-only channels.
+    pub max_rx: u32,
+    /// Maximum TX-only channels.
+    pub max_tx: u32,
+    /// Maximum other channels.
+    pub max_other: u32,
+    /// Maximum combined channels.
+    pub max_combined: u32,
+    /// Current RX-only channels.
+    pub rx: u32,
+    /// Current TX-only channels.
+    pub tx: u32,
+    /// Current other channels.
+    pub other: u32,
+    /// Current combined channels.
+    pub combined: u32,
+}
+
+/// The channel counts of `nic` (`ETHTOOL_GCHANNELS`).
+pub fn channels(nic: &str) -> io::Result<Channels> {
     let mut buf = [0u32; 9];
     buf[0] = ETHTOOL_GCHANNELS;
     ethtool(nic, &mut buf)?;
-    Ok(buf[5].saturating_add(buf[8]))
+    Ok(Channels {
+        max_rx: buf[1],
+        max_tx: buf[2],
+        max_other: buf[3],
+        max_combined: buf[4],
+        rx: buf[5],
+        tx: buf[6],
+        other: buf[7],
+        combined: buf[8],
+    })
+}
+
+/// RX queues the RSS table may point at (`ETHTOOL_GCHANNELS`: rx + combined channels).
+pub fn rx_queues(nic: &str) -> io::Result<u32> {
+    let c = channels(nic)?;
+    Ok(c.rx.saturating_add(c.combined))
 }
 
 fn too_big(size: u32) -> io::Error {
@@ -112,30 +151,99 @@ fn too_big(size: u32) -> io::Error {
     )
 }
 
-/// The RSS indirection table (bucket → RX queue): the size from `ETHTOOL_GRSSH`, the entries
-/// from `ETHTOOL_GRXFHINDIR`. An empty table (virtio_net without `VIRTIO_NET_F_RSS`) is
-/// reported as `EOPNOTSUPP`.
-pub fn rss_table(nic: &str) -> io::Result<Vec<u32>> {
+/// `ETHTOOL_GRSSH` with no room for the table and key: their sizes (entries, bytes).
+fn rxfh_sizes(nic: &str) -> io::Result<(u32, u32)> {
     let mut head = [0u32; RXFH_HEADER_WORDS];
     head[0] = ETHTOOL_GRSSH;
-    let grssh = ethtool(nic, &mut head);
-    if grssh.is_ok() && head[2] == 0 {
+    ethtool(nic, &mut head)?;
+    Ok((head[2], head[3]))
+}
+
+/// The RSS configuration read by `ETHTOOL_GRSSH`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rxfh {
+    /// Indirection table: bucket → RX queue.
+    pub indirection: Vec<u32>,
+    /// Hash key bytes.
+    pub key: Vec<u8>,
+    /// Hash function bits (`ETH_RSS_HASH_*`).
+    pub hfunc: u8,
+}
+
+/// The RSS indirection table, hash key and hash function (`ETHTOOL_GRSSH`). A driver that
+/// reports neither a table nor a key (virtio_net without `VIRTIO_NET_F_RSS`) is reported as
+/// `EOPNOTSUPP`.
+pub fn rxfh(nic: &str) -> io::Result<Rxfh> {
+    let (indir, key) = rxfh_sizes(nic)?;
+    if indir == 0 && key == 0 {
         return Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP));
     }
+    if indir > INDIR_MAX {
+        return Err(too_big(indir));
+    }
+    if key > KEY_MAX {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("RSS hash key of {key} bytes exceeds the limit {KEY_MAX}"),
+        ));
+    }
+    let total = 4 * RXFH_HEADER_WORDS + 4 * indir as usize + key as usize;
+    let mut buf = vec![0u32; total.div_ceil(4)];
+    buf[0] = ETHTOOL_GRSSH;
+    buf[2] = indir;
+    buf[3] = key;
+    ethtool(nic, &mut buf)?;
+    let start = RXFH_HEADER_WORDS;
+    Ok(Rxfh {
+        indirection: buf[start..start + indir as usize].to_vec(),
+        key: buf[start + indir as usize..]
+            .iter()
+            .flat_map(|w| w.to_ne_bytes())
+            .take(key as usize)
+            .collect(),
+        hfunc: buf[4].to_ne_bytes()[0],
+    })
+}
+
+/// The size of the RSS indirection table (`ETHTOOL_GRXFHINDIR` with no room for entries),
+/// checked against [`INDIR_MAX`].
+fn indir_size(nic: &str) -> io::Result<u32> {
     let mut size_query = [ETHTOOL_GRXFHINDIR, 0];
     ethtool(nic, &mut size_query)?;
     let size = size_query[1];
-    if size == 0 {
-        return Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP));
-    }
     if size > INDIR_MAX {
         return Err(too_big(size));
     }
+    Ok(size)
+}
+
+/// The `size` entries of the RSS indirection table (`ETHTOOL_GRXFHINDIR`).
+fn indir_entries(nic: &str, size: u32) -> io::Result<Vec<u32>> {
     let mut buf = vec![0u32; 2 + size as usize];
     buf[0] = ETHTOOL_GRXFHINDIR;
     buf[1] = size;
     ethtool(nic, &mut buf)?;
     Ok(buf.split_off(2))
+}
+
+/// The RSS indirection table by `ETHTOOL_GRXFHINDIR` alone (older drivers); may be empty.
+pub fn rxfh_indir(nic: &str) -> io::Result<Vec<u32>> {
+    let size = indir_size(nic)?;
+    indir_entries(nic, size)
+}
+
+/// The RSS indirection table (bucket → RX queue): the size from `ETHTOOL_GRSSH`, the entries
+/// from `ETHTOOL_GRXFHINDIR`. An empty table (virtio_net without `VIRTIO_NET_F_RSS`) is
+/// reported as `EOPNOTSUPP`.
+pub fn rss_table(nic: &str) -> io::Result<Vec<u32>> {
+    if let Ok((0, _)) = rxfh_sizes(nic) {
+        return Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP));
+    }
+    let size = indir_size(nic)?;
+    if size == 0 {
+        return Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP));
+    }
+    indir_entries(nic, size)
 }
 
 /// The `ETHTOOL_SRXFHINDIR` command buffer (`struct ethtool_rxfh_indir`) for `table`.
@@ -176,6 +284,10 @@ mod tests {
         assert!(ifindex("a/very/long/interface/name").is_err());
         assert!(ifindex("nosuchif0").is_err());
         assert!(rss_table("nosuchif0").is_err());
+        assert!(channels("nosuchif0").is_err());
+        assert!(rxfh("nosuchif0").is_err());
+        assert!(rxfh_indir("nosuchif0").is_err());
+        assert!(channels("").is_err());
         assert!(ifindex("lo").unwrap() >= 1);
     }
 }

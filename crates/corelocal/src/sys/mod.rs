@@ -10,6 +10,7 @@
 //! - [`signal`]: SIGINT/SIGTERM blocked everywhere and awaited in one place.
 //! - [`process`]: uid and resource limits.
 //! - [`epoll`]: the epoll [`Backend`](crate::runtime::Backend).
+//! - `eventfd`: the eventfd waker both backends share.
 //!
 //! Every backend provides the same completion-style interface (see
 //! [`runtime::Backend`](crate::runtime::Backend)): `push` queues operations (accept, recv,
@@ -21,6 +22,7 @@ pub mod affinity;
 pub mod bpf;
 pub mod epoll;
 pub mod ethtool;
+mod eventfd;
 pub mod process;
 pub mod signal;
 pub mod socket;

@@ -16,11 +16,12 @@ use crate::runtime::backend::{
     Backend, BackendEvents, BufId, Completion, ConnId, Op, Origin, Wake,
 };
 use crate::runtime::handler::FileRegion;
+use crate::sys::eventfd::EventFdWaker;
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::collections::VecDeque;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -179,27 +180,6 @@ impl Drop for BufRing {
     }
 }
 
-/// Wakes an io_uring worker: its ring has a read armed on this eventfd.
-#[derive(Debug)]
-struct EventFdWaker {
-    fd: OwnedFd,
-}
-
-impl Wake for EventFdWaker {
-    fn wake(&self) {
-        let one: u64 = 1;
-        // SAFETY: writes 8 bytes from a live u64 to our eventfd; EAGAIN (counter full) means a
-        // wake-up is already pending.
-        let _ = unsafe {
-            libc::write(
-                self.fd.as_raw_fd(),
-                &one as *const u64 as *const libc::c_void,
-                8,
-            )
-        };
-    }
-}
-
 /// The io_uring backend of one worker.
 pub struct UringBackend {
     // Field order matters for Drop: the ring (and its registrations) goes before the buffers.
@@ -255,17 +235,11 @@ impl UringBackend {
                 0,
             )?
         };
-        // SAFETY: plain eventfd; the result is checked.
-        let efd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        if efd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: a new descriptor owned by nobody else.
-        let efd = unsafe { OwnedFd::from_raw_fd(efd) };
+        let waker = Arc::new(EventFdWaker::new()?);
         let mut backend = UringBackend {
             ring,
             bufs,
-            waker: Arc::new(EventFdWaker { fd: efd }),
+            waker,
             wake_buf: Box::new(0),
             cpu_vals: vec![-1; config.files as usize].into_boxed_slice(),
             slots: (0..config.files)
@@ -303,7 +277,7 @@ impl UringBackend {
     }
 
     fn arm_waker(&mut self) {
-        let fd = self.waker.fd.as_raw_fd();
+        let fd = self.waker.fd();
         let buf = &mut *self.wake_buf as *mut u64 as *mut u8;
         let entry = opcode::Read::new(types::Fd(fd), buf, 8)
             .build()

@@ -1,5 +1,6 @@
-//! Pure parsers for the `/proc` files `top` (and `sweep`) read: `/proc/stat`, `/proc/net/dev`,
-//! `/proc/net/netstat` + `/proc/net/snmp`, `/proc/net/softnet_stat`, `/proc/PID/task/TID/schedstat`.
+//! Pure parsers for the `/proc` files `top`, `sweep` and `bench` read: `/proc/stat`,
+//! `/proc/net/dev`, `/proc/net/netstat` + `/proc/net/snmp`, `/proc/net/softnet_stat`,
+//! `/proc/PID/stat`, `/proc/PID/task/TID/schedstat`, `/proc/loadavg`.
 //!
 //! Every parser takes the file's text and never fails: malformed lines are skipped, missing
 //! fields read as 0. Inputs are bounded by [`READ_LIMIT`] where they are read ([`read_text`]).
@@ -234,6 +235,15 @@ pub fn parse_softnet(text: &str) -> Vec<Softnet> {
     out
 }
 
+/// utime and stime (fields 14 and 15, clock ticks) of a `/proc/PID/stat` file.
+pub fn parse_pid_stat(text: &str) -> Option<(u64, u64)> {
+    // Field 2 (comm) may contain spaces and ')': fields resume after the last ')'.
+    let rest = &text[text.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // rest[0] is field 3 (state); utime is field 14, stime field 15.
+    Some((f.get(11)?.parse().ok()?, f.get(12)?.parse().ok()?))
+}
+
 /// Run time in ns (the first field) of a `schedstat` file.
 pub fn parse_schedstat(text: &str) -> Option<u64> {
     text.split_whitespace().next()?.parse().ok()
@@ -273,6 +283,30 @@ mod tests {
         let p = d.percent();
         assert!((p.user + p.sys + p.irq + p.softirq + p.idle - 100.0).abs() < 1e-9);
         assert_eq!(CpuTimes::default().percent().idle, 0.0);
+    }
+
+    #[test]
+    fn proc_stat_lines() {
+        let t = "cpu  10 0 10 100 0 0 0 0 0 0\ncpu0 1 2 3 4 5 6 7 8 0 0\ncpu1 10 0 20 70 0 0 0 0 0 0\nintr 5\n";
+        let v = parse_stat(t);
+        assert_eq!(v.len(), 2);
+        let cpu0 = CpuTimes {
+            user: 3,
+            sys: 3,
+            idle: 9,
+            irq: 6,
+            softirq: 7,
+            steal: 8,
+        };
+        assert_eq!(v[0], (0, cpu0));
+    }
+
+    #[test]
+    fn pid_stat_with_odd_comm() {
+        let t = "1234 (a b) c)) S 1 2 3 4 5 6 7 8 9 10 250 37 0 0 20 0 1 0 5 6 7";
+        assert_eq!(parse_pid_stat(t), Some((250, 37)));
+        assert_eq!(parse_pid_stat("garbage"), None);
+        assert_eq!(parse_schedstat("123456 789 10\n"), Some(123456));
     }
 
     #[test]
