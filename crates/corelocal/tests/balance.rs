@@ -109,7 +109,7 @@ fn load_checked(
             let conns: Vec<TcpStream> = (0..per_round)
                 .map(|_| {
                     let mut c = TcpStream::connect(addr).unwrap();
-                    c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+                    c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
                     c.write_all(b"x").unwrap();
                     c
                 })
