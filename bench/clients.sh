@@ -24,6 +24,7 @@ gcc -O2 -pthread "$SHARED/tools/floor_server.c" -o "$WORK/floor_server"
 gcc -O2 "$SHARED/tools/crr_client.c" -o "$WORK/crr_client"
 DATE=$(date -u +%F)
 RAW="$OUT/bench-clients-$DATE-$SERVER"
+rm -rf "$RAW"  # a new run never mixes with an older one of the same day
 mkdir -p "$RAW"
 PORT=8080
 
@@ -102,7 +103,9 @@ MD="$OUT/bench-clients-$DATE-$SERVER.md"
   echo "\`bench/clients.sh $SERVER $ROUNDS $SECS $CONNS\` — server \`$SERVER_CMD\` on CPU 1, client on CPU 0, $CONNS"
   echo "connections, ${SECS}s per run, each run in a fresh network namespace, clients alternating each round."
   echo "Load average before: $(cut -d' ' -f1-3 "$RAW/load" | sed 's/load before: //'); after: $(echo "$LOAD_AFTER" | cut -d' ' -f1-3)."
-  echo "Other engineers were compiling on this 2-core VM: figures were taken under possible contention."
+  if awk '{exit !($1 >= 1.0)}' /proc/loadavg; then
+    echo "Load average ≥ 1 at the end: other work may have shared the CPUs; compare ratios, not absolute figures."
+  fi
   echo
   echo "| client | conn/s per client core: median (min–max) | ratio vs wrk | ratio vs crr_client | server CPU µs/conn | client CPU µs/conn |"
   echo "|---|---|---|---|---|---|"
