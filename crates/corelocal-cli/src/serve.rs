@@ -299,6 +299,11 @@ pub fn serve<S: Service>(common: &CommonArgs, service: Arc<S>) -> ExitCode {
     if let Err(e) = signal::block_termination_signals() {
         return fail(&format!("blocking signals: {e}"));
     }
+    // Opened before the workers start: once they accept, descriptors may run out (EMFILE).
+    let mut stats_file = match open_stats_file(common) {
+        Ok(f) => f,
+        Err(e) => return fail(&e),
+    };
     let server = match Server::start(config.clone(), service) {
         Ok(s) => s,
         Err(e) => return fail(&e.to_string()),
@@ -326,14 +331,6 @@ pub fn serve<S: Service>(common: &CommonArgs, service: Arc<S>) -> ExitCode {
         let _ = server.join();
         return fail(&e);
     }
-    let mut stats_file = match open_stats_file(common) {
-        Ok(f) => f,
-        Err(e) => {
-            server.stop();
-            let _ = server.join();
-            return fail(&e);
-        }
-    };
     let started = Instant::now();
     let mut last = server.stats();
     let tick = if common.stats_interval.is_zero() {
