@@ -22,6 +22,36 @@ pub enum CmpWorkload {
     Ka,
     /// memcached gets over keep-alive connections.
     Kv,
+    /// One request per connection for the paper's 64-byte `/64.txt` (nginx and lighttpd serve
+    /// the file set written by `corelocal files gen`; corelocal-http its built-in copy).
+    File64,
+    /// The paper's session workload over its 30,000 files: `bench http --urls paper`, bursts
+    /// 1,2,3 with 100 ms think time, closed loop (default 1,000 connections).
+    Sessions,
+    /// memcached gets, one transaction per connection.
+    Kv1,
+    /// memcached gets, 100 transactions per connection.
+    Kv100,
+}
+
+impl CmpWorkload {
+    /// Short name used in file names.
+    pub fn name(self) -> &'static str {
+        match self {
+            CmpWorkload::Crr => "crr",
+            CmpWorkload::Ka => "ka",
+            CmpWorkload::Kv => "kv",
+            CmpWorkload::File64 => "file64",
+            CmpWorkload::Sessions => "sessions",
+            CmpWorkload::Kv1 => "kv1",
+            CmpWorkload::Kv100 => "kv100",
+        }
+    }
+
+    /// Whether HTTP peers must serve the paper's file set (rather than `/hello`).
+    pub fn needs_fileset(self) -> bool {
+        matches!(self, CmpWorkload::File64 | CmpWorkload::Sessions)
+    }
 }
 
 /// `compare` arguments.
@@ -47,9 +77,9 @@ pub struct CompareArgs {
     /// Warm-up of each run.
     #[arg(long, default_value = "1s")]
     pub warmup: Dur,
-    /// Client connections.
-    #[arg(long, default_value = "64")]
-    pub conns: usize,
+    /// Client connections (default 64; 1,000 for `sessions`, whose clients mostly think).
+    #[arg(long)]
+    pub conns: Option<usize>,
     /// CPU of the server (one worker / process).
     #[arg(long, default_value = "1")]
     pub server_cpu: usize,
@@ -91,6 +121,16 @@ pub struct RoundArgs {
     /// The bench arguments.
     #[arg(last = true)]
     pub bench: Vec<String>,
+}
+
+impl CompareArgs {
+    /// Client connections of each run.
+    pub fn conns(&self) -> usize {
+        self.conns.unwrap_or(match self.workload {
+            CmpWorkload::Sessions => 1000,
+            _ => 64,
+        })
+    }
 }
 
 /// A server to compare.
@@ -171,11 +211,13 @@ fn which_or_install(name: &str, package: &str) -> Result<PathBuf, String> {
     which(name).ok_or_else(|| format!("{name} not installed (apt-get install {package})"))
 }
 
-/// The lighttpd configuration used for the comparison: one process, `/hello` as a static file.
-pub fn lighttpd_conf(dir: &Path, port: u16) -> String {
+/// The lighttpd configuration used for the comparison: one process, static files under `root`
+/// (`DIR/www` with `/hello` when `None`).
+pub fn lighttpd_conf(dir: &Path, port: u16, root: Option<&Path>) -> String {
     let d = dir.display();
+    let www = root.map_or_else(|| format!("{d}/www"), |r| r.display().to_string());
     format!(
-        "server.document-root = \"{d}/www\"\nserver.bind = \"127.0.0.1\"\nserver.port = {port}\n\
+        "server.document-root = \"{www}\"\nserver.bind = \"127.0.0.1\"\nserver.port = {port}\n\
          server.pid-file = \"{d}/lighttpd.pid\"\nserver.errorlog = \"{d}/error.log\"\n\
          server.max-fds = 16384\nserver.max-connections = 8192\n\
          server.max-keep-alive-requests = 1000000\nserver.max-keep-alive-idle = 60\n\
@@ -219,9 +261,23 @@ fn corelocal_bin(a: &CompareArgs) -> PathBuf {
     which("corelocal").unwrap_or_else(|| PathBuf::from("corelocal"))
 }
 
-/// The nginx configuration used for the comparison (one worker, no master, reuseport).
-pub fn nginx_conf(dir: &Path, port: u16) -> String {
+/// The nginx configuration used for the comparison (one worker, no master, reuseport): `/hello`
+/// answered from the config, or with `root` static files from that directory (sendfile, an open
+/// file cache large enough for the paper's 30,000 files).
+pub fn nginx_conf(dir: &Path, port: u16, root: Option<&Path>) -> String {
     let d = dir.display();
+    let location = match root {
+        None => {
+            "location = /hello { default_type text/plain; return 200 \"hello\\n\"; }".to_string()
+        }
+        Some(r) => format!(
+            "root {};\n    sendfile on; tcp_nopush on;\n\
+             \x20   open_file_cache max=40000 inactive=60s; open_file_cache_valid 60s;\n\
+             \x20   types {{ text/plain txt; text/html html; }} default_type text/plain;\n\
+             \x20   location / {{ }}",
+            r.display()
+        ),
+    };
     format!(
         "worker_processes 1;\nmaster_process off;\ndaemon off;\npid {d}/nginx.pid;\nerror_log {d}/error.log warn;\n\
          worker_rlimit_nofile 20000;\nevents {{ worker_connections 16384; }}\n\
@@ -229,8 +285,35 @@ pub fn nginx_conf(dir: &Path, port: u16) -> String {
          \x20 client_body_temp_path {d}/tmp; proxy_temp_path {d}/tmp; fastcgi_temp_path {d}/tmp;\n\
          \x20 uwsgi_temp_path {d}/tmp; scgi_temp_path {d}/tmp;\n\
          \x20 server {{\n    listen 127.0.0.1:{port} reuseport backlog=4096;\n\
-         \x20   location = /hello {{ default_type text/plain; return 200 \"hello\\n\"; }}\n  }}\n}}\n"
+         \x20   {location}\n  }}\n}}\n"
     )
+}
+
+/// For workloads over the paper's file set: writes it once under `work/site` with
+/// `corelocal files gen` (the bytes `corelocal serve http` serves built in) and returns the root.
+fn site(a: &CompareArgs, work: &Path) -> Result<Option<PathBuf>, String> {
+    if !a.workload.needs_fileset() {
+        return Ok(None);
+    }
+    let root = work.join("site");
+    if root.join("64.txt").is_file() {
+        return Ok(Some(root));
+    }
+    let cl = corelocal_bin(a);
+    let out = Proc::new(&cl)
+        .args(["files", "gen", "--out"])
+        .arg(&root)
+        .output()
+        .map_err(|e| format!("{} files gen: {e}", cl.display()))?;
+    if !out.status.success() || !root.join("64.txt").is_file() {
+        return Err(format!(
+            "{} files gen --out {} failed: {}",
+            cl.display(),
+            root.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(Some(root))
 }
 
 fn preset(name: &str, a: &CompareArgs, work: &Path) -> Result<ServerDef, String> {
@@ -252,7 +335,9 @@ fn preset(name: &str, a: &CompareArgs, work: &Path) -> Result<ServerDef, String>
             let nginx = which_or_install("nginx", "nginx-light")?;
             let dir = work.join("nginx");
             std::fs::create_dir_all(dir.join("tmp")).map_err(|e| e.to_string())?;
-            std::fs::write(dir.join("nginx.conf"), nginx_conf(&dir, a.port)).map_err(|e| e.to_string())?;
+            let root = site(a, work)?;
+            std::fs::write(dir.join("nginx.conf"), nginx_conf(&dir, a.port, root.as_deref()))
+                .map_err(|e| e.to_string())?;
             def("http", format!("{} -p {} -c {}/nginx.conf", nginx.display(), dir.display(), dir.display()))
         }
         "lighttpd" => {
@@ -260,7 +345,8 @@ fn preset(name: &str, a: &CompareArgs, work: &Path) -> Result<ServerDef, String>
             let dir = work.join("lighttpd");
             std::fs::create_dir_all(dir.join("www")).map_err(|e| e.to_string())?;
             std::fs::write(dir.join("www/hello"), "hello\n").map_err(|e| e.to_string())?;
-            std::fs::write(dir.join("lighttpd.conf"), lighttpd_conf(&dir, a.port))
+            let root = site(a, work)?;
+            std::fs::write(dir.join("lighttpd.conf"), lighttpd_conf(&dir, a.port, root.as_deref()))
                 .map_err(|e| e.to_string())?;
             def("http", format!("{} -D -f {}/lighttpd.conf", bin.display(), dir.display()))
         }
@@ -270,6 +356,14 @@ fn preset(name: &str, a: &CompareArgs, work: &Path) -> Result<ServerDef, String>
                 "{} serve rpc --listen 127.0.0.1:{{port}} --cpus {{cpu}} --stats-interval 0{}",
                 cl.display(),
                 if ka { "" } else { " --one-shot" }
+            ),
+        ),
+        "corelocal-http" if a.workload.needs_fileset() => def(
+            "http",
+            // No --root: the built-in copy of the paper's file set, the same bytes `files gen` writes.
+            format!(
+                "{} serve http --listen 127.0.0.1:{{port}} --cpus {{cpu}} --stats-interval 0",
+                cl.display()
             ),
         ),
         "corelocal-http" => {
@@ -340,20 +434,52 @@ pub fn bench_args(a: &CompareArgs, proto: &str, json: &Path) -> Result<Vec<Strin
             "--get-ratio".into(),
             "1".into(),
         ],
+        (CmpWorkload::File64, "http") => vec![
+            "crr".into(),
+            "--proto".into(),
+            "http".into(),
+            "--path".into(),
+            corelocal_proto::http::fileset::SMALL_PATH.into(),
+        ],
+        (CmpWorkload::Sessions, "http") => vec![
+            "http".into(),
+            "--urls".into(),
+            "paper".into(),
+            "--bursts".into(),
+            "1,2,3".into(),
+            "--think".into(),
+            "100ms".into(),
+            "--target".into(),
+            format!("http://{t}/"),
+        ],
+        (CmpWorkload::Kv1 | CmpWorkload::Kv100, "kv") => vec![
+            "kv".into(),
+            "--keys".into(),
+            "1000".into(),
+            "--get-ratio".into(),
+            "1".into(),
+            "--txns-per-conn".into(),
+            if a.workload == CmpWorkload::Kv1 {
+                "1"
+            } else {
+                "100"
+            }
+            .into(),
+        ],
         (w, p) => return Err(format!("workload {w:?} does not apply to a {p} server")),
     };
     if v.last().map(String::as_str) == Some("-") {
         // http: the path comes from the target URL.
         v.truncate(v.len() - 2);
         v.extend(["--target".into(), format!("http://{t}/hello")]);
-    } else {
+    } else if !v.iter().any(|x| x == "--target") {
         v.extend(["--target".into(), t]);
     }
     v.extend([
         "--cpus".into(),
         a.client_cpus.clone(),
         "--conns".into(),
-        a.conns.to_string(),
+        a.conns().to_string(),
         "--duration".into(),
         a.duration.to_string(),
         "--warmup".into(),
@@ -638,7 +764,7 @@ pub fn markdown(
         if a.no_netns { " (disabled: --no-netns)" } else { "" },
         a.server_cpu,
         a.client_cpus,
-        a.conns
+        a.conns()
     );
     let busy = load_before
         .split_whitespace()
@@ -707,7 +833,8 @@ pub fn markdown(
     }
     let _ = writeln!(
         s,
-        "\nop = one request/response (crr: one connection). Server CPU is the server process's threads' \
+        "\nop = one request/response (crr and file64: one connection each; sessions: one HTTP request \
+         of a session, not the session; kv1/kv100: one get, 1 or 100 per connection). Server CPU is the server process's threads' \
          schedstat run time over the measured window ÷ ops; on loopback the client's CPU also runs much of \
          the server's receive path, so throughput is client-bound and server CPU per op is the figure that \
          compares servers."
@@ -724,11 +851,7 @@ pub fn run(a: CompareArgs) -> Result<ExitCode, String> {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0);
-    let wl = match a.workload {
-        CmpWorkload::Crr => "crr",
-        CmpWorkload::Ka => "ka",
-        CmpWorkload::Kv => "kv",
-    };
+    let wl = a.workload.name();
     let base = format!("bench-compare-{}-{wl}", utc_date(stamp_unix));
     let rundir = a.out.join(&base);
     std::fs::create_dir_all(&rundir).map_err(|e| format!("{}: {e}", rundir.display()))?;
@@ -916,7 +1039,7 @@ mod tests {
                 rounds: 3,
                 duration: Dur(5_000_000_000),
                 warmup: Dur(1_000_000_000),
-                conns: 64,
+                conns: Some(64),
                 server_cpu: 1,
                 client_cpus: "0".into(),
                 port: 8080,
@@ -955,7 +1078,7 @@ mod tests {
             rounds: 1,
             duration: Dur(1_000_000_000),
             warmup: Dur(0),
-            conns: 8,
+            conns: Some(8),
             server_cpu: 1,
             client_cpus: "0".into(),
             port: 9,
@@ -972,7 +1095,121 @@ mod tests {
             .any(|w| w == ["--target", "http://127.0.0.1:9/hello"]));
         assert_eq!(&v[v.len() - 2..], ["--engine", "epoll"]);
         assert!(bench_args(&a, "kv", Path::new("x")).is_err());
-        assert!(nginx_conf(Path::new("/t"), 9).contains("listen 127.0.0.1:9 reuseport"));
-        assert!(lighttpd_conf(Path::new("/t"), 9).contains("server.port = 9"));
+        assert!(nginx_conf(Path::new("/t"), 9, None).contains("listen 127.0.0.1:9 reuseport"));
+        assert!(lighttpd_conf(Path::new("/t"), 9, None).contains("server.port = 9"));
+    }
+
+    fn args(w: CmpWorkload) -> CompareArgs {
+        CompareArgs {
+            peer: vec![],
+            server: vec![],
+            workload: w,
+            rounds: 1,
+            duration: Dur(1_000_000_000),
+            warmup: Dur(0),
+            conns: None,
+            server_cpu: 1,
+            client_cpus: "0".into(),
+            port: 9,
+            out: "r".into(),
+            corelocal_bin: None,
+            floor_bin: None,
+            no_netns: true,
+            extra: vec![],
+        }
+    }
+
+    fn value_of<'a>(v: &'a [String], flag: &str) -> Option<&'a str> {
+        v.windows(2).find(|w| w[0] == flag).map(|w| w[1].as_str())
+    }
+
+    #[test]
+    fn new_workloads_build_their_bench_arguments() {
+        let j = Path::new("x.json");
+        let a = args(CmpWorkload::File64);
+        let v = bench_args(&a, "http", j).unwrap();
+        assert_eq!(&v[..5], ["crr", "--proto", "http", "--path", "/64.txt"]);
+        assert_eq!(value_of(&v, "--target"), Some("127.0.0.1:9"));
+        assert_eq!(value_of(&v, "--conns"), Some("64"));
+        assert!(bench_args(&a, "kv", j).is_err());
+
+        let a = args(CmpWorkload::Sessions);
+        let v = bench_args(&a, "http", j).unwrap();
+        assert_eq!(v[0], "http");
+        assert_eq!(value_of(&v, "--urls"), Some("paper"));
+        assert_eq!(value_of(&v, "--bursts"), Some("1,2,3"));
+        assert_eq!(value_of(&v, "--think"), Some("100ms"));
+        assert_eq!(value_of(&v, "--target"), Some("http://127.0.0.1:9/"));
+        assert_eq!(v.iter().filter(|x| *x == "--target").count(), 1);
+        assert_eq!(value_of(&v, "--conns"), Some("1000"));
+        let mut b = args(CmpWorkload::Sessions);
+        b.conns = Some(300);
+        assert_eq!(
+            value_of(&bench_args(&b, "http", j).unwrap(), "--conns"),
+            Some("300")
+        );
+
+        for (w, n) in [(CmpWorkload::Kv1, "1"), (CmpWorkload::Kv100, "100")] {
+            let v = bench_args(&args(w), "kv", j).unwrap();
+            assert_eq!(v[0], "kv");
+            assert_eq!(value_of(&v, "--txns-per-conn"), Some(n));
+            assert_eq!(value_of(&v, "--get-ratio"), Some("1"));
+            assert_eq!(value_of(&v, "--target"), Some("127.0.0.1:9"));
+            assert!(bench_args(&args(w), "http", j).is_err());
+        }
+        // The existing kv workload stays keep-alive without a per-connection limit.
+        let v = bench_args(&args(CmpWorkload::Kv), "kv", j).unwrap();
+        assert_eq!(value_of(&v, "--txns-per-conn"), None);
+        assert_eq!(CmpWorkload::Kv100.name(), "kv100");
+        assert!(CmpWorkload::File64.needs_fileset() && !CmpWorkload::Crr.needs_fileset());
+    }
+
+    #[test]
+    fn file_set_configs_serve_the_generated_root() {
+        let root = Path::new("/tmp/site");
+        let n = nginx_conf(Path::new("/t"), 9, Some(root));
+        assert!(n.contains("root /tmp/site;"), "{n}");
+        assert!(
+            n.contains("location / { }") && n.contains("open_file_cache max=40000"),
+            "{n}"
+        );
+        assert!(!n.contains("/hello"), "{n}");
+        assert_eq!(n.matches('{').count(), n.matches('}').count(), "{n}");
+        let h = nginx_conf(Path::new("/t"), 9, None);
+        assert!(
+            h.contains("location = /hello") && !h.contains("root "),
+            "{h}"
+        );
+        assert_eq!(h.matches('{').count(), h.matches('}').count(), "{h}");
+        let l = lighttpd_conf(Path::new("/t"), 9, Some(root));
+        assert!(l.contains("server.document-root = \"/tmp/site\""), "{l}");
+        assert!(
+            lighttpd_conf(Path::new("/t"), 9, None).contains("server.document-root = \"/t/www\"")
+        );
+    }
+
+    #[test]
+    fn presets_pick_the_file_set_for_corelocal_http() {
+        let work = std::env::temp_dir().join(format!("cl-cmp-test-{}", std::process::id()));
+        let mut a = args(CmpWorkload::File64);
+        a.corelocal_bin = Some("/bin/corelocal".into());
+        let d = preset("corelocal-http", &a, &work).unwrap();
+        assert!(!d.cmd.contains("--root"), "{}", d.cmd);
+        a.workload = CmpWorkload::Crr;
+        let d = preset("corelocal-http", &a, &work).unwrap();
+        assert!(d.cmd.contains("--root"), "{}", d.cmd);
+        a.workload = CmpWorkload::Kv1;
+        assert!(preset("corelocal-kv", &a, &work)
+            .unwrap()
+            .cmd
+            .contains("serve kv"));
+        assert!(preset("nope", &a, &work).is_err());
+        // No file set for workloads that do not need it; a failing generator is a clear error.
+        assert_eq!(site(&a, &work).unwrap(), None);
+        a.workload = CmpWorkload::Sessions;
+        a.corelocal_bin = Some("/nonexistent/corelocal".into());
+        let e = site(&a, &work).unwrap_err();
+        assert!(e.contains("files gen"), "{e}");
+        let _ = std::fs::remove_dir_all(&work);
     }
 }

@@ -67,6 +67,10 @@ struct HttpArgs {
     /// Access log: off, stderr, or a file path.
     #[arg(long, default_value = "off")]
     access_log: String,
+    /// A request head must be complete this long after its first byte, else 408 and close
+    /// (slowloris); the idle timeout alone would not catch a client that trickles bytes.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    header_timeout: Duration,
 }
 
 #[derive(Debug, Args)]
@@ -197,6 +201,9 @@ pub fn run(cmd: Command) -> ExitCode {
                 root: args.root,
                 cache_bytes_max: args.cache_mb.saturating_mul(1 << 20),
                 access_log,
+                header_timeout_ms: u64::try_from(args.header_timeout.as_millis())
+                    .unwrap_or(u64::MAX)
+                    .max(1),
                 ..HttpConfig::default()
             };
             match HttpService::new(config) {

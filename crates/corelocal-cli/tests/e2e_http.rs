@@ -443,3 +443,163 @@ fn metrics_flag_errors_are_clear() {
         "{err}"
     );
 }
+
+/// Reads until EOF, a reset or `limit`; returns what arrived (a reset after a reply is fine).
+fn read_reply(s: &mut TcpStream, limit: Duration) -> Vec<u8> {
+    s.set_read_timeout(Some(limit)).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => return got,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+/// Deterministic binary garbage (NULs, high bytes, stray CR/LF), never starting like a method.
+fn garbage(len: usize) -> Vec<u8> {
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut v: Vec<u8> = (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect();
+    v[0] = 0;
+    v
+}
+
+fn assert_still_serving(addr: std::net::SocketAddr) {
+    let r = common::http_get(addr, "/a.txt");
+    assert!(r.starts_with("HTTP/1.1 200") && r.ends_with(BODY), "{r}");
+}
+
+#[test]
+fn half_closed_clients_are_answered_or_closed_and_others_still_served() {
+    let t = site();
+    let s = serve_site(&t, &[]);
+    // Half a request, then the write side shut: no reply owed; a 400 or a plain close.
+    let mut half = TcpStream::connect(s.addr).unwrap();
+    half.write_all(b"GET /a.txt HTTP/1.1\r\nHost: x\r\n")
+        .unwrap();
+    half.shutdown(std::net::Shutdown::Write).unwrap();
+    let started = std::time::Instant::now();
+    let reply = read_reply(&mut half, Duration::from_secs(5));
+    assert!(
+        reply.is_empty() || reply.starts_with(b"HTTP/1.1 400"),
+        "{:?}",
+        String::from_utf8_lossy(&reply)
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "half-closed client held open"
+    );
+    assert_still_serving(s.addr);
+    // A whole request, then the write side shut: still answered.
+    let mut whole = TcpStream::connect(s.addr).unwrap();
+    whole
+        .write_all(b"GET /a.txt HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    whole.shutdown(std::net::Shutdown::Write).unwrap();
+    let reply =
+        String::from_utf8_lossy(&read_reply(&mut whole, Duration::from_secs(5))).into_owned();
+    assert!(
+        reply.starts_with("HTTP/1.1 200") && reply.ends_with(BODY),
+        "{reply}"
+    );
+    assert_still_serving(s.addr);
+    assert_eq!(s.terminate().0, 0);
+}
+
+#[test]
+fn slowloris_and_silent_clients_are_cut_off_while_others_are_served() {
+    let t = site();
+    let s = serve_site(&t, &["--idle-timeout", "500ms", "--header-timeout", "1s"]);
+    // Trickles a header byte every 100 ms: never idle for 500 ms, so only the header deadline
+    // (1 s after the first byte) stops it.
+    let mut slow = TcpStream::connect(s.addr).unwrap();
+    slow.write_all(b"GET /a.txt HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+        .unwrap();
+    let mut w = slow.try_clone().unwrap();
+    let trickle = std::thread::spawn(move || {
+        let t0 = std::time::Instant::now();
+        while t0.elapsed() < Duration::from_secs(6) {
+            if w.write_all(b"a").is_err() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        false
+    });
+    let silent = TcpStream::connect(s.addr).unwrap();
+    let started = std::time::Instant::now();
+    // Others are served while the slow clients hold their connections.
+    for _ in 0..3 {
+        assert_still_serving(s.addr);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let reply = read_reply(&mut slow, Duration::from_secs(5));
+    let took = started.elapsed();
+    assert!(
+        reply.is_empty() || reply.starts_with(b"HTTP/1.1 408"),
+        "{:?}",
+        String::from_utf8_lossy(&reply)
+    );
+    assert!(
+        took >= Duration::from_millis(800) && took < Duration::from_secs(4),
+        "slowloris cut off after {took:?} (header deadline 1s)"
+    );
+    let mut silent = silent;
+    let reply = read_reply(&mut silent, Duration::from_secs(5));
+    assert!(reply.is_empty(), "{:?}", String::from_utf8_lossy(&reply));
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "silent client held open"
+    );
+    assert!(
+        trickle.join().unwrap(),
+        "the trickling writer was never refused"
+    );
+    assert_still_serving(s.addr);
+    assert_eq!(s.terminate().0, 0);
+}
+
+#[test]
+fn binary_garbage_and_a_100kb_header_get_4xx_or_close_and_the_server_keeps_serving() {
+    let t = site();
+    let s = serve_site(&t, &[]);
+    for junk in [garbage(4096), {
+        let mut g = garbage(300);
+        g.extend_from_slice(b"\r\n\r\n");
+        g
+    }] {
+        let mut c = TcpStream::connect(s.addr).unwrap();
+        let _ = c.write_all(&junk);
+        let _ = c.shutdown(std::net::Shutdown::Write);
+        let reply = read_reply(&mut c, Duration::from_secs(5));
+        assert!(
+            reply.is_empty() || reply.starts_with(b"HTTP/1.1 400"),
+            "{:?}",
+            String::from_utf8_lossy(&reply)
+        );
+        assert_still_serving(s.addr);
+    }
+    let mut big = b"GET /a.txt HTTP/1.1\r\nHost: x\r\nX-Big: ".to_vec();
+    big.resize(big.len() + 100_000, b'a');
+    big.extend_from_slice(b"\r\n\r\n");
+    let mut c = TcpStream::connect(s.addr).unwrap();
+    let _ = c.write_all(&big);
+    let reply = read_reply(&mut c, Duration::from_secs(5));
+    assert!(
+        reply.is_empty()
+            || reply.starts_with(b"HTTP/1.1 431")
+            || reply.starts_with(b"HTTP/1.1 400"),
+        "{:?}",
+        String::from_utf8_lossy(&reply)
+    );
+    assert_still_serving(s.addr);
+    assert_eq!(s.terminate().0, 0);
+}

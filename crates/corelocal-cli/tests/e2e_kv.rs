@@ -277,3 +277,72 @@ fn kv_metrics_endpoint_has_per_worker_lines() {
     }
     assert_eq!(s.terminate().0, 0);
 }
+
+/// Sends `bytes`, shuts the write side, and reads until the server closes (or 5 s pass).
+fn exchange(addr: SocketAddr, bytes: &[u8]) -> String {
+    use std::io::{Read, Write};
+    let mut c = TcpStream::connect(addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let _ = c.write_all(bytes);
+    let _ = c.shutdown(std::net::Shutdown::Write);
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let started = Instant::now();
+    loop {
+        match c.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "connection held open after the client's half-close"
+    );
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+fn assert_kv_serving(addr: SocketAddr) {
+    let r = exchange(addr, b"set ok 0 0 2\r\nhi\r\nget ok\r\n");
+    assert_eq!(r, "STORED\r\nVALUE ok 0 2\r\nhi\r\nEND\r\n");
+}
+
+#[test]
+fn oversize_keys_binary_garbage_and_half_closed_clients_keep_the_kv_server_serving() {
+    let s = Served::start("kv", &[]);
+    let key = "k".repeat(300);
+    // memcached 1.6: keys over 250 bytes are a bad command line.
+    let r = exchange(s.addr, format!("get {key}\r\n").as_bytes());
+    assert!(r.starts_with("CLIENT_ERROR"), "{r:?}");
+    let r = exchange(s.addr, format!("set {key} 0 0 1\r\nx\r\n").as_bytes());
+    assert!(r.starts_with("CLIENT_ERROR"), "{r:?}");
+    assert_kv_serving(s.addr);
+
+    // Binary garbage (NULs, high bytes, stray line ends): ERROR lines or a close, nothing else.
+    let mut x: u32 = 0x1234_5678;
+    let mut junk: Vec<u8> = (0..4096)
+        .map(|_| {
+            x = x.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+            (x >> 16) as u8
+        })
+        .collect();
+    junk[0] = 0x01;
+    junk.extend_from_slice(b"\r\n");
+    let r = exchange(s.addr, &junk);
+    assert!(
+        r.lines().all(|l| l == "ERROR"
+            || l.starts_with("CLIENT_ERROR")
+            || l.starts_with("SERVER_ERROR")),
+        "{r:?}"
+    );
+    assert_kv_serving(s.addr);
+
+    // Half a command, then the write side shut: closed without a reply owed.
+    let r = exchange(s.addr, b"get ok");
+    assert!(r.is_empty() || r.starts_with("ERROR"), "{r:?}");
+    // A value promised but cut short: no STORED.
+    let r = exchange(s.addr, b"set half 0 0 100\r\nabc");
+    assert!(!r.contains("STORED"), "{r:?}");
+    assert_kv_serving(s.addr);
+    assert!(exchange(s.addr, b"get half\r\n").starts_with("END"));
+    assert_eq!(s.terminate().0, 0);
+}
