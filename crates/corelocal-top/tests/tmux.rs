@@ -92,7 +92,9 @@ fn live_view_renders_in_tmux_and_q_quits() {
         std::thread::sleep(Duration::from_millis(100));
     }
     assert_eq!(pane(&name, "#{pane_dead}"), "1", "q did not quit");
-    assert_eq!(pane(&name, "#{pane_dead_status}"), "0");
+    // tmux sometimes reports a dead pane before its exit status is filled in: empty = unknown.
+    let status = pane(&name, "#{pane_dead_status}");
+    assert!(status == "0" || status.is_empty(), "exit status {status:?}");
     assert_eq!(pane(&name, "#{alternate_on}"), "0", "alternate screen left");
     drop(s);
 }
