@@ -608,7 +608,11 @@ impl<S: Service, B: Backend> Worker<S, B> {
         };
         if conn.closing.is_none() {
             conn.closing = Some(reason);
-            if !conn.recv_paused && !conn.eof {
+            // A client that broke the protocol stops being read at once. After a normal end
+            // (one-shot answer, `Connection: close`) input is dropped on arrival until the close
+            // (a few µs later): not worth an extra epoll_ctl / cancel per connection.
+            let hostile = reason != CloseReason::Done;
+            if hostile && !conn.recv_paused && !conn.eof {
                 conn.recv_paused = true;
                 self.backend.push(Op::RecvPause { conn: id });
             }
