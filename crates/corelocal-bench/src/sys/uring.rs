@@ -210,9 +210,8 @@ impl Uring {
     }
 
     fn push(&mut self, e: squeue::Entry) {
-        // SAFETY: every entry built in this module points only into `self.dst` or into
-        // `self.bufs[slot]`, which are heap allocations owned by `self` that are neither freed
-        // nor moved while `pending > 0` for that slot (see the module comment and `Drop`).
+        // Entries point only into `self.dst` / `self.bufs[slot]`: heap memory owned by `self`,
+        // SAFETY: neither freed nor moved while that slot has requests pending (module comment).
         while unsafe { self.ring.submission().push(&e) }.is_err() {
             let _ = self.ring.submit();
         }

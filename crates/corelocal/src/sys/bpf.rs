@@ -142,9 +142,8 @@ struct LinkCreateAttr {
 }
 
 fn sys_bpf<T>(cmd: libc::c_long, attr: &mut T) -> io::Result<libc::c_long> {
-    // SAFETY: `attr` is a live, properly sized #[repr(C)] bpf_attr prefix; the kernel reads at
-    // most size_of::<T>() bytes and any pointers inside it refer to buffers the caller keeps
-    // alive for the duration of the call.
+    // `attr` is a live #[repr(C)] bpf_attr prefix; the kernel reads at most size_of::<T>() bytes.
+    // SAFETY: and every pointer inside it refers to a buffer the caller keeps alive for the call.
     let rc = unsafe {
         libc::syscall(
             libc::SYS_bpf,

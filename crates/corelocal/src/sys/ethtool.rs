@@ -80,9 +80,8 @@ fn ethtool(nic: &str, buf: &mut [u32]) -> io::Result<()> {
         *dst = *src as libc::c_char;
     }
     let sock = socket()?;
-    // SAFETY: `req` is a valid, NUL-terminated ifreq whose data pointer refers to `buf`, which
-    // outlives the call and is sized for the command (callers size it from the kernel's own
-    // reported lengths, checked against limits). The kernel reads/writes only within it.
+    // `req` is a NUL-terminated ifreq whose data points to `buf`, sized for the command from the
+    // SAFETY: kernel's own reported lengths (checked against limits) and alive during the call.
     let rc = unsafe { libc::ioctl(sock.as_raw_fd(), SIOCETHTOOL as _, &mut req as *mut IfReq) };
     if rc < 0 {
         return Err(io::Error::last_os_error());
