@@ -2,11 +2,13 @@
 //! io_uring, accepted connections live in each ring's direct-descriptor table, not in the
 //! process's fd table (MegaPipe's lightweight sockets).
 
-use std::io::{BufRead, BufReader, Read};
+mod common;
+
+use common::{Served, BIN};
+use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_corelocal");
 const HOLD: &str = env!("CARGO_BIN_EXE_corelocal-hold");
 const PER_HOLDER: usize = 11_000;
 
@@ -55,42 +57,29 @@ fn one_process_holds_more_connections_than_its_fd_limit() {
     }
     let stats = std::env::temp_dir().join(format!("corelocal-conc-{}.jsonl", std::process::id()));
     let _ = std::fs::remove_file(&stats);
-    let mut server = Command::new(BIN)
-        .args([
-            "serve",
-            "rpc",
-            "--listen",
-            "127.0.0.1:0",
-            "--backend",
-            "uring",
-            "--mode",
-            "fine",
-        ])
-        .args([
-            "--stats-interval",
-            "200ms",
-            "--idle-timeout",
-            "10m",
-            "--stats-file",
-        ])
-        .arg(&stats)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(server.stderr.as_mut().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert!(line.contains("backend uring"), "{line}");
-    let addr = line
-        .split("listening on ")
-        .nth(1)
-        .unwrap()
-        .split([' ', ','])
-        .next()
-        .unwrap()
-        .to_string();
+    let mut cmd = Command::new(BIN);
+    cmd.args([
+        "serve",
+        "rpc",
+        "--listen",
+        "127.0.0.1:0",
+        "--backend",
+        "uring",
+        "--mode",
+        "fine",
+    ])
+    .args([
+        "--stats-interval",
+        "200ms",
+        "--idle-timeout",
+        "10m",
+        "--stats-file",
+    ])
+    .arg(&stats)
+    .stdout(Stdio::null());
+    let server = Served::spawn(cmd, false);
+    assert!(server.log.contains("backend uring"), "{}", server.log);
+    let addr = server.hostport();
     let mut holders: Vec<Child> = (0..2)
         .map(|_| {
             Command::new(HOLD)
@@ -117,16 +106,12 @@ fn one_process_holds_more_connections_than_its_fd_limit() {
         std::thread::sleep(Duration::from_millis(100));
     }
     // The server's own fd table stays small: listeners, rings, eventfds — no connections.
-    let fds = open_fds(server.id());
+    let fds = open_fds(server.child.id());
     assert!(fds < 100, "server has {fds} descriptors open");
     for mut h in holders {
         drop(h.stdin.take());
         h.wait().unwrap();
     }
-    // SAFETY: sending SIGTERM to our own child.
-    unsafe { libc::kill(server.id() as i32, libc::SIGTERM) };
-    assert!(server.wait().unwrap().success());
-    let mut rest = String::new();
-    let _ = server.stderr.take().unwrap().read_to_string(&mut rest);
+    assert_eq!(server.terminate().0, 0);
     let _ = std::fs::remove_file(&stats);
 }

@@ -18,20 +18,6 @@ const ADDR: &str = "127.0.0.1:7400";
 const REQ: usize = 64;
 const CLIENT_THREADS: usize = 4;
 
-fn root_or_skip(test: &str) -> bool {
-    // SAFETY-free check: geteuid via id(1) keeps this file free of unsafe.
-    let out = Command::new("id").arg("-u").output().expect("id -u");
-    if String::from_utf8_lossy(&out.stdout).trim() == "0" {
-        return true;
-    }
-    assert!(
-        std::env::var("CI").as_deref() != Ok("true"),
-        "{test}: needs root (unshare --net), and CI=true forbids skipping"
-    );
-    eprintln!("skipping {test}: needs root (unshare --net, eBPF)");
-    false
-}
-
 /// Runs `test` again in a fresh network namespace; returns false when this is the inner run.
 fn outer(test: &str) -> bool {
     if std::env::var(INNER_ENV).is_ok() {
@@ -41,7 +27,7 @@ fn outer(test: &str) -> bool {
         assert!(up.unwrap().success(), "ip link set lo up");
         return false;
     }
-    if root_or_skip(test) {
+    if corelocal::testing::root_or_skip(test) {
         let status = Command::new("unshare")
             .args(["--net", "--"])
             .arg(std::env::current_exe().unwrap())

@@ -1,55 +1,26 @@
 //! The `corelocal serve` command end to end: flags, serving, stats, bad input, signals.
 
-use std::io::{BufRead, BufReader, Read, Write};
+mod common;
+
+use common::{Served, BIN};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::process::{Child, ChildStderr, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
-const BIN: &str = env!("CARGO_BIN_EXE_corelocal");
-
-struct Running {
-    child: Child,
-    addr: SocketAddr,
-    stderr: BufReader<ChildStderr>,
-}
-
-/// Starts `corelocal serve rpc ARGS` on an ephemeral port; waits for its "listening on" line.
-fn serve_rpc(args: &[&str]) -> Running {
-    let mut child = Command::new(BIN)
-        .args(["serve", "rpc", "--listen", "127.0.0.1:0"])
+/// Starts `corelocal serve rpc ARGS` on an ephemeral port, its stats on a piped stdout.
+fn serve_rpc(args: &[&str]) -> Served {
+    let mut cmd = Command::new(BIN);
+    cmd.args(["serve", "rpc", "--listen", "127.0.0.1:0"])
         .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stderr = BufReader::new(child.stderr.take().unwrap());
-    let mut line = String::new();
-    stderr.read_line(&mut line).unwrap();
-    let addr = line
-        .split("listening on ")
-        .nth(1)
-        .and_then(|rest| rest.split([' ', ',']).next())
-        .unwrap_or_else(|| panic!("no address in {line:?}"))
-        .parse()
-        .unwrap();
-    Running {
-        child,
-        addr,
-        stderr,
-    }
+        .stdout(Stdio::piped());
+    Served::spawn(cmd, false)
 }
 
-fn terminate(mut r: Running) -> (i32, String) {
-    // SAFETY: sending SIGTERM to our own child process.
-    unsafe { libc::kill(r.child.id() as i32, libc::SIGTERM) };
-    let status = r.child.wait().unwrap();
-    let mut rest = String::new();
-    r.stderr.read_to_string(&mut rest).unwrap();
-    let mut out = String::new();
-    if let Some(mut stdout) = r.child.stdout.take() {
-        stdout.read_to_string(&mut out).unwrap();
-    }
-    (status.code().unwrap_or(-1), out)
+/// SIGTERM; the exit code and the stats printed on stdout.
+fn terminate(r: Served) -> (i32, String) {
+    let (code, _, stdout) = r.terminate_with_stdout();
+    (code, stdout)
 }
 
 fn rpc(addr: SocketAddr, request: &[u8]) -> Vec<u8> {
@@ -184,45 +155,22 @@ fn without_io_uring(cmd: &mut Command) -> &mut Command {
 
 #[test]
 fn auto_falls_back_to_epoll_with_a_reason_when_io_uring_is_refused() {
-    let mut child = without_io_uring(
-        Command::new(BIN)
-            .args([
-                "serve",
-                "rpc",
-                "--listen",
-                "127.0.0.1:0",
-                "--backend",
-                "auto",
-                "--one-shot",
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped()),
-    )
-    .spawn()
-    .unwrap();
-    let mut stderr = BufReader::new(child.stderr.take().unwrap());
-    let mut text = String::new();
-    let mut addr = None;
-    for _ in 0..4 {
-        let mut line = String::new();
-        stderr.read_line(&mut line).unwrap();
-        text += &line;
-        if let Some(rest) = line.split("listening on ").nth(1) {
-            addr = rest
-                .split([' ', ','])
-                .next()
-                .map(|a| a.parse::<SocketAddr>().unwrap());
-            break;
-        }
-    }
-    assert!(text.contains("io_uring refused"), "{text}");
-    assert!(text.contains("backend epoll"), "{text}");
-    assert_eq!(rpc(addr.expect("listening line"), &[b'x'; 64]).len(), 64);
-    let r = Running {
-        child,
-        addr: addr.unwrap(),
-        stderr,
-    };
+    let mut cmd = Command::new(BIN);
+    cmd.args([
+        "serve",
+        "rpc",
+        "--listen",
+        "127.0.0.1:0",
+        "--backend",
+        "auto",
+        "--one-shot",
+    ])
+    .stdout(Stdio::null());
+    without_io_uring(&mut cmd);
+    let r = Served::spawn(cmd, false);
+    assert!(r.log.contains("io_uring refused"), "{}", r.log);
+    assert!(r.log.contains("backend epoll"), "{}", r.log);
+    assert_eq!(rpc(r.addr, &[b'x'; 64]).len(), 64);
     assert_eq!(terminate(r).0, 0);
 }
 

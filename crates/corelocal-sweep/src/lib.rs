@@ -379,7 +379,7 @@ pub fn sweep(cmd: &Command, topo: &Topology) -> Result<Report, SweepError> {
     let matrix = matrix_cpus(cmd.cpus.as_deref(), topo)?;
     let cfg = cell_config(cmd, topo, &matrix)?;
     let live = cmd.root == Path::new("/");
-    if live && !sys::is_root() {
+    if live && !corelocal::sys::process::is_root() {
         return Err(SweepError::Failed(
             "needs root: it creates network namespaces and writes rps_cpus / smp_affinity".into(),
         ));

@@ -64,12 +64,6 @@ pub fn gettid() -> u32 {
     unsafe { libc::gettid() as u32 }
 }
 
-/// Whether the process runs as root.
-pub fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() == 0 }
-}
-
 extern "C" fn on_stop_signal(_sig: libc::c_int) {
     STOP.store(true, Ordering::SeqCst);
 }

@@ -20,11 +20,6 @@ use std::process::Command;
 const CHILD_ENV: &str = "CORELOCAL_TUNE_NETNS_CHILD";
 const VETH: &str = "tunev0";
 
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() == 0 }
-}
-
 /// Skips with `reason`, or fails under CI=true where root tests must run.
 fn skip_or_fail(reason: &str) {
     if std::env::var("CI").is_ok_and(|v| v == "true") {
@@ -60,7 +55,7 @@ impl Drop for Netns {
 
 #[test]
 fn veth_in_private_netns_round_trip() {
-    if !is_root() {
+    if !corelocal::sys::process::is_root() {
         return skip_or_fail("it needs root (ip netns add, writes to the veth's sysfs)");
     }
     if Command::new("ip").arg("-V").output().is_err() {

@@ -19,6 +19,8 @@ pub struct Served {
     pub addr: SocketAddr,
     /// Where its metrics endpoint listens (with `--metrics`).
     pub metrics: Option<SocketAddr>,
+    /// Standard error up to and including the "listening on" line.
+    pub log: String,
     stderr: Option<BufReader<ChildStderr>>,
 }
 
@@ -34,37 +36,45 @@ impl Served {
     /// Starts `corelocal serve APP --listen 127.0.0.1:0 ARGS` (stats printing off) and waits
     /// for its "listening on" line (and "metrics on" line when ARGS has `--metrics`).
     pub fn start(app: &str, args: &[&str]) -> Served {
-        let mut child = Command::new(BIN)
-            .args([
-                "serve",
-                app,
-                "--listen",
-                "127.0.0.1:0",
-                "--stats-interval",
-                "0",
-            ])
-            .args(args)
+        let mut cmd = Command::new(BIN);
+        cmd.args([
+            "serve",
+            app,
+            "--listen",
+            "127.0.0.1:0",
+            "--stats-interval",
+            "0",
+        ])
+        .args(args)
+        .stdout(Stdio::null());
+        Served::spawn(cmd, args.contains(&"--metrics"))
+    }
+
+    /// Spawns a prepared `corelocal serve …` command (its stdout is the caller's choice; stdin
+    /// is closed and stderr read here) and waits for the "listening on" line, and for the
+    /// "metrics on" line when `want_metrics`. Lines read meanwhile are kept in `log`.
+    pub fn spawn(mut cmd: Command, want_metrics: bool) -> Served {
+        let mut child = cmd
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
             .expect("spawn corelocal");
         let mut stderr = BufReader::new(child.stderr.take().unwrap());
-        let want_metrics = args.contains(&"--metrics");
-        let (mut addr, mut metrics, mut text) = (None, None, String::new());
+        let (mut addr, mut metrics, mut log) = (None, None, String::new());
         while addr.is_none() || (want_metrics && metrics.is_none()) {
             let mut line = String::new();
             if stderr.read_line(&mut line).unwrap_or(0) == 0 {
-                panic!("corelocal serve {app} exited early: {text}");
+                panic!("corelocal serve exited early: {log}");
             }
             addr = addr.or_else(|| addr_after(&line, "listening on "));
             metrics = metrics.or_else(|| addr_after(&line, "metrics on http://"));
-            text += &line;
+            log += &line;
         }
         Served {
             child,
             addr: addr.unwrap(),
             metrics,
+            log,
             stderr: Some(stderr),
         }
     }
@@ -76,7 +86,13 @@ impl Served {
 
     /// SIGTERM, then waits (at most 10 s, then SIGKILL); returns the exit code and the rest of
     /// stderr.
-    pub fn terminate(mut self) -> (i32, String) {
+    pub fn terminate(self) -> (i32, String) {
+        let (code, rest, _) = self.terminate_with_stdout();
+        (code, rest)
+    }
+
+    /// As [`Served::terminate`], also returning standard output when it was piped.
+    pub fn terminate_with_stdout(mut self) -> (i32, String, String) {
         // SAFETY: sending SIGTERM to our own child process, which has not been reaped.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
         let code = wait_bounded(&mut self.child, Duration::from_secs(10));
@@ -84,7 +100,11 @@ impl Served {
         if let Some(mut e) = self.stderr.take() {
             let _ = e.read_to_string(&mut rest);
         }
-        (code, rest)
+        let mut out = String::new();
+        if let Some(mut o) = self.child.stdout.take() {
+            let _ = o.read_to_string(&mut out);
+        }
+        (code, rest, out)
     }
 }
 
