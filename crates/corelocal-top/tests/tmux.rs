@@ -27,20 +27,25 @@ impl Drop for Session {
     }
 }
 
-#[test]
-fn live_view_renders_in_tmux_and_q_quits() {
-    if Command::new("tmux").arg("-V").output().is_err() {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "CI=true: tmux must be installed"
-        );
-        eprintln!("skipping: tmux is not installed (apt-get install -y tmux)");
-        return;
+/// Whether tmux is installed; without it the tests skip, except under CI=true where they fail.
+fn tmux_available() -> bool {
+    if Command::new("tmux").arg("-V").output().is_ok() {
+        return true;
     }
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "CI=true: tmux must be installed"
+    );
+    eprintln!("skipping: tmux is not installed (apt-get install -y tmux)");
+    false
+}
+
+/// Starts `corelocal-top ARGS` in a detached 80×30 tmux session that keeps the pane after exit.
+fn start_top(prefix: &str, args: &str) -> Session {
     let bin = env!("CARGO_BIN_EXE_corelocal-top");
-    let name = format!("cltop{}", std::process::id());
-    let s = Session(name.clone());
-    let cmd = format!("{bin} --interval 0.3");
+    let name = format!("{prefix}{}", std::process::id());
+    let session = Session(name.clone());
+    let cmd = format!("{bin} {args}");
     let out = tmux(&[
         "new-session",
         "-d",
@@ -58,6 +63,16 @@ fn live_view_renders_in_tmux_and_q_quits() {
         String::from_utf8_lossy(&out.stderr)
     );
     let _ = tmux(&["set-option", "-t", &name, "remain-on-exit", "on"]);
+    session
+}
+
+#[test]
+fn live_view_renders_in_tmux_and_q_quits() {
+    if !tmux_available() {
+        return;
+    }
+    let s = start_top("cltop", "--interval 0.3");
+    let name = s.0.clone();
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut screen = String::new();
     while Instant::now() < deadline {
@@ -101,35 +116,11 @@ fn live_view_renders_in_tmux_and_q_quits() {
 
 #[test]
 fn a_panic_restores_the_terminal() {
-    if Command::new("tmux").arg("-V").output().is_err() {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "CI=true: tmux must be installed"
-        );
-        eprintln!("skipping: tmux is not installed (apt-get install -y tmux)");
+    if !tmux_available() {
         return;
     }
-    let bin = env!("CARGO_BIN_EXE_corelocal-top");
-    let name = format!("cltopp{}", std::process::id());
-    let _s = Session(name.clone());
-    let cmd = format!("{bin} --interval 0.2 --panic-after-frame");
-    let out = tmux(&[
-        "new-session",
-        "-d",
-        "-s",
-        &name,
-        "-x",
-        "80",
-        "-y",
-        "30",
-        &cmd,
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let _ = tmux(&["set-option", "-t", &name, "remain-on-exit", "on"]);
+    let _s = start_top("cltopp", "--interval 0.2 --panic-after-frame");
+    let name = _s.0.clone();
     let deadline = Instant::now() + Duration::from_secs(10);
     while Instant::now() < deadline && pane(&name, "#{pane_dead}") != "1" {
         std::thread::sleep(Duration::from_millis(100));
