@@ -14,8 +14,16 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-struct Lines;
-struct LineConn;
+/// A line protocol; with `announce`, a stopping server answers the next PING with
+/// "PONG BYE" and closes (like HTTP's `Connection: close`).
+#[derive(Default)]
+struct Lines {
+    announce: bool,
+}
+struct LineConn {
+    announce: bool,
+    draining: bool,
+}
 
 /// A 1 MB file of a known pattern (`i % 251` at offset `i`), made once per test process.
 fn test_file() -> std::path::PathBuf {
@@ -36,7 +44,10 @@ impl Handler for LineConn {
         };
         let line = &input[..end];
         let consumed = end + 1;
-        if line == b"PING" {
+        if line == b"PING" && self.draining {
+            out.write(b"PONG BYE\n");
+            Step::close(consumed, 1, CloseReason::Done)
+        } else if line == b"PING" {
             out.write(b"PONG\n");
             Step::read(consumed, 1)
         } else if line == b"QUIT" {
@@ -59,6 +70,11 @@ impl Handler for LineConn {
             Step::close(consumed, 0, CloseReason::BadRequest)
         }
     }
+
+    fn on_drain(&mut self) -> bool {
+        self.draining = self.announce;
+        self.announce
+    }
 }
 
 impl Service for Lines {
@@ -67,7 +83,10 @@ impl Service for Lines {
         "lines"
     }
     fn connect(&self, _info: &ConnInfo) -> LineConn {
-        LineConn
+        LineConn {
+            announce: self.announce,
+            draining: false,
+        }
     }
 }
 
@@ -79,7 +98,7 @@ fn start_with(backend: BackendKind, mode: Mode, limits: Limits) -> Server {
     let mut config = ServerConfig::new(vec!["127.0.0.1:0".parse().unwrap()], &cpus(), mode);
     config.limits = limits;
     config.backend = backend;
-    let server = Server::start(config, Arc::new(Lines)).unwrap();
+    let server = Server::start(config, Arc::new(Lines::default())).unwrap();
     let expected = match backend {
         BackendKind::Uring => "uring",
         _ => "epoll",
@@ -290,6 +309,32 @@ fn starved_receives_recover(backend: BackendKind) {
     stop(server);
 }
 
+/// A protocol that announces the close gets the next request of an idle keep-alive
+/// connection answered (with the announcement) instead of a close racing that request; a
+/// connection that stays silent is closed after the grace, so the stop still ends promptly.
+fn graceful_stop_answers_announced_keep_alive_requests(backend: BackendKind) {
+    let mut config = ServerConfig::new(vec!["127.0.0.1:0".parse().unwrap()], &cpus(), Mode::Local);
+    config.backend = backend;
+    let server = Server::start(config, Arc::new(Lines { announce: true })).unwrap();
+    let (mut active, silent) = (connect(addr(&server)), connect(addr(&server)));
+    active.write_all(b"PING\n").unwrap();
+    let mut pong = [0u8; 5];
+    active.read_exact(&mut pong).unwrap();
+    assert_eq!(&pong, b"PONG\n");
+    eventually(&server, |st| st.total.open == 2);
+    let t = Instant::now();
+    server.stop();
+    thread::sleep(Duration::from_millis(300)); // a think time, well within the grace
+    active.write_all(b"PING\n").unwrap();
+    assert_eq!(read_to_end(active), b"PONG BYE\n");
+    server.join().unwrap();
+    assert!(
+        t.elapsed() < Duration::from_secs(4),
+        "stop waited past the keep-alive grace"
+    );
+    assert_eq!(read_to_end(silent), b"");
+}
+
 fn graceful_stop_closes_idle_connections_and_exits(backend: BackendKind) {
     let server = start(backend);
     let s = connect(addr(&server));
@@ -314,7 +359,7 @@ fn local_mode_workers_accept_their_own_cpus_connections(backend: BackendKind) {
             ServerConfig::new(vec!["127.0.0.1:0".parse().unwrap()], &cpus(), Mode::Local);
         config.listen.steering = Some(steering);
         config.backend = backend;
-        let server = Server::start(config, Arc::new(Lines)).unwrap();
+        let server = Server::start(config, Arc::new(Lines::default())).unwrap();
         let a = addr(&server);
         for &cpu in &all[..2] {
             thread::spawn(move || {
@@ -371,6 +416,7 @@ on_every_backend!(
     idle_connections_time_out,
     large_responses_to_a_slow_reader_arrive_whole,
     graceful_stop_closes_idle_connections_and_exits,
+    graceful_stop_answers_announced_keep_alive_requests,
     local_mode_workers_accept_their_own_cpus_connections,
     stock_mode_serves_from_one_shared_socket
 );

@@ -28,6 +28,8 @@ pub struct HttpConn {
     served: u64,
     /// Access-log lines not yet written.
     log: Vec<u8>,
+    /// The server is stopping: the next response says `Connection: close`.
+    draining: bool,
 }
 
 /// What one request produced, for the log and the keep-alive decision.
@@ -46,6 +48,7 @@ impl HttpConn {
             skip_body: 0,
             served: 0,
             log: Vec::new(),
+            draining: false,
         }
     }
 
@@ -94,7 +97,9 @@ impl HttpConn {
         now: Instant,
     ) -> Result<(), CloseReason> {
         self.served += 1;
-        let keep = req.keep_alive && self.served < self.inner.config.requests_per_conn_max;
+        let keep = req.keep_alive
+            && !self.draining
+            && self.served < self.inner.config.requests_per_conn_max;
         let conn = ConnHeader::new(keep, req.keep_alive_explicit);
         let answer = self.answer(req, conn, out, now);
         self.log_line(now, Some(req), answer.status, answer.body_bytes);
@@ -264,6 +269,11 @@ fn range_of(req: &Request<'_>, entry: &Entry) -> RangeAnswer {
 }
 
 impl Handler for HttpConn {
+    fn on_drain(&mut self) -> bool {
+        self.draining = true;
+        true
+    }
+
     fn on_input(&mut self, input: &[u8], out: &mut Output, now: Instant) -> Step {
         let mut consumed = 0;
         let mut requests = 0;

@@ -731,3 +731,21 @@ mod props {
         }
     }
 }
+
+#[test]
+fn draining_answers_the_next_request_with_connection_close() {
+    let (svc, base) = builtin();
+    let mut c = conn(svc, *base);
+    let (r, step) = once(&mut c, get("/64.txt").as_bytes(), *base);
+    assert_eq!(step.next, Next::Read);
+    assert_eq!(r.matches("Connection: close").count(), 0);
+    assert!(c.on_drain(), "HTTP can announce the close");
+    let (r, step) = once(&mut c, get("/64.txt").repeat(2).as_bytes(), *base);
+    assert_eq!(
+        step.requests, 1,
+        "nothing after the announced close is answered"
+    );
+    assert_eq!(step.next, Next::Close(CloseReason::Done));
+    assert!(r.starts_with("HTTP/1.1 200"));
+    assert_eq!(r.matches("Connection: close").count(), 1);
+}

@@ -225,6 +225,15 @@ pub trait Handler: Send + 'static {
         let _ = (input, out, now);
         Next::Close(CloseReason::Done)
     }
+
+    /// The server began a graceful stop. A protocol that can tell its peer the connection is
+    /// about to close (HTTP's `Connection: close`) arranges to close after its next response
+    /// and returns true: the runtime then lets an idle connection live a short grace period
+    /// for that next request instead of closing it under a request already on its way. The
+    /// default (false) suits protocols with no such signal: idle connections close at once.
+    fn on_drain(&mut self) -> bool {
+        false
+    }
 }
 
 /// A server application: shared state plus a factory of per-connection handlers.

@@ -24,6 +24,10 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 const DRAIN_QUIESCE: Duration = Duration::from_millis(100);
 /// While draining the accept queue, how often it is checked for emptiness.
 const DRAIN_POLL: Duration = Duration::from_millis(5);
+/// While stopping, how long an idle connection whose protocol announces the close (HTTP
+/// keep-alive) waits for its next request, which is answered with that announcement; at most
+/// half the drain timeout. Longer than typical think times between requests of a session.
+const DRAIN_KEEPALIVE_GRACE: Duration = Duration::from_secs(1);
 
 /// What a worker is given.
 pub struct WorkerSetup<S: Service> {
@@ -69,6 +73,8 @@ struct Conn<H> {
     last_active: Instant,
     /// Whether a request of this connection completed (or it closed): not waiting any more.
     served: bool,
+    /// While stopping: the handler will tell the peer it closes (see `Handler::on_drain`).
+    drain_signalled: bool,
 }
 
 /// One worker's state.
@@ -237,9 +243,26 @@ impl<S: Service, B: Backend> Worker<S, B> {
         if !self.accepting && self.accept_resume_at.is_none() {
             self.set_accepting(true);
         }
+        for id in self.live_conn_ids() {
+            self.signal_drain(id);
+        }
         let idle: Vec<ConnId> = self.idle_conn_ids();
         for id in idle {
-            self.begin_close(id, CloseReason::Done);
+            if !self.conns[id as usize]
+                .as_ref()
+                .is_some_and(|c| c.drain_signalled)
+            {
+                self.begin_close(id, CloseReason::Done);
+            }
+        }
+    }
+
+    /// Tells the handler the server is stopping (it may announce the close to its peer).
+    fn signal_drain(&mut self, id: ConnId) {
+        if let Some(conn) = self.conns.get_mut(id as usize).and_then(Option::as_mut) {
+            if conn.closing.is_none() && !conn.drain_signalled {
+                conn.drain_signalled = conn.handler.on_drain();
+            }
         }
     }
 
@@ -259,19 +282,30 @@ impl<S: Service, B: Backend> Worker<S, B> {
     }
 
     /// While stopping, connections that never sent a request and stayed silent for
-    /// [`DRAIN_QUIESCE`] are closed (a request already on its way gets that long to land).
+    /// [`DRAIN_QUIESCE`] are closed (a request already on its way gets that long to land),
+    /// and so are idle connections told of the close that stayed silent for the keep-alive
+    /// grace ([`DRAIN_KEEPALIVE_GRACE`], at most half the drain timeout).
     fn sweep_silent(&mut self, now: Instant) {
         if self.sweep_at.is_some_and(|t| now < t) {
             return;
         }
         self.sweep_at = Some(now + DRAIN_POLL * 4);
+        let grace = DRAIN_KEEPALIVE_GRACE.min(self.setup.limits.drain_timeout / 2);
         let silent: Vec<ConnId> = (0..self.conns.len())
             .filter(|&i| {
                 self.conns[i].as_ref().is_some_and(|c| {
-                    !c.served
+                    let quiet = now.saturating_duration_since(c.last_active);
+                    let waited = if c.served && c.drain_signalled {
+                        grace
+                    } else {
+                        DRAIN_QUIESCE
+                    };
+                    (!c.served || c.drain_signalled)
                         && c.closing.is_none()
                         && c.input.is_empty()
-                        && now.saturating_duration_since(c.last_active) >= DRAIN_QUIESCE
+                        && c.output.is_empty()
+                        && !c.sending
+                        && quiet >= waited
                 })
             })
             .map(|i| i as ConnId)
@@ -425,6 +459,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
             close_sent: false,
             last_active: now,
             served: false,
+            drain_signalled: false,
         });
         self.unserved += 1;
         self.open += 1;
@@ -440,6 +475,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
         if self.drain_deadline.is_some() {
             // Taken from the queue while stopping: served once, then closed (after_process).
             self.setup.stats.drain_accepted();
+            self.signal_drain(conn);
         }
     }
 
@@ -479,9 +515,10 @@ impl<S: Service, B: Backend> Worker<S, B> {
             return;
         }
         if self.drain_deadline.is_some() {
+            // Close at a request boundary, unless the handler announces the close itself.
             let idle = self.conns[id as usize]
                 .as_ref()
-                .is_some_and(|c| c.input.is_empty());
+                .is_some_and(|c| c.input.is_empty() && !c.drain_signalled);
             if idle {
                 self.begin_close(id, CloseReason::Done);
                 return;

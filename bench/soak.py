@@ -1,0 +1,316 @@
+#!/usr/bin/env python3
+"""Soak: mixed load against corelocal's rpc, http and kv servers with periodic graceful
+restarts (binary-upgrade takeovers), recording client errors, resets and each server's RSS.
+
+Runs itself inside a private network namespace (root: `unshare -n`). Three servers on
+loopback, each on CPUs 0-1 (`--mode local`, eBPF steering):
+  rpc  127.0.0.1:7500  `serve rpc`  <- `bench rpc -c 8` (keep-alive 64 B transactions)
+  http 127.0.0.1:7501  `serve http` <- `bench crr --proto http` (one GET per connection)
+                                    <- `bench http --urls paper` (sessions of 6 files, think time)
+  kv   127.0.0.1:7502  `serve kv`   <- `bench kv -c 8` (90% get / 10% set)
+plus a misbehaving client per server alternating garbage (80 KiB of random bytes) and slow
+(1 byte / 50 ms) connections. Every PERIOD seconds the next server (round robin) is replaced by
+a new process with `--takeover PID`; the old one drains and exits.
+
+Pass criteria (exit status 1 when broken): every leg completed work; no leg sees an error
+outside a takeover of its server; the HTTP legs see none at all (a stopping HTTP server answers
+the next request of each keep-alive connection with `Connection: close`); the rpc and kv legs
+lose at most one request per connection per takeover of their server (their protocols cannot
+announce a close, so closing a keep-alive connection races the client's next request: real
+memcached clients reconnect and retry); every old server exits 0 reporting "lost at close 0".
+
+usage: bench/soak.py [--duration S] [--period S] [--out DIR] [--name NAME] [--bin PATH]
+Writes OUT/NAME.json, OUT/NAME.md and OUT/NAME-rss.csv.
+"""
+
+import argparse
+import csv
+import json
+import os
+import random
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+SERVERS = {  # name -> (port, serve arguments)
+    "rpc": (7500, ["serve", "rpc"]),
+    "http": (7501, ["serve", "http"]),
+    "kv": (7502, ["serve", "kv"]),
+}
+SAMPLE_S = 1.0
+LEG_CONNS = 8  # connections of the rpc, crr and kv legs
+TAKEOVER_WINDOW_S = (-1.0, 8.0)  # errors this near a takeover are charged to it (drain 5 s)
+STARTUP_TIMEOUT_S = 10.0
+STOP_TIMEOUT_S = 30.0
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--duration", type=int, default=600, help="seconds of load (default 600)")
+    p.add_argument("--period", type=int, default=20, help="seconds between takeovers")
+    p.add_argument("--out", default="results", help="directory for the result files")
+    p.add_argument("--name", default="soak", help="result file stem")
+    p.add_argument("--bin", default=None, help="corelocal binary (default: target/release)")
+    a = p.parse_args()
+    if a.duration < 5 or a.period < 2:
+        p.error("--duration must be >= 5 and --period >= 2")
+    return a
+
+
+def find_bin(given):
+    for cand in [given, os.environ.get("CORELOCAL_BIN"), "target/release/corelocal",
+                 "target/debug/corelocal"]:
+        if cand and os.access(cand, os.X_OK):
+            return os.path.abspath(cand)
+    sys.exit("soak: no corelocal binary (build it: cargo build --release -p corelocal-cli)")
+
+
+def reexec_in_netns():
+    if os.environ.get("SOAK_INNER"):
+        return
+    if os.geteuid() != 0:
+        sys.exit("soak: needs root (it runs in its own network namespace)")
+    env = dict(os.environ, SOAK_INNER="1")
+    os.execvpe("unshare", ["unshare", "-n", "--", sys.executable] + sys.argv, env)
+
+
+def wait_listening(port, deadline):
+    while time.time() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return True
+        except OSError:
+            time.sleep(0.05)
+    return False
+
+
+class Server:
+    """One served port: the current process and the log of every process it had."""
+
+    def __init__(self, name, binary, tmp):
+        self.name, self.binary = name, binary
+        self.port, self.args = SERVERS[name]
+        self.log = open(os.path.join(tmp, f"server-{name}.log"), "w+")
+        self.proc = None
+        self.stopped = []  # (pid, exit code)
+
+    def spawn(self, takeover=None):
+        cmd = [self.binary] + self.args + ["--listen", f"127.0.0.1:{self.port}", "--cpus", "0-1",
+                                           "--stats-interval", "0"]
+        if takeover:
+            cmd += ["--takeover", str(takeover)]
+        return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self.log)
+
+    def start(self):
+        self.proc = self.spawn()
+        if not wait_listening(self.port, time.time() + STARTUP_TIMEOUT_S):
+            sys.exit(f"soak: {self.name} server did not start (see its log)")
+
+    def take_over(self):
+        old = self.proc
+        self.proc = self.spawn(takeover=old.pid)
+        threading.Thread(target=self.reap, args=(old,), daemon=True).start()
+
+    def reap(self, proc):
+        try:
+            code = proc.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            code = "killed: did not stop in time"
+        self.stopped.append((proc.pid, code))
+
+    def stop(self):
+        self.proc.terminate()
+        self.reap(self.proc)
+
+    def rss_kib(self):
+        try:
+            with open(f"/proc/{self.proc.pid}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        return int(line.split()[1])
+        except OSError:
+            pass
+        return 0
+
+    def stop_reports(self):
+        self.log.seek(0)
+        reports = []
+        for line in self.log:
+            m = re.search(r"stopped \| accepted while draining (\d+) \|.*lost at close (\d+)", line)
+            if m:
+                reports.append({"drain_accepted": int(m[1]), "lost_at_close": int(m[2])})
+        return reports
+
+
+def bench_legs(binary, duration, tmp):
+    """The well-behaved load: (name, command) pairs, each writing tmp/NAME.json."""
+    common = ["-d", f"{duration}s", "--progress", "never", "--timeout", "10s"]
+    legs = {
+        "rpc-keepalive": ["bench", "rpc", "-t", "127.0.0.1:7500", "-c", str(LEG_CONNS),
+                          "--txns-per-conn", "0", "--cpus", "0"],
+        "http-crr": ["bench", "crr", "--proto", "http", "--path", "/64.txt",
+                     "-t", "127.0.0.1:7501", "-c", str(LEG_CONNS), "--cpus", "1"],
+        "http-sessions": ["bench", "http", "-t", "http://127.0.0.1:7501/", "--urls", "paper",
+                          "-c", "16", "--cpus", "0"],
+        "kv": ["bench", "kv", "-t", "127.0.0.1:7502", "-c", str(LEG_CONNS), "--cpus", "1"],
+    }
+    return {name: [binary] + cmd + common + ["--json", os.path.join(tmp, name + ".json")]
+            for name, cmd in legs.items()}
+
+
+def misbehave(port, end, tally):
+    """Alternates a garbage connection and a slow one until `end`; counts what happened."""
+    rng = random.Random(port)
+    while time.time() < end:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+                s.sendall(rng.randbytes(4096) * 20)
+                s.recv(100)
+            tally["garbage"] += 1
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+                for _ in range(10):
+                    s.sendall(b"x")
+                    time.sleep(0.05)
+            tally["slow"] += 1
+        except OSError as e:
+            tally["errors"][type(e).__name__ + ":" + str(e.errno)] = \
+                tally["errors"].get(type(e).__name__ + ":" + str(e.errno), 0) + 1
+
+
+def load(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        return {"error": f"{path}: {e}"}
+
+
+LEG_SERVER = {"rpc-keepalive": "rpc", "http-crr": "http", "http-sessions": "http", "kv": "kv"}
+ANNOUNCES_CLOSE = {"http"}  # protocols whose servers tell keep-alive clients they close
+
+
+def leg_summary(name, report, takeovers):
+    """Errors of one leg, split into those near a takeover of its server and the rest."""
+    if "error" in report:
+        return {"ok": False, "error": report["error"]}
+    errors = report.get("errors") or {}
+    units = (report.get("throughput") or {}).get("units", 0)
+    server = LEG_SERVER[name]
+    times = [t["unix"] for t in takeovers if t["server"] == server]
+    lo, hi = TAKEOVER_WINDOW_S
+    at_takeover = other = 0
+    for sec in report.get("timeline") or []:
+        t = report.get("started_unix", 0) + sec["t_s"]
+        if any(lo <= t - tt <= hi for tt in times):
+            at_takeover += sec["errors"]
+        else:
+            other += sec["errors"]
+    allowed = 0 if server in ANNOUNCES_CLOSE else LEG_CONNS * len(times)
+    return {"units": units, "unit": (report.get("throughput") or {}).get("unit"),
+            "errors": errors.get("total", 0), "errors_by_kind": errors.get("by_kind", []),
+            "errors_at_takeovers": at_takeover, "errors_elsewhere": other,
+            "errors_at_takeovers_allowed": allowed,
+            "ok": units > 0 and other == 0 and at_takeover <= allowed}
+
+
+def run(a):
+    binary = find_bin(a.bin)
+    subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+    tmp = tempfile.mkdtemp(prefix="soak-")
+    servers = {name: Server(name, binary, tmp) for name in SERVERS}
+    for s in servers.values():
+        s.start()
+    legs = {name: subprocess.Popen(cmd, stdout=subprocess.DEVNULL,
+                                   stderr=open(os.path.join(tmp, name + ".err"), "w"))
+            for name, cmd in bench_legs(binary, a.duration, tmp).items()}
+    end = time.time() + a.duration + 1  # the bench warm-up is 1 s
+    bad = {name: {"garbage": 0, "slow": 0, "errors": {}} for name in servers}
+    threads = [threading.Thread(target=misbehave, args=(servers[n].port, end, bad[n]), daemon=True)
+               for n in servers]
+    for t in threads:
+        t.start()
+    rss_rows, takeovers, start = [], [], time.time()
+    order, next_restart = list(servers), start + a.period
+    while any(p.poll() is None for p in legs.values()):
+        now = time.time()
+        rss_rows.append([round(now - start, 1)] + [servers[n].rss_kib() for n in order])
+        if now >= next_restart and now < end:
+            name = order[len(takeovers) % len(order)]
+            servers[name].take_over()
+            takeovers.append({"t_s": round(now - start, 1), "unix": now, "server": name})
+            next_restart += a.period
+        time.sleep(SAMPLE_S)
+    for t in threads:
+        t.join(timeout=STOP_TIMEOUT_S)
+    for s in servers.values():
+        s.stop()
+    return write_results(a, tmp, servers, legs, bad, rss_rows, takeovers, order)
+
+
+def write_results(a, tmp, servers, legs, bad, rss_rows, takeovers, order):
+    os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.out, a.name + "-rss.csv"), "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["t_s"] + [f"{n}_rss_kib" for n in order])
+        w.writerows(rss_rows)
+    per_server = {}
+    for n, s in servers.items():
+        rss = [row[1 + order.index(n)] for row in rss_rows if row[1 + order.index(n)] > 0]
+        stops = s.stop_reports()
+        per_server[n] = {
+            "processes": len(s.stopped), "exit_codes": [c for _, c in s.stopped],
+            "stop_reports": stops, "lost_at_close": sum(r["lost_at_close"] for r in stops),
+            "rss_kib": {"min": min(rss, default=0), "max": max(rss, default=0)},
+            "misbehaving": bad[n]}
+    res = {"duration_s": a.duration, "period_s": a.period, "takeovers": takeovers,
+           "legs": {n: leg_summary(n, load(os.path.join(tmp, n + ".json")), takeovers)
+                    for n in legs},
+           "servers": per_server}
+    res["pass"] = (all(l["ok"] for l in res["legs"].values())
+                   and all(s["lost_at_close"] == 0 and all(c == 0 for c in s["exit_codes"])
+                           and len(s["stop_reports"]) == s["processes"]
+                           for s in per_server.values()))
+    with open(os.path.join(a.out, a.name + ".json"), "w") as f:
+        json.dump(res, f, indent=1)
+    with open(os.path.join(a.out, a.name + ".md"), "w") as f:
+        f.write(markdown(a, res))
+    print(json.dumps({"pass": res["pass"], "takeovers": len(takeovers),
+                      "legs": {n: (l.get("units"), l.get("errors")) for n, l in res["legs"].items()},
+                      "lost_at_close": {n: s["lost_at_close"] for n, s in per_server.items()}}))
+    return 0 if res["pass"] else 1
+
+
+def markdown(a, res):
+    lines = [f"# Soak: {a.duration} s, a takeover every {a.period} s", "",
+             f"    bench/soak.py --duration {a.duration} --period {a.period} --name {a.name}", "",
+             f"Takeovers: {len(res['takeovers'])} "
+             f"({', '.join(sorted(set(t['server'] for t in res['takeovers'])))}). "
+             f"Pass: **{res['pass']}**.", "",
+             "| leg | units | errors | at takeovers (allowed) | elsewhere | errors by kind |",
+             "|---|---|---|---|---|---|"]
+    for n, l in res["legs"].items():
+        kinds = ", ".join(f"{k['name']} {k['count']}" for k in l.get("errors_by_kind") or [])
+        lines.append(f"| {n} | {l.get('units', '-')} {l.get('unit') or ''} | {l.get('errors', '-')} "
+                     f"| {l.get('errors_at_takeovers', '-')} ({l.get('errors_at_takeovers_allowed', '-')}) "
+                     f"| {l.get('errors_elsewhere', '-')} | {kinds or l.get('error') or ''} |")
+    lines += ["", "| server | processes | lost at close | accepted while draining | RSS KiB min–max "
+              "| garbage / slow conns | misbehaving-client errors |", "|---|---|---|---|---|---|---|"]
+    for n, s in res["servers"].items():
+        drained = sum(r["drain_accepted"] for r in s["stop_reports"])
+        m = s["misbehaving"]
+        lines.append(f"| {n} | {s['processes']} | {s['lost_at_close']} | {drained} | "
+                     f"{s['rss_kib']['min']}–{s['rss_kib']['max']} | {m['garbage']} / {m['slow']} "
+                     f"| {m['errors'] or 0} |")
+    lines += ["", f"RSS per second: {a.name}-rss.csv.", ""]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    args = parse_args()
+    reexec_in_netns()
+    sys.exit(run(args))
