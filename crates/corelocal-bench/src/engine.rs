@@ -370,7 +370,14 @@ impl<B: Backend> Engine<B> {
                 None => break,
             }
         }
+        // At most one start per slot per turn: a slot whose open fails at once (no socket,
+        // no source address) is free again immediately and must not spin this loop.
+        let mut starts_left = self.slots.len();
         while let Some(&i) = self.free.last() {
+            if starts_left == 0 {
+                break;
+            }
+            starts_left -= 1;
             let intended = match self.plan.unit {
                 Unit::Session => match self.take_unit(now) {
                     Some(t) => t,

@@ -500,3 +500,44 @@ fn which(name: &str) -> Result<std::path::PathBuf, ()> {
     }
     Err(())
 }
+
+/// A setup step that fails (bind to an address this host lacks) is counted with its errno on
+/// every engine — on io_uring the setup steps complete silently on success, so their failure
+/// completion must still end the connection instead of leaving the chain's bookkeeping open.
+#[test]
+fn failing_bind_is_counted_and_ends_the_run() {
+    let srv = Server::start(Mode::Rpc {
+        req: 64,
+        resp: 64,
+        one_shot: true,
+    });
+    for engine in engines() {
+        let r = run(&[
+            "crr",
+            "--proto",
+            "rpc",
+            "--target",
+            &srv.addr(),
+            "--conns",
+            "4",
+            "--engine",
+            engine,
+            "--src",
+            "10.1.2.3",
+            "--duration",
+            "1s",
+            "--warmup",
+            "0",
+        ]);
+        assert_eq!(r.throughput.sessions, 0, "{engine}");
+        assert!(r.errors.total >= 4, "{engine}: {:?}", r.errors);
+        assert!(
+            r.errors
+                .by_kind
+                .iter()
+                .all(|e| e.errno == libc::EADDRNOTAVAIL),
+            "{engine}: {:?}",
+            r.errors.by_kind
+        );
+    }
+}

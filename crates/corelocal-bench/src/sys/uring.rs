@@ -31,6 +31,9 @@ static LINGER0: libc::linger = libc::linger {
 };
 /// Operations nobody waits for (close, cancel).
 const OP_UNTRACKED: u64 = 0xff;
+/// Setup steps of a direct chain (socket, setsockopt, bind): linked, and silent on success
+/// (one completion per connection less to post and reap for each).
+const SETUP_LINK: squeue::Flags = squeue::Flags::IO_LINK.union(squeue::Flags::SKIP_SUCCESS);
 
 #[derive(Debug, Clone, Copy, Default)]
 struct SlotIo {
@@ -251,7 +254,7 @@ impl Uring {
             len,
         )
         .build()
-        .flags(squeue::Flags::IO_LINK)
+        .flags(SETUP_LINK)
         .user_data(ud(slot, OP_SOCKET))
     }
 
@@ -264,7 +267,7 @@ impl Uring {
             opcode::Socket::new(libc::AF_INET, libc::SOCK_STREAM, 0)
                 .file_index(Some(dest))
                 .build()
-                .flags(squeue::Flags::IO_LINK)
+                .flags(SETUP_LINK)
                 .user_data(ud(slot, OP_SOCKET)),
         );
         let one = &ONE as *const i32 as *const libc::c_void;
@@ -293,7 +296,7 @@ impl Uring {
                     std::mem::size_of::<libc::sockaddr_in>() as u32,
                 )
                 .build()
-                .flags(squeue::Flags::IO_LINK)
+                .flags(SETUP_LINK)
                 .user_data(ud(slot, OP_SOCKET)),
             );
         }
@@ -315,8 +318,13 @@ impl Uring {
         };
         chain.push(self.send_entry(slot).flags(squeue::Flags::IO_LINK));
         chain.push(self.recv_entry(slot));
-        self.io[slot].pending = chain.len() as u32;
-        self.inflight += chain.len();
+        // socket / setsockopt / bind post a completion only when they fail.
+        let posting = chain
+            .iter()
+            .filter(|e| e.get_user_data() & 0xff != OP_SOCKET)
+            .count();
+        self.io[slot].pending = posting as u32;
+        self.inflight += posting;
         self.reserve(chain.len());
         for e in chain {
             self.push(e);
@@ -328,6 +336,7 @@ impl Uring {
         let s = self.io[slot];
         if s.closing && s.pending == 0 {
             let e = with_fd!(self, slot, |f| opcode::Close::new(f).build())
+                .flags(squeue::Flags::SKIP_SUCCESS)
                 .user_data(ud(slot, OP_UNTRACKED));
             self.push(e);
             self.io[slot] = SlotIo {
@@ -344,9 +353,13 @@ impl Uring {
             return;
         }
         let slot = (user_data >> 8) as usize;
-        self.inflight -= 1;
+        if op != OP_SOCKET {
+            // Setup steps complete silently (SKIP_SUCCESS): their completion is a failure,
+            // and the rest of the chain still posts (cancelled), so it is not counted.
+            self.inflight -= 1;
+            self.io[slot].pending -= 1;
+        }
         let s = &mut self.io[slot];
-        s.pending -= 1;
         if op == OP_RECV {
             s.recv_armed = false;
         }
