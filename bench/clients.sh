@@ -58,7 +58,7 @@ taskset -c 1 $SERVER_CMD >/dev/null 2>&1 &
 SPID=\$!
 for i in \$(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/$PORT) 2>/dev/null && break; sleep 0.05; done
 sleep 0.2
-sched() { cat /proc/\$SPID/task/*/schedstat | awk '{s+=\$1} END {print s}'; }
+sched() { cat /proc/\$SPID/task/*/schedstat 2>/dev/null | awk '{s+=\$1} END {print s+0}'; }
 s0=\$(sched)
 case "\$1" in
   uring-direct|uring-fd|epoll|uring-direct-linger0)
@@ -83,7 +83,7 @@ case "\$1" in
     read el u k < "\$2.time"
     awk -v n=\$n -v el=\$el -v u=\$u -v k=\$k -v s0=\$s0 -v s1=\$s1 'BEGIN {printf "%.0f %.2f %.2f\n", n/el, (s1-s0)/1000/n, (u+k)*1e6/n}' ;;
 esac
-kill \$SPID; wait \$SPID 2>/dev/null || true
+kill \$SPID 2>/dev/null || echo "server died during the run" >&2; wait \$SPID 2>/dev/null || true
 EOS
 }
 
@@ -91,8 +91,13 @@ CLIENTS=${CLIENTS:-"uring-direct uring-fd epoll crr_client wrk uring-direct-ling
 echo "load before: $(cat /proc/loadavg)" | tee "$RAW/load"
 for round in $(seq "$ROUNDS"); do
   for c in $CLIENTS; do
-    line=$(run_one "$c")
-    echo "$round $c $line" | tee -a "$RAW/runs.txt"
+    line=$(run_one "$c" || true)
+    # A run whose server died (or whose client failed) prints no figures: left out, and said so.
+    if [ "$(echo "$line" | wc -w)" -eq 3 ]; then
+      echo "$round $c $line" | tee -a "$RAW/runs.txt"
+    else
+      echo "$round $c failed: ${line:-no output}" | tee -a "$RAW/failed.txt"
+    fi
   done
 done
 LOAD_AFTER=$(cat /proc/loadavg)
@@ -107,26 +112,32 @@ MD="$OUT/bench-clients-$DATE-$SERVER.md"
     echo "Load average ≥ 1 at the end: other work may have shared the CPUs; compare ratios, not absolute figures."
   fi
   echo
-  echo "| client | conn/s per client core: median (min–max) | ratio vs wrk | ratio vs crr_client | server CPU µs/conn | client CPU µs/conn |"
-  echo "|---|---|---|---|---|---|"
+  echo "| client | conn/s: median (min–max) | ratio vs wrk | ratio vs crr_client | server CPU µs/conn | client CPU µs/conn | conn per client CPU-second | ratio vs wrk |"
+  echo "|---|---|---|---|---|---|---|---|"
   med() { sort -g | awk '{a[NR]=$1} END {if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
   wrk_med=$(awk '$2=="wrk" {print $3}' "$RAW/runs.txt" | med)
   crr_med=$(awk '$2=="crr_client" {print $3}' "$RAW/runs.txt" | med)
+  wrk_k=$(awk '$2=="wrk" {print $5}' "$RAW/runs.txt" | med)
   for c in $CLIENTS; do
     m=$(awk -v c=$c '$2==c {print $3}' "$RAW/runs.txt" | med)
     lo=$(awk -v c=$c '$2==c {print $3}' "$RAW/runs.txt" | sort -g | head -1)
     hi=$(awk -v c=$c '$2==c {print $3}' "$RAW/runs.txt" | sort -g | tail -1)
     s=$(awk -v c=$c '$2==c {print $4}' "$RAW/runs.txt" | med)
     k=$(awk -v c=$c '$2==c {print $5}' "$RAW/runs.txt" | med)
-    awk -v c="$c" -v m=$m -v lo=$lo -v hi=$hi -v w=$wrk_med -v r=$crr_med -v s=$s -v k=$k \
-      'BEGIN {printf "| %s | %.0f (%.0f–%.0f) | %.3f | %.3f | %.2f | %.2f |\n", c, m, lo, hi, m/w, m/r, s, k}'
+    awk -v c="$c" -v m=$m -v lo=$lo -v hi=$hi -v w=$wrk_med -v r=$crr_med -v s=$s -v k=$k -v wk=$wrk_k \
+      'BEGIN {printf "| %s | %.0f (%.0f–%.0f) | %.3f | %.3f | %.2f | %.2f | %.0f | %.3f |\n", c, m, lo, hi, m/w, m/r, s, k, 1e6/k, wk/k}'
   done
   echo
   echo "Runs (round client conn/s server-µs/conn client-µs/conn):"
   echo
   echo '```'
   cat "$RAW/runs.txt"
+  [ -f "$RAW/failed.txt" ] && { echo "left out:"; cat "$RAW/failed.txt"; }
   echo '```'
+  echo
+  echo "conn per client CPU-second = 10⁶ / client CPU µs per connection (median): the connection rate one fully"
+  echo "available client core sustains, which holds when other work shares the CPUs and wall-clock conn/s does not."
+  echo "The ratio vs wrk in that column is wrk's client µs/conn over this client's."
   echo
   echo "uring-direct = \`corelocal bench crr --engine uring\` (socket→setsockopt→bind→connect→send→recv as one"
   echo "linked io_uring chain into a fixed-file slot, close through the ring); uring-fd = the same with ordinary fds"

@@ -145,7 +145,7 @@ impl Serialize for Dur {
 /// Source addresses: `auto`, `none`, a CIDR (`127.0.0.0/8`) or a range (`127.0.0.2-127.0.0.201`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SrcSpec {
-    /// 127.0.0.2–127.0.0.201 when the target is on loopback, else none.
+    /// On loopback: none until ephemeral ports run out, then 127.0.0.2–127.0.0.201; else none.
     Auto,
     /// Let the kernel choose.
     None,
@@ -300,7 +300,10 @@ pub struct Common {
     /// Client engine.
     #[arg(long, value_enum, default_value = "auto")]
     pub engine: EngineKind,
-    /// Source addresses (each gives ~28k ports): auto, none, 127.0.0.0/8, A-B.
+    /// Source addresses (each gives ~28k ports): auto, none, 127.0.0.0/8, A-B. `auto` on
+    /// loopback: the kernel's choice until ephemeral ports run out, then 127.0.0.2–201 (the
+    /// connect that found no port is retried from one; binding costs two operations per
+    /// connection, so it is done only when needed).
     #[arg(long, default_value = "auto")]
     pub src: SrcSpec,
     /// A session with no progress for this long fails (timeout error).

@@ -122,6 +122,10 @@ pub struct Plan {
     pub script: Box<dyn Fn() -> Box<dyn Script> + Send>,
     /// Source addresses (round-robin).
     pub src: Arc<[Ipv4Addr]>,
+    /// Use `src` only once the kernel's ephemeral ports run out (`--src auto`): binding a
+    /// source address costs two more operations per connection, which a run that leaves no
+    /// TIME_WAIT behind on the client (the server closes first) never needs.
+    pub src_on_demand: bool,
     /// Index of the first source address this thread uses.
     pub src_offset: usize,
     /// Units completed (for the progress display).
@@ -163,6 +167,8 @@ struct Slot {
     sess_intended: Option<u64>,
     conn_start: u64,
     last_io: u64,
+    /// Whether its connection was opened from a source address of `plan.src`.
+    bound_src: bool,
 }
 
 /// The per-thread engine state.
@@ -177,6 +183,8 @@ pub struct Engine<B: Backend> {
     quota: Option<u64>,
     stopping: bool,
     src_next: usize,
+    /// Whether connections bind a source address from `plan.src` (see `Plan::src_on_demand`).
+    src_active: bool,
     /// What was measured.
     pub stats: Stats,
     events: Vec<Event>,
@@ -203,6 +211,7 @@ impl<B: Backend> Engine<B> {
                 sess_intended: None,
                 conn_start: 0,
                 last_io: 0,
+                bound_src: false,
             })
             .collect();
         let now = plan.origin.elapsed().as_nanos() as u64;
@@ -218,6 +227,7 @@ impl<B: Backend> Engine<B> {
             quota: plan.quota,
             stopping: false,
             src_next: plan.src_offset,
+            src_active: !plan.src_on_demand,
             slots,
             plan,
             stats: Stats::default(),
@@ -489,7 +499,7 @@ impl<B: Backend> Engine<B> {
     }
 
     fn open(&mut self, i: usize, now: u64) {
-        let src = if self.plan.src.is_empty() {
+        let src = if self.plan.src.is_empty() || !self.src_active {
             None
         } else {
             let a = self.plan.src[self.src_next % self.plan.src.len()];
@@ -501,7 +511,12 @@ impl<B: Backend> Engine<B> {
         s.connected = false;
         s.doomed = false;
         self.b.buf(i).in_len = 0;
-        match self.b.open(i, src) {
+        self.slots[i].bound_src = src.is_some();
+        let mut opened = self.b.open(i, src);
+        if opened == Err(libc::EADDRNOTAVAIL) && self.spread_sources(i, now) {
+            opened = self.open_again(i);
+        }
+        match opened {
             Ok(()) => self.slots[i].open = true,
             Err(e) => {
                 let w = self.in_window(now);
@@ -509,6 +524,27 @@ impl<B: Backend> Engine<B> {
                 self.fail_session(i, now);
             }
         }
+    }
+
+    /// Slot `i` found no ephemeral port with no source address bound: spread connections over
+    /// the source addresses from now on (once), and say whether `i` may retry from one. False
+    /// when it was bound already or there is nothing to spread over (`--src none`).
+    fn spread_sources(&mut self, i: usize, now: u64) -> bool {
+        if self.slots[i].bound_src || !self.plan.src_on_demand || self.plan.src.is_empty() {
+            return false;
+        }
+        if !self.src_active {
+            self.src_active = true;
+            self.stats.src_spread_at_ns = Some(now);
+        }
+        true
+    }
+
+    fn open_again(&mut self, i: usize) -> Result<(), i32> {
+        let a = self.plan.src[self.src_next % self.plan.src.len()];
+        self.src_next = self.src_next.wrapping_add(1);
+        self.slots[i].bound_src = true;
+        self.b.open(i, Some(a))
     }
 
     fn close(&mut self, i: usize, after: AfterClose) {
@@ -576,6 +612,11 @@ impl<B: Backend> Engine<B> {
     }
 
     fn error(&mut self, i: usize, kind: ErrKind, errno: i32, now: u64) {
+        if kind == ErrKind::Connect && errno == libc::EADDRNOTAVAIL && self.spread_sources(i, now) {
+            // No SYN left this host: connect again, from a source address.
+            self.close(i, AfterClose::OpenSend);
+            return;
+        }
         let w = self.in_window(now);
         self.stats.error(kind, errno, now, w);
         if self.slots[i].in_session {

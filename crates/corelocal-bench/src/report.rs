@@ -394,6 +394,15 @@ pub fn build(inp: Inputs<'_>) -> Report {
             cdfs.push(("session corrected".into(), st.lat_session_co.cdf()));
         }
     }
+    if let Some(ns) = st.src_spread_at_ns {
+        let at = ns as f64 / 1e9 - inp.warmup_s;
+        notes.push(format!(
+            "ephemeral ports ran out at {at:.1}s (from the window start): connections bound \
+             source addresses {}–{} from then on",
+            spec.src[0],
+            spec.src[spec.src.len() - 1]
+        ));
+    }
     if spec.src.is_empty() && spec.target.ip().is_loopback() {
         notes.push("no source address spreading (--src none): ports may run out".into());
     }

@@ -338,6 +338,7 @@ pub fn run_once(spec: &RunSpec, ov: Overrides) -> Result<Report, String> {
             seed: c.seed.wrapping_mul(1_000_003).wrapping_add(t as u64),
             script: spec.script(),
             src: spec.src.clone().into(),
+            src_on_demand: spec.common.src == crate::cli::SrcSpec::Auto,
             src_offset: t * spec.src.len().max(1) / nthreads,
             progress: counters[t].clone(),
             stop: stop.clone(),

@@ -170,6 +170,8 @@ pub struct Stats {
     pub timeline: Vec<Tick>,
     /// CPU time the client threads used in the window (ns).
     pub client_cpu_ns: u64,
+    /// When this thread started spreading source addresses (`--src auto` ran out of ports).
+    pub src_spread_at_ns: Option<u64>,
 }
 
 impl Stats {
@@ -216,6 +218,10 @@ impl Stats {
         }
         self.errors_window += o.errors_window;
         self.client_cpu_ns += o.client_cpu_ns;
+        self.src_spread_at_ns = match (self.src_spread_at_ns, o.src_spread_at_ns) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         self.lat_txn.merge(&o.lat_txn);
         self.lat_txn_co.merge(&o.lat_txn_co);
         self.lat_session.merge(&o.lat_session);

@@ -541,3 +541,45 @@ fn failing_bind_is_counted_and_ends_the_run() {
         );
     }
 }
+
+/// `--src auto` binds no source address until the ephemeral ports run out; then the connect
+/// that found none is retried from a spread address, so a client that leaves TIME_WAIT behind
+/// (it closes first) never fails. Inside a private namespace with 32 ephemeral ports.
+#[test]
+fn src_auto_spreads_when_ports_run_out() {
+    if !corelocal::testing::inside_private_netns("src_auto_spreads_when_ports_run_out") {
+        return;
+    }
+    corelocal::testing::sh("ip link set lo up");
+    corelocal::testing::sh("sysctl -qw net.ipv4.ip_local_port_range='40000 40031'");
+    corelocal::testing::sh("sysctl -qw net.ipv4.tcp_tw_reuse=0");
+    let srv = Server::start(Mode::Rpc {
+        req: 64,
+        resp: 64,
+        one_shot: false,
+    });
+    for engine in engines() {
+        let r = run(&[
+            "crr",
+            "--proto",
+            "rpc",
+            "--close",
+            "client",
+            "--target",
+            &srv.addr(),
+            "--conns",
+            "4",
+            "--requests",
+            "200",
+            "--engine",
+            engine,
+        ]);
+        no_errors(&r);
+        assert_eq!(r.throughput.sessions, 200, "{engine}");
+        assert!(
+            r.notes.iter().any(|n| n.contains("ports ran out")),
+            "{engine}: {:?}",
+            r.notes
+        );
+    }
+}
