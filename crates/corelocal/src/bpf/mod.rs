@@ -88,6 +88,16 @@ impl ReuseportSelect {
         )
     }
 
+    /// Empties `worker`'s sockarray slot (SYNs steered to it fall back to the kernel's hash).
+    /// A socket sits in at most one sockarray (EBUSY otherwise), so a successor process can
+    /// put a handed-over listener into its own map only after this.
+    pub fn clear_listener(&self, worker: u32) -> Result<(), BpfError> {
+        match self.sockarray.delete(&worker.to_ne_bytes()) {
+            Err(e) if e.source.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+            other => other,
+        }
+    }
+
     /// While `stopping`, new SYNs steered by this program are refused (`SK_DROP`); queued
     /// children of closing listeners still migrate.
     pub fn set_stopping(&self, stopping: bool) -> Result<(), BpfError> {

@@ -12,6 +12,14 @@
 //!
 //! Each address (IPv4 and IPv6 may be mixed) is its own reuseport group; worker `w` owns one
 //! listener per address. The total backlog is split evenly across a group's listeners.
+//!
+//! Binary upgrade by socket passing: [`handover`] (the protocol and the [`handover::Layout`]
+//! header, sans-IO), [`transfer`] (the unix-socket side: offer, receive, the upgrade socket) and
+//! [`ListenerGroup::adopt`], which rebuilds a group from received sockets.
+
+mod adopt;
+pub mod handover;
+pub mod transfer;
 
 use crate::bpf::{programs, BpfError, ReuseportSelect};
 use crate::sys::socket::{self, ListenOptions};
@@ -501,7 +509,7 @@ fn attach_ebpf(group: &mut AddrGroup, config: &GroupConfig) -> Result<(), Listen
     let sel = ReuseportSelect::load(workers, cpu_slots.max(256), config.flow_groups)?;
     for (w, fd) in group.listeners.iter().enumerate() {
         let fd = fd.as_ref().expect("fresh group").as_raw_fd();
-        sel.set_listener(w as u32, fd)?;
+        adopt::set_listener_patiently(&sel, w as u32, fd)?;
         sel.map_cpu(config.worker_cpus[w] as u32, Some(w as u32))?;
     }
     let first = first_listener(group).expect("fresh group");

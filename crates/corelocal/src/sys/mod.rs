@@ -9,6 +9,8 @@
 //! - [`ethtool`]: interface index by name; the ethtool ioctl (driver, RX queues, RSS table).
 //! - [`signal`]: SIGINT/SIGTERM blocked everywhere and awaited in one place.
 //! - [`process`]: uid and resource limits.
+//! - [`scm`]: unix `SOCK_SEQPACKET` sockets and descriptor passing (`SCM_RIGHTS`) for handing
+//!   listening sockets to a successor process.
 //! - [`epoll`]: the epoll [`Backend`](crate::runtime::Backend).
 //! - `eventfd`: the eventfd waker both backends share.
 //!
@@ -24,6 +26,7 @@ pub mod epoll;
 pub mod ethtool;
 mod eventfd;
 pub mod process;
+pub mod scm;
 pub mod signal;
 pub mod socket;
 pub mod uring;

@@ -148,6 +148,30 @@ pub fn incoming_cpu(fd: RawFd) -> io::Result<i32> {
     getsockopt_int(fd, libc::SOL_SOCKET, SO_INCOMING_CPU)
 }
 
+/// Checks that `fd` is a listening TCP socket (`SO_TYPE`, `SO_PROTOCOL`, `SO_ACCEPTCONN`) and
+/// returns its address family (`SO_DOMAIN`: `AF_INET` or `AF_INET6`) and whether it has
+/// `SO_REUSEPORT` set. Used on descriptors received from another process.
+pub fn tcp_listener_info(fd: RawFd) -> io::Result<(libc::c_int, bool)> {
+    let get = |name| getsockopt_int(fd, libc::SOL_SOCKET, name);
+    let invalid = |what: &str| {
+        Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            what.to_string(),
+        ))
+    };
+    if get(libc::SO_TYPE)? != libc::SOCK_STREAM || get(libc::SO_PROTOCOL)? != libc::IPPROTO_TCP {
+        return invalid("not a TCP socket");
+    }
+    if get(libc::SO_ACCEPTCONN)? != 1 {
+        return invalid("a TCP socket that is not listening");
+    }
+    let domain = get(libc::SO_DOMAIN)?;
+    if domain != libc::AF_INET && domain != libc::AF_INET6 {
+        return invalid("not an IPv4 or IPv6 socket");
+    }
+    Ok((domain, get(libc::SO_REUSEPORT)? != 0))
+}
+
 /// Accept-queue depth of a listener from TCP_INFO.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QueueDepth {
