@@ -3,13 +3,15 @@
 //! close as a bad request.
 
 use corelocal::cpu::{current_affinity, pin_current_thread, CpuSet};
-use corelocal::listen::{Mode, Steering};
+use corelocal::listen::{GroupConfig, ListenerGroup, Mode, Steering};
 use corelocal::runtime::{
     BackendKind, CloseReason, ConnInfo, FileRegion, Handler, Limits, Output, Server, ServerConfig,
     Service, Step,
 };
+use corelocal::sys::scm;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -394,6 +396,88 @@ fn stock_mode_serves_from_one_shared_socket(backend: BackendKind) {
     stop(server);
 }
 
+/// What a successor process receives over SCM_RIGHTS: the same sockets, its own descriptors.
+fn successor_of(server: &Server) -> ListenerGroup {
+    let (layout, raws) = server.listeners().handover_sockets().unwrap();
+    let (a, b) = scm::seqpacket_pair().unwrap();
+    scm::send_with_fds(a.as_raw_fd(), b"sockets", &raws).unwrap();
+    let (_, fds) = scm::recv_with_fds(b.as_raw_fd(), &mut [0u8; 16], raws.len()).unwrap();
+    let config = GroupConfig::new(
+        layout.addrs.clone(),
+        layout.worker_cpus.clone(),
+        layout.mode,
+    );
+    ListenerGroup::adopt(config, &layout, fds).unwrap()
+}
+
+/// Released (the listeners belong to a successor now), a server stops accepting at once —
+/// every armed accept, the balancer's budgeted one-shot accepts included — and leaves new
+/// connections in the shared queue for the successor; it serves what it accepted, then exits.
+fn a_released_server_leaves_the_shared_queue_to_its_successor(backend: BackendKind) {
+    let cpu = cpus().iter().next().unwrap();
+    let mut config = ServerConfig::new(
+        vec!["127.0.0.1:0".parse().unwrap()],
+        &CpuSet::single(cpu),
+        Mode::Fine,
+    );
+    config.backend = backend;
+    config.balance = Some(corelocal::balance::BalanceConfig::new(1));
+    config.limits.drain_timeout = Duration::from_secs(3);
+    let server = Server::start(config, Arc::new(Lines)).unwrap();
+    let successor = successor_of(&server);
+    let a = addr(&server);
+    // A request in progress keeps the old server draining while the test looks.
+    let mut busy = connect(a);
+    busy.write_all(b"PIN").unwrap();
+    eventually(&server, |s| s.total.accepted == 1);
+    server.release_handle().release();
+    thread::sleep(Duration::from_millis(200));
+    let queued: Vec<TcpStream> = (0..5).map(|_| connect(a)).collect();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while successor.queued_total() < 5 && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(10));
+    }
+    thread::sleep(Duration::from_millis(200));
+    assert_eq!(
+        successor.queued_total(),
+        5,
+        "the old server took from the queue"
+    );
+    assert_eq!(server.stats().total.accepted, 1);
+    busy.write_all(b"G\n").unwrap();
+    assert_eq!(read_to_end(busy), b"PONG\n", "what it accepted is served");
+    let started = Instant::now();
+    let (result, report) = server.join_report();
+    result.unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "exit waited for the drain deadline"
+    );
+    assert!(
+        report.handed_over && report.lost_at_close == 0,
+        "{report:?}"
+    );
+    // The successor finds all five waiting, none reset.
+    let listener = successor.listeners(0)[0];
+    for mut s in queued {
+        let accepted = loop {
+            match corelocal::listen::accept(listener) {
+                Ok(c) => break c,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    thread::sleep(Duration::from_millis(5))
+                }
+                Err(e) => panic!("accept: {e}"),
+            }
+        };
+        drop(accepted);
+        assert_eq!(
+            s.read(&mut [0u8; 1]).unwrap(),
+            0,
+            "closed cleanly, not reset"
+        );
+    }
+}
+
 /// Every behaviour above, on each backend.
 macro_rules! on_every_backend {
     ($($name:ident),* $(,)?) => {
@@ -418,5 +502,6 @@ on_every_backend!(
     graceful_stop_closes_idle_connections_and_exits,
     graceful_stop_answers_announced_keep_alive_requests,
     local_mode_workers_accept_their_own_cpus_connections,
-    stock_mode_serves_from_one_shared_socket
+    stock_mode_serves_from_one_shared_socket,
+    a_released_server_leaves_the_shared_queue_to_its_successor
 );

@@ -189,6 +189,11 @@ pub trait Backend {
     fn release(&mut self, buf: BufId);
     /// A handle other threads use to wake this worker.
     fn waker(&self) -> std::sync::Arc<dyn Wake>;
+    /// Whether no accepted connection can still surface: no accept or steal is queued or in
+    /// flight in the kernel (a cancelled multishot accept counts until its final completion)
+    /// and no accepted connection waits to be reaped. A stopping worker exits only when this
+    /// holds, so a connection taken from a queue is never closed unseen with the backend.
+    fn accepts_settled(&self) -> bool;
     /// Events since the last call that the stats count (and resets them).
     fn take_events(&mut self) -> BackendEvents {
         BackendEvents::default()

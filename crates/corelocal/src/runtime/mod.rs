@@ -7,20 +7,25 @@
 //! - [`worker`]: the loop that drives a handler over a backend.
 //! - [`server`]: binding, starting, stats, graceful stop.
 //! - [`stats`]: per-worker counters on their own cache lines.
+//! - [`upgrade`]: the upgrade socket that hands the listening sockets to a successor process.
 
 pub mod backend;
 pub mod balance;
 pub mod handler;
 pub mod server;
 pub mod stats;
+pub mod upgrade;
 pub mod worker;
 
 pub use backend::{Backend, Completion, Op};
 pub use handler::{
     Chunk, CloseReason, ConnInfo, FileRegion, Handler, Next, Output, OutputFront, Service, Step,
 };
-pub use server::{BackendKind, Server, ServerConfig, ServerError, ShutdownReport, StatsReader};
+pub use server::{
+    BackendKind, ReleaseHandle, Server, ServerConfig, ServerError, ShutdownReport, StatsReader,
+};
 pub use stats::{Batching, ErrorKind, Snapshot, WorkerSnapshot, WorkerStats};
+pub use upgrade::UpgradeServer;
 
 use std::time::Duration;
 

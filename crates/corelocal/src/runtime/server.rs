@@ -125,6 +125,8 @@ pub struct Server {
     /// Detaches on drop, after the workers are gone.
     _xdp: Option<Arc<crate::steer::XdpSteering>>,
     refusing: AtomicBool,
+    /// The listeners were handed to a successor ([`ReleaseHandle::release`]).
+    released: Arc<AtomicBool>,
 }
 
 /// How a graceful stop went (see [`Server::join_report`]).
@@ -136,8 +138,11 @@ pub struct ShutdownReport {
     pub refused_new_syns: bool,
     /// How a closing listener's queue survives.
     pub migration: Migration,
-    /// Connections still queued when the last listeners closed: these were reset.
+    /// Connections still queued when the last listeners closed: these were reset. Always 0
+    /// after a handover: the successor holds the same sockets, queues included.
     pub lost_at_close: u64,
+    /// The listening sockets were handed to a successor process ([`ReleaseHandle::release`]).
+    pub handed_over: bool,
 }
 
 /// Reads every worker's counters of a [`Server`]; see [`Server::stats_reader`].
@@ -177,6 +182,49 @@ impl fmt::Debug for Server {
     }
 }
 
+/// Lets another thread hand a running [`Server`]'s listening sockets to a successor process
+/// and then stop the server without disturbing them (see [`Server::release_handle`]).
+#[derive(Clone)]
+pub struct ReleaseHandle {
+    group: Arc<ListenerGroup>,
+    stop: Arc<AtomicBool>,
+    released: Arc<AtomicBool>,
+    wakers: Vec<Arc<dyn Wake>>,
+}
+
+impl fmt::Debug for ReleaseHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReleaseHandle")
+            .field("addrs", &self.group.local_addrs())
+            .finish()
+    }
+}
+
+impl ReleaseHandle {
+    /// The server's listener group (what gets handed over).
+    pub fn listeners(&self) -> &ListenerGroup {
+        &self.group
+    }
+
+    /// The successor serves from the same sockets now: every worker stops accepting at once,
+    /// serves what it accepted (bounded by the drain timeout) and exits. Unlike
+    /// [`Server::stop`], nothing touches the sockets — no refusing of new SYNs, no waiting for
+    /// empty queues (the successor drains them), no shutdown: closing this process's
+    /// descriptors at exit leaves the sockets open in the successor.
+    pub fn release(&self) {
+        self.released.store(true, Ordering::Release);
+        self.stop.store(true, Ordering::Release);
+        for w in &self.wakers {
+            w.wake();
+        }
+    }
+
+    /// Whether [`ReleaseHandle::release`] was called.
+    pub fn is_released(&self) -> bool {
+        self.released.load(Ordering::Acquire)
+    }
+}
+
 impl Server {
     /// Binds and starts the workers.
     pub fn start<S: Service>(config: ServerConfig, service: Arc<S>) -> Result<Server, ServerError> {
@@ -184,8 +232,22 @@ impl Server {
             .limits
             .validate()
             .map_err(|m| ServerError::Listen(ListenError::Config(m)))?;
-        let group =
-            Arc::new(ListenerGroup::bind(config.listen.clone()).map_err(ServerError::Listen)?);
+        let group = ListenerGroup::bind(config.listen.clone()).map_err(ServerError::Listen)?;
+        Self::start_with_listeners(config, service, group)
+    }
+
+    /// Starts the workers on an already built listener group — e.g. one adopted from a running
+    /// server ([`ListenerGroup::adopt`]); `config.listen` is not used (the group has its own).
+    pub fn start_with_listeners<S: Service>(
+        config: ServerConfig,
+        service: Arc<S>,
+        group: ListenerGroup,
+    ) -> Result<Server, ServerError> {
+        config
+            .limits
+            .validate()
+            .map_err(|m| ServerError::Listen(ListenError::Config(m)))?;
+        let group = Arc::new(group);
         let xdp = match &config.xdp_iface {
             Some(iface) => Some(Arc::new(attach_xdp(iface, &group)?)),
             None => None,
@@ -202,6 +264,7 @@ impl Server {
             None => None,
         };
         let stop = Arc::new(AtomicBool::new(false));
+        let released = Arc::new(AtomicBool::new(false));
         let (ready_tx, ready_rx) = mpsc::channel();
         let mut threads = Vec::with_capacity(workers);
         for (index, worker_stats) in stats.iter().enumerate() {
@@ -213,6 +276,7 @@ impl Server {
                 service: service.clone(),
                 stats: worker_stats.clone(),
                 stop: stop.clone(),
+                released: released.clone(),
                 limits: config.limits,
                 balance: balance.clone(),
             };
@@ -259,6 +323,7 @@ impl Server {
             backend,
             _xdp: xdp,
             refusing: AtomicBool::new(false),
+            released,
         };
         if let Some(e) = failure {
             server.stop();
@@ -302,11 +367,25 @@ impl Server {
         }
     }
 
+    /// A handle to hand the listening sockets to a successor from another thread, then stop
+    /// without disturbing them ([`ReleaseHandle::release`]).
+    pub fn release_handle(&self) -> ReleaseHandle {
+        ReleaseHandle {
+            group: Arc::clone(&self.group),
+            stop: Arc::clone(&self.stop),
+            released: Arc::clone(&self.released),
+            wakers: self.wakers.clone(),
+        }
+    }
+
     /// Asks every worker to stop without losing a queued connection: new SYNs are refused
     /// (eBPF steering; or a successor's listeners in the same group take them), each worker
     /// accepts until its queues are empty, requests in progress finish (bounded by the drain
     /// timeout), then the workers exit.
     pub fn stop(&self) {
+        if self.released.load(Ordering::Acquire) {
+            return; // Handed over: the workers are stopping already, the sockets are shared.
+        }
         match self.group.begin_stop() {
             Ok(refusing) => self.refusing.store(refusing, Ordering::Relaxed),
             Err(e) => eprintln!("corelocal: refusing new SYNs on stop failed: {e}"),
@@ -326,6 +405,7 @@ impl Server {
     /// listeners close: what is still queued then is lost).
     pub fn join_report(self) -> (io::Result<()>, ShutdownReport) {
         let result = Self::join_threads(self.threads);
+        let handed_over = self.released.load(Ordering::Acquire);
         let report = ShutdownReport {
             stats: Snapshot::from_workers(
                 self.stats
@@ -336,7 +416,13 @@ impl Server {
             ),
             refused_new_syns: self.refusing.load(Ordering::Relaxed),
             migration: self.group.migration(),
-            lost_at_close: self.group.queued_total(),
+            // After a handover the queues are the successor's: nothing closes with them.
+            lost_at_close: if handed_over {
+                0
+            } else {
+                self.group.queued_total()
+            },
+            handed_over,
         };
         (result, report)
     }

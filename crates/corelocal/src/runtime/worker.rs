@@ -28,6 +28,9 @@ const DRAIN_POLL: Duration = Duration::from_millis(5);
 /// keep-alive) waits for its next request, which is answered with that announcement; at most
 /// half the drain timeout. Longer than typical think times between requests of a session.
 const DRAIN_KEEPALIVE_GRACE: Duration = Duration::from_secs(1);
+/// After the drain deadline, how long a worker waits at most for the backend's accepts to
+/// settle (a cancelled accept's last completion) before exiting anyway.
+const ACCEPT_SETTLE_MAX: Duration = Duration::from_secs(1);
 
 /// What a worker is given.
 pub struct WorkerSetup<S: Service> {
@@ -45,6 +48,9 @@ pub struct WorkerSetup<S: Service> {
     pub stats: Arc<WorkerStats>,
     /// Set to ask for a graceful stop.
     pub stop: Arc<AtomicBool>,
+    /// Set (before `stop`) when the listeners were handed to a successor process that accepts
+    /// from the same queues: the stop then leaves the queues alone (see `begin_drain`).
+    pub released: Arc<AtomicBool>,
     /// Limits.
     pub limits: Limits,
     /// Balancing state shared by the server's workers (`None`: no balancer).
@@ -211,8 +217,9 @@ impl<S: Service, B: Backend> Worker<S, B> {
     /// Handles the stop flag; returns true when the worker may exit. A stop never drops a
     /// queued connection on purpose: the worker keeps accepting until its listeners' queues
     /// are empty (new SYNs are refused by the listener group meanwhile, or go to a successor),
+    /// or — when the listeners were handed over (`released`) — stops accepting at once; it
     /// serves what it accepted, closes keep-alive connections between requests, and exits when
-    /// nothing is open (or at the drain deadline).
+    /// nothing is open and no accept can still complete (or at the drain deadline).
     fn stop_requested(&mut self, now: Instant) -> bool {
         if !self.setup.stop.load(Ordering::Acquire) {
             return false;
@@ -229,19 +236,29 @@ impl<S: Service, B: Backend> Worker<S, B> {
                 self.force_close(id);
             }
         }
-        self.accept_done && self.open == 0
+        let settled = self.backend.accepts_settled()
+            || self
+                .drain_deadline
+                .is_some_and(|d| now >= d + ACCEPT_SETTLE_MAX);
+        self.accept_done && self.open == 0 && settled
     }
 
     fn begin_drain(&mut self, now: Instant) {
         let timeout = self.setup.limits.drain_timeout;
         self.drain_deadline = Some(now + timeout);
-        self.accept_drain = Some(AcceptDrain {
-            quiet_at: now + DRAIN_QUIESCE.min(timeout / 4),
-            until: now + timeout / 2,
-            next_check: now,
-        });
-        if !self.accepting && self.accept_resume_at.is_none() {
-            self.set_accepting(true);
+        if self.setup.released.load(Ordering::Acquire) {
+            // The listeners belong to a successor now, which accepts from the same queues:
+            // stop accepting at once and leave what is queued to it (nothing needs to migrate).
+            self.finish_accepting();
+        } else {
+            self.accept_drain = Some(AcceptDrain {
+                quiet_at: now + DRAIN_QUIESCE.min(timeout / 4),
+                until: now + timeout / 2,
+                next_check: now,
+            });
+            if !self.accepting && self.accept_resume_at.is_none() {
+                self.set_accepting(true);
+            }
         }
         for id in self.live_conn_ids() {
             self.signal_drain(id);

@@ -496,4 +496,17 @@ impl Backend for EpollBackend {
     fn waker(&self) -> Arc<dyn Wake> {
         self.waker.clone()
     }
+
+    /// Accepts run inside `submit` (steals) and `wait` (readiness), straight into `ready`.
+    fn accepts_settled(&self) -> bool {
+        let queued = self
+            .queued
+            .iter()
+            .any(|op| matches!(op, Op::Accept { .. } | Op::Steal { .. }));
+        let unreaped = self
+            .ready
+            .iter()
+            .any(|c| matches!(c, Completion::Accepted { .. }));
+        !queued && !unreaped
+    }
 }

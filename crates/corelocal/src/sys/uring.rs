@@ -198,6 +198,10 @@ pub struct UringBackend {
     starved: Vec<ConnId>,
     queued_sqes: u64,
     events: BackendEvents,
+    /// Steals (one-shot accepts on other workers' listeners) submitted, not completed.
+    steals_inflight: u32,
+    /// Accepted direct descriptors whose SO_INCOMING_CPU query (hence `Accepted`) is pending.
+    unreported: u32,
 }
 
 impl std::fmt::Debug for UringBackend {
@@ -257,6 +261,8 @@ impl UringBackend {
             starved: Vec::new(),
             queued_sqes: 0,
             events: BackendEvents::default(),
+            steals_inflight: 0,
+            unreported: 0,
         };
         backend.arm_waker();
         Ok(backend)
@@ -351,8 +357,11 @@ impl UringBackend {
         if multishot {
             self.cancel(user_data(KIND_ACCEPT, 0, listener));
         }
-        for _ in 0..inflight {
-            self.cancel(user_data(KIND_ACCEPT_ONE, 0, listener));
+        if inflight > 0 {
+            // One cancel per request would not do: the one-shot accepts share a user_data, and
+            // a cancel only marks the request it finds (it leaves the hash in task work), so
+            // every cancel of a batch finds the same one and the others keep accepting.
+            self.cancel_all(user_data(KIND_ACCEPT_ONE, 0, listener));
         }
     }
 
@@ -362,6 +371,7 @@ impl UringBackend {
             .file_index(Some(types::DestinationSlot::auto_target()))
             .build()
             .user_data(user_data(KIND_STEAL, 0, victim));
+        self.steals_inflight += 1;
         self.sqe(with_ioprio(entry, IORING_ACCEPT_DONTWAIT));
     }
 
@@ -371,6 +381,14 @@ impl UringBackend {
         let entry = opcode::RecvMulti::new(types::Fixed(conn), BUF_GROUP)
             .build()
             .user_data(user_data(KIND_RECV, generation, conn));
+        self.sqe(entry);
+    }
+
+    /// Cancels every request with user_data `target` (IORING_ASYNC_CANCEL_ALL).
+    fn cancel_all(&mut self, target: u64) {
+        let entry = opcode::AsyncCancel2::new(types::CancelBuilder::user_data(target).all())
+            .build()
+            .user_data(user_data(KIND_CANCEL, 0, 0));
         self.sqe(entry);
     }
 
@@ -614,10 +632,12 @@ impl UringBackend {
         slot.send = None;
         slot.closing = false;
         self.cpu_vals[conn as usize] = -1;
+        self.unreported += 1;
         self.query_incoming_cpu(conn);
     }
 
     fn on_steal(&mut self, victim: u32, res: i32) {
+        self.steals_inflight = self.steals_inflight.saturating_sub(1);
         if res >= 0 {
             self.new_conn(res as u32, Origin::Stolen(victim));
         } else {
@@ -629,6 +649,7 @@ impl UringBackend {
     }
 
     fn on_sockopt(&mut self, conn: ConnId, res: i32) {
+        self.unreported = self.unreported.saturating_sub(1);
         let cpu = self.cpu_vals[conn as usize];
         self.ready.push_back(Completion::Accepted {
             origin: self.slots[conn as usize].origin,
@@ -826,6 +847,21 @@ impl Backend for UringBackend {
 
     fn waker(&self) -> Arc<dyn Wake> {
         self.waker.clone()
+    }
+
+    /// A cancelled multishot accept stays `multishot` until its last CQE (ECANCELED, no MORE)
+    /// is reaped; every accept CQE before it has been turned into a pending report by then.
+    fn accepts_settled(&self) -> bool {
+        let armed = self
+            .listeners
+            .iter()
+            .flatten()
+            .any(|l| l.multishot || l.inflight > 0);
+        let unreaped = self
+            .ready
+            .iter()
+            .any(|c| matches!(c, Completion::Accepted { .. }));
+        !armed && self.steals_inflight == 0 && self.unreported == 0 && !unreaped
     }
 
     fn take_events(&mut self) -> BackendEvents {
