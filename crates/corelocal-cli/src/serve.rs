@@ -3,8 +3,9 @@
 use crate::duration::parse_duration;
 use clap::{Args, Subcommand};
 use corelocal::cpu::{current_affinity, CpuSet};
+use corelocal::listen::transfer::{self, Successor, UpgradeListener};
 use corelocal::listen::{ActiveSteering, Mode, Steering};
-use corelocal::runtime::{BackendKind, Server, ServerConfig, Service, Snapshot};
+use corelocal::runtime::{BackendKind, Server, ServerConfig, Service, Snapshot, UpgradeServer};
 use corelocal::sys::signal;
 use corelocal_apps::http::{AccessLog, HttpConfig, HttpService};
 use corelocal_apps::kv::{KvConfig, KvService};
@@ -15,6 +16,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// How often the main thread looks whether a successor took the sockets over.
+const HANDOVER_POLL: Duration = Duration::from_millis(50);
 
 /// `corelocal serve` arguments.
 #[derive(Debug, Args)]
@@ -145,11 +149,51 @@ pub struct CommonArgs {
     /// Serve per-worker counters at http://ADDR/metrics (Prometheus) and /metrics.json.
     #[arg(long, value_name = "ADDR")]
     metrics: Option<SocketAddr>,
-    /// Binary upgrade: join the listener group of the running server PID (same addresses,
-    /// `--mode local` with eBPF steering), take its new SYNs, then SIGTERM it so it drains
-    /// its queues and exits; anything left in its queues migrates to this process.
-    #[arg(long, value_name = "PID")]
-    takeover: Option<i32>,
+    /// Binary upgrade from a running server, two forms. PID (a number): bind new listeners
+    /// into its reuseport group (same addresses, `--mode local` with eBPF steering), take its
+    /// new SYNs, then SIGTERM it so it drains its queues and exits; anything left in its queues
+    /// migrates here. SOCKET (anything else: a path; write ./123 for a file named 123): receive
+    /// its listening sockets over its --upgrade-socket (any mode; same --listen, --cpus,
+    /// --workers-per-cpu and --mode, else refused and the old server keeps serving), serve
+    /// from them, then it stops accepting and exits; nothing is refused, nothing migrates.
+    #[arg(long, value_name = "PID|SOCKET", value_parser = parse_takeover)]
+    takeover: Option<Takeover>,
+    /// Listen on this unix socket (created mode 0600, removed at exit) for a successor
+    /// started with `--takeover PATH`: hand it the listening sockets (SCM_RIGHTS), then stop
+    /// accepting, serve what was accepted and exit 0. A live socket at PATH is an error; a
+    /// stale one is replaced.
+    #[arg(long, value_name = "PATH")]
+    upgrade_socket: Option<PathBuf>,
+    /// Socket takeover: each step of the exchange with the other process waits at most this
+    /// long (a dead or stopped old server cannot hang the new one).
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    takeover_timeout: Duration,
+}
+
+/// Where `--takeover` takes the listeners from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Takeover {
+    /// Join the running server's reuseport group, then SIGTERM it.
+    Pid(i32),
+    /// Receive its sockets over its upgrade socket.
+    Socket(PathBuf),
+}
+
+fn parse_takeover(text: &str) -> Result<Takeover, String> {
+    if text.is_empty() {
+        return Err("expected a process id or a unix socket path".into());
+    }
+    let digits = text.strip_prefix('-').unwrap_or(text);
+    if !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Ok(Takeover::Socket(PathBuf::from(text)));
+    }
+    match text.parse::<i32>() {
+        Ok(pid) if pid > 1 => Ok(Takeover::Pid(pid)),
+        Ok(pid) => Err(format!(
+            "{pid} is not a server's process id (must be > 1; write ./{text} for a socket file)"
+        )),
+        Err(_) => Err(format!("{text}: process id out of range")),
+    }
 }
 
 #[derive(Debug, Args)]
@@ -296,7 +340,8 @@ fn server_config(common: &CommonArgs) -> Result<ServerConfig, String> {
     Ok(config)
 }
 
-/// Starts `service`, prints stats until SIGINT/SIGTERM, then stops gracefully.
+/// Starts `service`, prints stats until SIGINT/SIGTERM (or until a successor took the
+/// listening sockets over the upgrade socket), then stops gracefully.
 pub fn serve<S: Service>(common: &CommonArgs, service: Arc<S>) -> ExitCode {
     let name = service.name();
     let config = match server_config(common) {
@@ -311,10 +356,40 @@ pub fn serve<S: Service>(common: &CommonArgs, service: Arc<S>) -> ExitCode {
         Ok(f) => f,
         Err(e) => return fail(&e),
     };
-    let server = match Server::start(config.clone(), service) {
-        Ok(s) => s,
-        Err(e) => return fail(&e.to_string()),
+    let early_upgrade = match bind_upgrade_early(common) {
+        Ok(l) => l,
+        Err(e) => return fail(&e),
     };
+    let (server, successor) = match start_server(common, &config, service) {
+        Ok(started) => started,
+        Err(e) => return fail(&e),
+    };
+    print_listening(name, &config, &server);
+    let metrics = crate::metrics::start_for(common.metrics, &server, name, &config);
+    let taken = metrics.and_then(|m| take_over(common, &server, successor).map(|()| m));
+    let _metrics = match taken {
+        Ok(m) => m,
+        Err(e) => return abandon(server, &e),
+    };
+    let upgrade = start_upgrade_socket(common, &server, early_upgrade);
+    let stop = wait_for_stop(common, &server, upgrade.as_ref(), stats_file.as_mut());
+    let handed_over = upgrade.is_some_and(|u| u.shutdown());
+    match (handed_over, stop) {
+        (true, _) => eprintln!(
+            "corelocal serve {name}: listening sockets handed over, draining (up to {:?})",
+            common.drain_timeout
+        ),
+        (false, Some(signal)) => eprintln!(
+            "corelocal serve {name}: signal {signal}, draining (up to {:?})",
+            common.drain_timeout
+        ),
+        (false, None) => {}
+    }
+    server.stop();
+    finish(name, server, stats_file.as_mut())
+}
+
+fn print_listening(name: &str, config: &ServerConfig, server: &Server) {
     let addrs: Vec<String> = server.local_addrs().iter().map(|a| a.to_string()).collect();
     eprintln!(
         "corelocal serve {name}: listening on {} | workers on CPUs {} | mode {} | steering {} | backend {} | balancer {}",
@@ -325,19 +400,16 @@ pub fn serve<S: Service>(common: &CommonArgs, service: Arc<S>) -> ExitCode {
         server.backend(),
         if config.balance.is_some() { "on" } else { "off" },
     );
-    let _metrics = match crate::metrics::start_for(common.metrics, &server, name, &config) {
-        Ok(m) => m,
-        Err(e) => {
-            server.stop();
-            let _ = server.join();
-            return fail(&e);
-        }
-    };
-    if let Err(e) = take_over(common, &server) {
-        server.stop();
-        let _ = server.join();
-        return fail(&e);
-    }
+}
+
+/// Prints stats every `--stats-interval` until SIGINT/SIGTERM (returned) or a handover over
+/// the upgrade socket (`None`); the handover flag is looked at every [`HANDOVER_POLL`].
+fn wait_for_stop(
+    common: &CommonArgs,
+    server: &Server,
+    upgrade: Option<&UpgradeServer>,
+    mut stats_file: Option<&mut std::fs::File>,
+) -> Option<i32> {
     let started = Instant::now();
     let mut last = server.stats();
     let tick = if common.stats_interval.is_zero() {
@@ -345,10 +417,20 @@ pub fn serve<S: Service>(common: &CommonArgs, service: Arc<S>) -> ExitCode {
     } else {
         common.stats_interval
     };
-    let signal = loop {
-        if let Some(sig) = signal::wait_termination(tick) {
-            break sig;
+    let mut next_tick = started + tick;
+    loop {
+        let now = Instant::now();
+        let wait = next_tick.saturating_duration_since(now).min(HANDOVER_POLL);
+        if let Some(sig) = signal::wait_termination(wait) {
+            return Some(sig);
         }
+        if upgrade.is_some_and(|u| u.handed_over()) {
+            return None;
+        }
+        if Instant::now() < next_tick {
+            continue;
+        }
+        next_tick += tick;
         let now = server.stats();
         if let Some(f) = stats_file.as_mut() {
             let _ = writeln!(f, "{}", now.to_json());
@@ -357,42 +439,145 @@ pub fn serve<S: Service>(common: &CommonArgs, service: Arc<S>) -> ExitCode {
             print_stats(&now, &last, started.elapsed(), tick, common.json);
         }
         last = now;
-    };
-    eprintln!(
-        "corelocal serve {name}: signal {signal}, draining (up to {:?})",
-        common.drain_timeout
-    );
-    server.stop();
+    }
+}
+
+/// Waits for the workers and prints the stop summary.
+fn finish(name: &str, server: Server, stats_file: Option<&mut std::fs::File>) -> ExitCode {
     let (result, report) = server.join_report();
-    if let Some(f) = stats_file.as_mut() {
+    if let Some(f) = stats_file {
         let _ = writeln!(f, "{}", report.stats.to_json());
     }
-    eprintln!(
-        "corelocal serve {name}: stopped | accepted while draining {} | new SYNs refused {} | migration {} | lost at close {}",
-        report.stats.total.drain_accepted, report.refused_new_syns, report.migration, report.lost_at_close
-    );
+    if report.handed_over {
+        eprintln!(
+            "corelocal serve {name}: stopped | handed over | accepted while draining {} | lost at close 0 (the successor holds the sockets and their queues)",
+            report.stats.total.drain_accepted
+        );
+    } else {
+        eprintln!(
+            "corelocal serve {name}: stopped | accepted while draining {} | new SYNs refused {} | migration {} | lost at close {}",
+            report.stats.total.drain_accepted, report.refused_new_syns, report.migration, report.lost_at_close
+        );
+    }
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => fail(&e.to_string()),
     }
 }
 
-/// `--takeover PID`: this server's listeners already joined the old group and its eBPF
-/// program now steers the group's SYNs; ask the old server to drain and exit.
-fn take_over(common: &CommonArgs, server: &Server) -> Result<(), String> {
-    let Some(pid) = common.takeover else {
+/// Gives up after the server started: without touching the listening sockets (after a socket
+/// takeover they are shared with the old server, which takes its steering back and serves on).
+fn abandon(server: Server, message: &str) -> ExitCode {
+    server.release_handle().release();
+    let _ = server.join();
+    fail(message)
+}
+
+/// Binds and starts the server, or with `--takeover SOCKET` receives the running server's
+/// sockets and starts on them; then the old server is waiting for this one's answer.
+fn start_server<S: Service>(
+    common: &CommonArgs,
+    config: &ServerConfig,
+    service: Arc<S>,
+) -> Result<(Server, Option<Successor>), String> {
+    let Some(Takeover::Socket(path)) = &common.takeover else {
+        return Server::start(config.clone(), service)
+            .map(|s| (s, None))
+            .map_err(|e| e.to_string());
+    };
+    let context = |e: &dyn std::fmt::Display| format!("--takeover {}: {e}", path.display());
+    let incoming = transfer::request(path, common.takeover_timeout).map_err(|e| context(&e))?;
+    let (pid, sockets) = (incoming.peer().pid, incoming.layout().socket_count());
+    let (group, successor) = incoming
+        .adopt(config.listen.clone())
+        .map_err(|e| context(&e))?;
+    match Server::start_with_listeners(config.clone(), service, group) {
+        Ok(server) => {
+            eprintln!("corelocal serve: received {sockets} listening sockets from pid {pid}");
+            Ok((server, Some(successor)))
+        }
+        Err(e) => {
+            successor.abort(&e.to_string());
+            Err(context(&e))
+        }
+    }
+}
+
+/// The server runs: finish the takeover. PID: this server's listeners joined the old group and
+/// its eBPF program steers the group's SYNs now; SIGTERM the old server so it drains and
+/// exits. SOCKET: tell the old server this one serves; it stops accepting and exits.
+fn take_over(
+    common: &CommonArgs,
+    server: &Server,
+    successor: Option<Successor>,
+) -> Result<(), String> {
+    if let Some(successor) = successor {
+        // Serving already: a missing "done" is worth a warning, not a stop.
+        if let Err(e) = successor.ready() {
+            eprintln!("corelocal serve: --takeover: the old server did not confirm: {e}");
+        }
+        eprintln!(
+            "corelocal serve: took over the listening sockets (the old server drains and exits)"
+        );
+        return Ok(());
+    }
+    let Some(Takeover::Pid(pid)) = common.takeover else {
         return Ok(());
     };
     if server.steering() != ActiveSteering::Local(Steering::Ebpf) {
         return Err(format!(
-            "--takeover needs --mode local with eBPF steering (this server has {}): only a \
-             program attached by the new process moves the group's SYNs to it",
+            "--takeover PID needs --mode local with eBPF steering (this server has {}): only a \
+             program attached by the new process moves the group's SYNs to it (--takeover \
+             SOCKET works in every mode)",
             server.steering()
         ));
     }
     signal::terminate(pid).map_err(|e| format!("--takeover: signalling pid {pid}: {e}"))?;
     eprintln!("corelocal serve: took over from pid {pid} (SIGTERM sent; it drains and exits)");
     Ok(())
+}
+
+/// `--upgrade-socket` is bound before the server starts (a live socket there fails early),
+/// except when it is the path this process takes over from: the old server gives that path
+/// up only at the end of the handover.
+fn bind_upgrade_early(common: &CommonArgs) -> Result<Option<UpgradeListener>, String> {
+    let Some(path) = &common.upgrade_socket else {
+        return Ok(None);
+    };
+    if common.takeover == Some(Takeover::Socket(path.clone())) {
+        return Ok(None);
+    }
+    UpgradeListener::bind(path)
+        .map(Some)
+        .map_err(|e| format!("--upgrade-socket: {e}"))
+}
+
+/// Starts waiting for a successor. Binding late (after taking over from the same path) can
+/// only fail if something else grabbed the path meanwhile: this server keeps serving, without
+/// an upgrade socket, rather than drop what it took over.
+fn start_upgrade_socket(
+    common: &CommonArgs,
+    server: &Server,
+    early: Option<UpgradeListener>,
+) -> Option<UpgradeServer> {
+    let path = common.upgrade_socket.as_ref()?;
+    let listener = match early.map_or_else(|| UpgradeListener::bind(path), Ok) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("corelocal serve: --upgrade-socket: {e}; serving without it");
+            return None;
+        }
+    };
+    match UpgradeServer::start(listener, server.release_handle(), common.takeover_timeout) {
+        Ok(u) => {
+            eprintln!("corelocal serve: upgrade socket {}", path.display());
+            Some(u)
+        }
+        Err(e) => {
+            eprintln!("corelocal serve: --upgrade-socket: {e}; serving without it");
+            None
+        }
+    }
 }
 
 fn open_stats_file(common: &CommonArgs) -> Result<Option<std::fs::File>, String> {

@@ -4,73 +4,19 @@
 //! back-off. Client errors are counted by kind and the namespace's RSTs from /proc/net/snmp.
 //! With `CORELOCAL_RECORD=DIR` each scenario also writes `DIR/restart-<name>.json`.
 
-use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
+mod common;
+
+use common::load::{counters, cpus, delta, finish_request, one_request, outer, record};
+use common::load::{Tally, REQ};
+use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_corelocal");
-const INNER_ENV: &str = "CORELOCAL_RESTART_INNER";
 const ADDR: &str = "127.0.0.1:7400";
-const REQ: usize = 64;
-const CLIENT_THREADS: usize = 4;
-
-/// Runs `test` again in a fresh network namespace; returns false when this is the inner run.
-fn outer(test: &str) -> bool {
-    if std::env::var(INNER_ENV).is_ok() {
-        let up = Command::new("ip")
-            .args(["link", "set", "lo", "up"])
-            .status();
-        assert!(up.unwrap().success(), "ip link set lo up");
-        return false;
-    }
-    if corelocal::testing::root_or_skip(test) {
-        let status = Command::new("unshare")
-            .args(["--net", "--"])
-            .arg(std::env::current_exe().unwrap())
-            .args(["--exact", test, "--nocapture", "--test-threads=1"])
-            .env(INNER_ENV, "1")
-            .status()
-            .expect("running unshare");
-        assert!(status.success(), "{test} failed inside the namespace");
-    }
-    true
-}
-
-/// TCP counters of this namespace: `Tcp:` from snmp and `TcpExt:` from netstat.
-fn counters() -> BTreeMap<String, i64> {
-    let mut map = BTreeMap::new();
-    for file in ["/proc/net/snmp", "/proc/net/netstat"] {
-        let text = std::fs::read_to_string(file).unwrap();
-        let lines: Vec<&str> = text.lines().collect();
-        for pair in lines.chunks(2) {
-            let (Some(h), Some(v)) = (pair.first(), pair.get(1)) else {
-                continue;
-            };
-            let prefix = h.split(':').next().unwrap_or("");
-            for (k, v) in h.split_whitespace().zip(v.split_whitespace()).skip(1) {
-                map.insert(format!("{prefix}.{k}"), v.parse().unwrap_or(0));
-            }
-        }
-    }
-    map
-}
-
-fn delta(before: &BTreeMap<String, i64>, key: &str) -> i64 {
-    counters()[key] - before[key]
-}
-
-fn cpus() -> String {
-    let n = std::thread::available_parallelism().map_or(1, |n| n.get().min(2));
-    if n >= 2 {
-        "0-1".into()
-    } else {
-        "0".into()
-    }
-}
 
 struct Server {
     child: Child,
@@ -151,83 +97,6 @@ impl Server {
     }
 }
 
-/// One-shot RPC client outcomes.
-#[derive(Default)]
-struct Tally {
-    attempted: AtomicU64,
-    served: AtomicU64,
-    refused: AtomicU64,
-    reset: AtomicU64,
-    other: AtomicU64,
-}
-
-impl Tally {
-    fn count(&self, r: std::io::Result<()>) {
-        self.attempted.fetch_add(1, Ordering::Relaxed);
-        let c = match r {
-            Ok(()) => &self.served,
-            Err(e) if e.kind() == ErrorKind::ConnectionRefused => &self.refused,
-            Err(e) if e.kind() == ErrorKind::ConnectionReset => &self.reset,
-            Err(e) if e.kind() == ErrorKind::UnexpectedEof => &self.reset,
-            Err(_) => &self.other,
-        };
-        c.fetch_add(1, Ordering::Relaxed);
-    }
-
-    fn json(&self, name: &str, rsts: i64, extra: &str) -> String {
-        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        format!(
-            "{{\"scenario\":\"{name}\",\"attempted\":{},\"served\":{},\"refused\":{},\"reset\":{},\"other_errors\":{},\"server_rsts\":{rsts}{extra}}}",
-            g(&self.attempted), g(&self.served), g(&self.refused), g(&self.reset), g(&self.other)
-        )
-    }
-
-    fn errors(&self) -> u64 {
-        [&self.refused, &self.reset, &self.other]
-            .iter()
-            .map(|c| c.load(Ordering::Relaxed))
-            .sum()
-    }
-}
-
-fn finish_request(mut s: TcpStream) -> std::io::Result<()> {
-    s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    let mut v = Vec::new();
-    s.read_to_end(&mut v)?;
-    if v.len() != REQ {
-        return Err(ErrorKind::UnexpectedEof.into());
-    }
-    Ok(())
-}
-
-fn one_request(addr: SocketAddr) -> std::io::Result<()> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
-    s.write_all(&[b'x'; REQ])?;
-    finish_request(s)
-}
-
-/// Closed-loop one-shot clients until `stop`.
-fn load(tally: Arc<Tally>, stop: Arc<AtomicBool>) -> Vec<std::thread::JoinHandle<()>> {
-    let addr: SocketAddr = ADDR.parse().unwrap();
-    (0..CLIENT_THREADS)
-        .map(|_| {
-            let (t, s) = (tally.clone(), stop.clone());
-            std::thread::spawn(move || {
-                while !s.load(Ordering::Relaxed) {
-                    t.count(one_request(addr));
-                }
-            })
-        })
-        .collect()
-}
-
-fn record(name: &str, json: &str) {
-    eprintln!("RECORD {json}");
-    if let Ok(dir) = std::env::var("CORELOCAL_RECORD") {
-        std::fs::write(format!("{dir}/restart-{name}.json"), format!("{json}\n")).unwrap();
-    }
-}
-
 fn graceful_stop_drains(backend: &str, test: &str) {
     if outer(test) {
         return;
@@ -281,28 +150,9 @@ fn graceful_stop_serves_the_queue_uring() {
     graceful_stop_drains("auto", "graceful_stop_serves_the_queue_uring");
 }
 
-/// The same offered load for each scenario: CLIENT_THREADS closed-loop one-shot clients.
+/// The same offered load for each scenario (see `common::load::under_load`).
 fn under_load(name: &str, event: impl FnOnce() -> String) -> (Arc<Tally>, i64, String) {
-    let before = counters();
-    let tally = Arc::new(Tally::default());
-    let stop = Arc::new(AtomicBool::new(false));
-    let threads = load(tally.clone(), stop.clone());
-    std::thread::sleep(Duration::from_millis(500));
-    let what = event();
-    std::thread::sleep(Duration::from_millis(500));
-    stop.store(true, Ordering::Relaxed);
-    for t in threads {
-        t.join().unwrap();
-    }
-    let rsts = delta(&before, "Tcp.OutRsts");
-    let migrated = delta(&before, "TcpExt.TCPMigrateReqSuccess");
-    let failed = delta(&before, "TcpExt.TCPMigrateReqFailure");
-    let extra = format!(
-        ",\"migrated\":{migrated},\"migrate_failed\":{failed},\"server\":\"{}\"",
-        what.replace('"', "'")
-    );
-    record(name, &tally.json(name, rsts, &extra));
-    (tally, rsts, what)
+    common::load::under_load(name, ADDR.parse().unwrap(), event)
 }
 
 #[test]

@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod load;
+
 use std::io::{BufRead, BufReader, Read};
 use std::net::SocketAddr;
 use std::process::{Child, ChildStderr, Command, Output, Stdio};
@@ -105,6 +107,27 @@ impl Served {
             let _ = o.read_to_string(&mut out);
         }
         (code, rest, out)
+    }
+}
+
+impl Served {
+    /// Waits (at most `limit`, then SIGKILL and panic) for the server to exit on its own, e.g.
+    /// after handing its sockets to a successor; returns the exit code and the rest of stderr.
+    pub fn wait_exit(mut self, limit: Duration) -> (i32, String) {
+        let end = Instant::now() + limit;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                let mut rest = String::new();
+                if let Some(mut e) = self.stderr.take() {
+                    let _ = e.read_to_string(&mut rest);
+                }
+                return (status.code().unwrap_or(-1), rest);
+            }
+            if Instant::now() > end {
+                panic!("corelocal did not exit within {limit:?}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 }
 
