@@ -465,11 +465,10 @@ fn finish(name: &str, server: Server, stats_file: Option<&mut std::fs::File>) ->
     }
 }
 
-/// Gives up after the server started: without touching the listening sockets (after a socket
-/// takeover they are shared with the old server, which takes its steering back and serves on).
+/// Gives up after the server started ([`Server::abandon`]: after a socket takeover without
+/// disturbing the sockets the old server still serves from).
 fn abandon(server: Server, message: &str) -> ExitCode {
-    server.release_handle().release();
-    let _ = server.join();
+    server.abandon();
     fail(message)
 }
 

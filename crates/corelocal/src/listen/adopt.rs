@@ -185,6 +185,7 @@ impl ListenerGroup {
             config,
             steering,
             groups,
+            adopted: true,
         })
     }
 }

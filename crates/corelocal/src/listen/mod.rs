@@ -234,6 +234,8 @@ pub struct ListenerGroup {
     config: GroupConfig,
     steering: ActiveSteering,
     groups: Vec<AddrGroup>,
+    /// Built from sockets received from a running server ([`ListenerGroup::adopt`]).
+    adopted: bool,
 }
 
 /// The minimum kernel for `SO_INCOMING_CPU` steering inside a reuseport group.
@@ -284,12 +286,19 @@ impl ListenerGroup {
             config: config.clone(),
             steering,
             groups,
+            adopted: false,
         })
     }
 
     /// The steering in force.
     pub fn steering(&self) -> ActiveSteering {
         self.steering
+    }
+
+    /// Whether the sockets were received from a running server ([`ListenerGroup::adopt`]):
+    /// until that server confirmed the handover, they are shared with it.
+    pub fn is_adopted(&self) -> bool {
+        self.adopted
     }
 
     /// The mode.

@@ -326,8 +326,7 @@ impl Server {
             released,
         };
         if let Some(e) = failure {
-            server.stop();
-            let _ = server.join();
+            server.abandon();
             return Err(e);
         }
         Ok(server)
@@ -394,6 +393,19 @@ impl Server {
         for w in &self.wakers {
             w.wake();
         }
+    }
+
+    /// Gives up right after starting: a group adopted from a running server is released
+    /// (its sockets are still shared with that server, which takes its steering back and
+    /// serves on: refusing SYNs or draining here would disturb it); a group of its own stops
+    /// as usual. Waits for the workers.
+    pub fn abandon(self) {
+        if self.group.is_adopted() {
+            self.release_handle().release();
+        } else {
+            self.stop();
+        }
+        let _ = self.join();
     }
 
     /// Waits for every worker to exit; the first worker error, if any.
