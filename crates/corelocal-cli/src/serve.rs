@@ -430,7 +430,7 @@ fn wait_for_stop(
         if Instant::now() < next_tick {
             continue;
         }
-        next_tick += tick;
+        next_tick = (next_tick + tick).max(Instant::now());
         let now = server.stats();
         if let Some(f) = stats_file.as_mut() {
             let _ = writeln!(f, "{}", now.to_json());
@@ -621,4 +621,27 @@ fn print_stats(now: &Snapshot, last: &Snapshot, elapsed: Duration, tick: Duratio
         );
     }
     println!("{line}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn takeover_takes_a_pid_or_a_path() {
+        assert_eq!(parse_takeover("4242"), Ok(Takeover::Pid(4242)));
+        for path in ["./4242", "/run/corelocal.sock", "up.sock", "-x"] {
+            assert_eq!(parse_takeover(path), Ok(Takeover::Socket(path.into())));
+        }
+        for (bad, why) in [
+            ("1", "not a server's process id"),
+            ("0", "not a server's process id"),
+            ("-5", "not a server's process id"),
+            ("99999999999", "out of range"),
+            ("", "expected a process id or a unix socket path"),
+        ] {
+            let e = parse_takeover(bad).unwrap_err();
+            assert!(e.contains(why), "{bad:?}: {e}");
+        }
+    }
 }
