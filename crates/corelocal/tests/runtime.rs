@@ -423,7 +423,7 @@ fn a_released_server_leaves_the_shared_queue_to_its_successor(backend: BackendKi
     config.backend = backend;
     config.balance = Some(corelocal::balance::BalanceConfig::new(1));
     config.limits.drain_timeout = Duration::from_secs(3);
-    let server = Server::start(config, Arc::new(Lines)).unwrap();
+    let server = Server::start(config, Arc::new(Lines::default())).unwrap();
     let successor = successor_of(&server);
     let a = addr(&server);
     // A request in progress keeps the old server draining while the test looks.
