@@ -10,7 +10,9 @@ loopback, each on CPUs 0-1 (`--mode local`, eBPF steering):
   kv   127.0.0.1:7502  `serve kv`   <- `bench kv -c 8` (90% get / 10% set)
 plus a misbehaving client per server alternating garbage (80 KiB of random bytes) and slow
 (1 byte / 50 ms) connections. Every PERIOD seconds the next server (round robin) is replaced by
-a new process with `--takeover PID`; the old one drains and exits.
+a new process, alternating the two binary-upgrade forms: `--takeover PID` (the new process joins
+the old reuseport group, the old one drains and exits) and `--takeover SOCKET` (the old process
+passes its listening sockets over its `--upgrade-socket`, stops accepting and exits).
 
 Pass criteria (exit status 1 when broken): every leg completed work; no leg sees an error
 outside a takeover of its server; the HTTP legs see none at all (a stopping HTTP server answers
@@ -96,15 +98,23 @@ class Server:
         self.name, self.binary = name, binary
         self.port, self.args = SERVERS[name]
         self.log = open(os.path.join(tmp, f"server-{name}.log"), "w+")
+        self.tmp = tmp
         self.proc = None
+        self.generation = 0
+        self.sock = None  # the current process's upgrade socket
         self.stopped = []  # (pid, exit code)
+        self.takeovers = {"pid": 0, "socket": 0}
 
     def spawn(self, takeover=None):
+        self.generation += 1
+        sock = os.path.join(self.tmp, f"{self.name}-{self.generation}.sock")
         cmd = [self.binary] + self.args + ["--listen", f"127.0.0.1:{self.port}", "--cpus", "0-1",
-                                           "--stats-interval", "0"]
+                                           "--stats-interval", "0", "--upgrade-socket", sock]
         if takeover:
             cmd += ["--takeover", str(takeover)]
-        return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self.log)
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self.log)
+        self.sock = sock
+        return proc
 
     def start(self):
         self.proc = self.spawn()
@@ -112,8 +122,10 @@ class Server:
             sys.exit(f"soak: {self.name} server did not start (see its log)")
 
     def take_over(self):
-        old = self.proc
-        self.proc = self.spawn(takeover=old.pid)
+        """Replaces the process, alternating `--takeover PID` and `--takeover SOCKET`."""
+        old, form = self.proc, "pid" if self.generation % 2 else "socket"
+        self.proc = self.spawn(takeover=old.pid if form == "pid" else self.sock)
+        self.takeovers[form] += 1
         threading.Thread(target=self.reap, args=(old,), daemon=True).start()
 
     def reap(self, proc):
@@ -142,7 +154,7 @@ class Server:
         self.log.seek(0)
         reports = []
         for line in self.log:
-            m = re.search(r"stopped \| accepted while draining (\d+) \|.*lost at close (\d+)", line)
+            m = re.search(r"stopped \|.*accepted while draining (\d+) \|.*lost at close (\d+)", line)
             if m:
                 reports.append({"drain_accepted": int(m[1]), "lost_at_close": int(m[2])})
         return reports
@@ -265,6 +277,7 @@ def write_results(a, tmp, servers, legs, bad, rss_rows, takeovers, order):
         stops = s.stop_reports()
         per_server[n] = {
             "processes": len(s.stopped), "exit_codes": [c for _, c in s.stopped],
+            "takeovers_by_form": s.takeovers,
             "stop_reports": stops, "lost_at_close": sum(r["lost_at_close"] for r in stops),
             "rss_kib": {"min": min(rss, default=0), "max": max(rss, default=0)},
             "misbehaving": bad[n]}
@@ -299,12 +312,13 @@ def markdown(a, res):
         lines.append(f"| {n} | {l.get('units', '-')} {l.get('unit') or ''} | {l.get('errors', '-')} "
                      f"| {l.get('errors_at_takeovers', '-')} ({l.get('errors_at_takeovers_allowed', '-')}) "
                      f"| {l.get('errors_elsewhere', '-')} | {kinds or l.get('error') or ''} |")
-    lines += ["", "| server | processes | lost at close | accepted while draining | RSS KiB min–max "
-              "| garbage / slow conns | misbehaving-client errors |", "|---|---|---|---|---|---|---|"]
+    lines += ["", "| server | processes | takeovers PID / socket | lost at close | accepted while draining | RSS KiB min–max "
+              "| garbage / slow conns | misbehaving-client errors |", "|---|---|---|---|---|---|---|---|"]
     for n, s in res["servers"].items():
         drained = sum(r["drain_accepted"] for r in s["stop_reports"])
         m = s["misbehaving"]
-        lines.append(f"| {n} | {s['processes']} | {s['lost_at_close']} | {drained} | "
+        t = s["takeovers_by_form"]
+        lines.append(f"| {n} | {s['processes']} | {t['pid']} / {t['socket']} | {s['lost_at_close']} | {drained} | "
                      f"{s['rss_kib']['min']}–{s['rss_kib']['max']} | {m['garbage']} / {m['slow']} "
                      f"| {m['errors'] or 0} |")
     lines += ["", f"RSS per second: {a.name}-rss.csv.", ""]
