@@ -8,6 +8,7 @@ mod files;
 mod metrics;
 mod serve;
 mod sim;
+mod size;
 
 /// corelocal: process every TCP connection on one core.
 #[derive(Debug, Parser)]

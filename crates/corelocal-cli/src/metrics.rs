@@ -11,7 +11,9 @@
 //! (8 KiB) and a bounded time per connection (2 s); it answers `Connection: close`. It stops
 //! when its [`Endpoint`] is dropped, which `serve` does when the server has stopped.
 
-use corelocal::runtime::{Server, ServerConfig, Snapshot, StatsReader, WorkerSnapshot};
+use corelocal::runtime::{
+    NetCounters, Server, ServerConfig, Snapshot, StatsReader, WorkerSnapshot,
+};
 use std::fmt::Write as _;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -156,6 +158,18 @@ const PER_WORKER: &[(&str, &str, &str, Field)] = &[
         |w| w.queue_len_sum,
     ),
     (
+        "corelocal_conn_limit_pauses_total",
+        "counter",
+        "Times accepting paused at the per-worker connection limit.",
+        |w| w.conn_limit_pauses,
+    ),
+    (
+        "corelocal_backpressure_pauses_total",
+        "counter",
+        "Times reading paused on a connection whose pending output hit the output limit.",
+        |w| w.backpressure_pauses,
+    ),
+    (
         "corelocal_open_connections",
         "gauge",
         "Connections open now.",
@@ -178,6 +192,47 @@ const PER_WORKER: &[(&str, &str, &str, Field)] = &[
         "gauge",
         "1 when the balancer marked the worker busy at the last sample.",
         |w| u64::from(w.busy),
+    ),
+];
+
+type NetField = fn(&NetCounters) -> u64;
+
+/// The namespace's listen-path counters: (name, help, value); one sample each, no labels.
+const NET: &[(&str, &str, NetField)] = &[
+    (
+        "corelocal_net_listen_overflows_total",
+        "Completed handshakes dropped on a full accept queue (TcpExt ListenOverflows) in the server's network namespace since it started.",
+        |n| n.listen_overflows,
+    ),
+    (
+        "corelocal_net_listen_drops_total",
+        "SYNs and handshakes dropped at listeners (TcpExt ListenDrops) since the server started.",
+        |n| n.listen_drops,
+    ),
+    (
+        "corelocal_net_syncookies_sent_total",
+        "SYN-ACKs answered with a SYN cookie (TcpExt SyncookiesSent) since the server started.",
+        |n| n.syncookies_sent,
+    ),
+    (
+        "corelocal_net_syncookies_recv_total",
+        "Handshakes completed by a valid SYN cookie (TcpExt SyncookiesRecv) since the server started.",
+        |n| n.syncookies_recv,
+    ),
+    (
+        "corelocal_net_syncookies_failed_total",
+        "ACKs with an invalid SYN cookie (TcpExt SyncookiesFailed) since the server started.",
+        |n| n.syncookies_failed,
+    ),
+    (
+        "corelocal_net_reqq_full_drop_total",
+        "SYNs dropped on a full SYN queue without cookies (TcpExt TCPReqQFullDrop) since the server started.",
+        |n| n.req_q_full_drop,
+    ),
+    (
+        "corelocal_net_reqq_full_do_cookies_total",
+        "SYNs answered with a cookie because a SYN queue was full (TcpExt TCPReqQFullDoCookies) since the server started.",
+        |n| n.req_q_full_do_cookies,
     ),
 ];
 
@@ -228,6 +283,13 @@ pub fn prometheus(snap: &Snapshot, info: &[(&str, String)]) -> String {
                 w.worker, w.cpu
             );
         }
+    }
+    for (name, help, field) in NET {
+        let _ = writeln!(
+            s,
+            "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}",
+            field(&snap.net)
+        );
     }
     let name = "corelocal_errors_total";
     let _ = writeln!(
@@ -448,7 +510,10 @@ mod tests {
         };
         w1.errors.too_large = 2;
         w1.errors.io = 1;
-        Snapshot::from_workers(vec![w0, w1])
+        w1.conn_limit_pauses = 6;
+        let mut s = Snapshot::from_workers(vec![w0, w1]);
+        s.net.syncookies_sent = 41;
+        s
     }
 
     fn info() -> Vec<(&'static str, String)> {
@@ -507,6 +572,10 @@ mod tests {
             text.contains("corelocal_errors_total{worker=\"1\",cpu=\"5\",kind=\"too_large\"} 2\n")
         );
         assert!(text.contains("corelocal_errors_total{worker=\"1\",cpu=\"5\",kind=\"io\"} 1\n"));
+        assert!(text.contains("corelocal_conn_limit_pauses_total{worker=\"1\",cpu=\"5\"} 6\n"));
+        assert!(text.contains("# TYPE corelocal_net_syncookies_sent_total counter\n"));
+        assert!(text.contains("\ncorelocal_net_syncookies_sent_total 41\n"));
+        assert!(text.contains("\ncorelocal_net_listen_overflows_total 0\n"));
         assert!(text
             .contains("corelocal_errors_total{worker=\"0\",cpu=\"2\",kind=\"bad_request\"} 0\n"));
     }
@@ -566,6 +635,8 @@ mod tests {
         assert!(head.contains(&format!("Content-Length: {}", body.len())));
         let v: serde_json::Value = serde_json::from_str(body).unwrap();
         assert_eq!(v["total"]["accepted"], 17);
+        assert_eq!(v["net"]["syncookies_sent"], 41);
+        assert_eq!(v["total"]["conn_limit_pauses"], 6);
         assert_eq!(v["workers"][1]["cpu"], 5);
         let parsed = corelocal_bench::serverstats::parse_last(body).unwrap();
         assert_eq!(parsed.total.accepted, 17);

@@ -1,6 +1,7 @@
 //! `corelocal serve`: run a server on the per-core runtime.
 
 use crate::duration::parse_duration;
+use crate::size::parse_bytes;
 use clap::{Args, Subcommand};
 use corelocal::cpu::{current_affinity, CpuSet};
 use corelocal::listen::transfer::{self, Successor, UpgradeListener};
@@ -131,6 +132,18 @@ pub struct CommonArgs {
     /// Total listen() backlog per address, split evenly across the workers' listeners.
     #[arg(long, default_value_t = 4096)]
     backlog: u32,
+    /// Open connections per worker; at the limit a worker stops accepting and further
+    /// connections wait in the kernel's accept queue (up to --backlog) until one closes.
+    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    conns_per_worker: u64,
+    /// Pending output per connection (e.g. 1MiB) at which reading it pauses until half of it
+    /// is sent: what a slow reader can make the server hold, plus about one response.
+    #[arg(long, default_value = "1MiB", value_parser = parse_bytes)]
+    output_limit: u64,
+    /// Unconsumed input per connection (e.g. 64KiB): a request that does not fit is closed
+    /// as too large.
+    #[arg(long, default_value = "64KiB", value_parser = parse_bytes)]
+    input_limit: u64,
     /// Close connections idle this long (e.g. 60s, 500ms).
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     idle_timeout: Duration,
@@ -310,6 +323,9 @@ fn server_config(common: &CommonArgs) -> Result<ServerConfig, String> {
     config.backend = common.backend.parse::<BackendKind>()?;
     config.limits.idle_timeout = common.idle_timeout.max(Duration::from_millis(1));
     config.limits.drain_timeout = common.drain_timeout;
+    config.limits.conns_per_worker_max = common.conns_per_worker as usize;
+    config.limits.output_bytes_max = usize::try_from(common.output_limit).unwrap_or(usize::MAX);
+    config.limits.input_bytes_max = usize::try_from(common.input_limit).unwrap_or(usize::MAX);
     if let Some(iface) = &common.xdp_iface {
         match corelocal::steer::RssSteering::detect(iface) {
             Err(unsupported) => {
@@ -402,7 +418,8 @@ fn print_listening(name: &str, config: &ServerConfig, server: &Server) {
     );
 }
 
-/// Prints stats every `--stats-interval` until SIGINT/SIGTERM (returned) or a handover over
+/// Samples the namespace's listen-path counters and prints stats every `--stats-interval`
+/// (sampling every second when printing is off) until SIGINT/SIGTERM (returned) or a handover over
 /// the upgrade socket (`None`); the handover flag is looked at every [`HANDOVER_POLL`].
 fn wait_for_stop(
     common: &CommonArgs,
@@ -412,10 +429,11 @@ fn wait_for_stop(
 ) -> Option<i32> {
     let started = Instant::now();
     let mut last = server.stats();
-    let tick = if common.stats_interval.is_zero() {
-        Duration::from_secs(3600)
-    } else {
+    let printing = !common.stats_interval.is_zero();
+    let tick = if printing {
         common.stats_interval
+    } else {
+        NET_SAMPLE_DEFAULT
     };
     let mut next_tick = started + tick;
     loop {
@@ -431,13 +449,15 @@ fn wait_for_stop(
             continue;
         }
         next_tick = (next_tick + tick).max(Instant::now());
+        server.sample_net();
+        if !printing {
+            continue;
+        }
         let now = server.stats();
         if let Some(f) = stats_file.as_mut() {
             let _ = writeln!(f, "{}", now.to_json());
         }
-        if !common.stats_interval.is_zero() {
-            print_stats(&now, &last, started.elapsed(), tick, common.json);
-        }
+        print_stats(&now, &last, started.elapsed(), tick, common.json);
         last = now;
     }
 }
@@ -450,13 +470,15 @@ fn finish(name: &str, server: Server, stats_file: Option<&mut std::fs::File>) ->
     }
     if report.handed_over {
         eprintln!(
-            "corelocal serve {name}: stopped | handed over | accepted while draining {} | lost at close 0 (the successor holds the sockets and their queues)",
-            report.stats.total.drain_accepted
+            "corelocal serve {name}: stopped | handed over | accepted while draining {} | lost at close 0 (the successor holds the sockets and their queues){}",
+            report.stats.total.drain_accepted,
+            overload_summary(&report.stats),
         );
     } else {
         eprintln!(
-            "corelocal serve {name}: stopped | accepted while draining {} | new SYNs refused {} | migration {} | lost at close {}",
-            report.stats.total.drain_accepted, report.refused_new_syns, report.migration, report.lost_at_close
+            "corelocal serve {name}: stopped | accepted while draining {} | new SYNs refused {} | migration {} | lost at close {}{}",
+            report.stats.total.drain_accepted, report.refused_new_syns, report.migration, report.lost_at_close,
+            overload_summary(&report.stats),
         );
     }
     match result {
@@ -464,6 +486,24 @@ fn finish(name: &str, server: Server, stats_file: Option<&mut std::fs::File>) ->
         Err(e) => fail(&e.to_string()),
     }
 }
+
+/// How often the listen-path counters are sampled when stats printing is off.
+const NET_SAMPLE_DEFAULT: Duration = Duration::from_secs(1);
+
+/// The overload counters for the stop line: SYN cookies and listen drops of the namespace,
+/// pauses at the connection limit and for output back-pressure.
+fn overload_summary(s: &Snapshot) -> String {
+    format!(
+        " | syncookies sent {} recv {} | listen overflows {} drops {} | conn-limit pauses {} | backpressure pauses {}",
+        s.net.syncookies_sent,
+        s.net.syncookies_recv,
+        s.net.listen_overflows,
+        s.net.listen_drops,
+        s.total.conn_limit_pauses,
+        s.total.backpressure_pauses,
+    )
+}
+
 
 /// Gives up after the server started ([`Server::abandon`]: after a socket takeover without
 /// disturbing the sockets the old server still serves from).
@@ -618,6 +658,14 @@ fn print_stats(now: &Snapshot, last: &Snapshot, elapsed: Duration, tick: Duratio
             (w.requests - l.requests) as f64 / secs,
             w.open,
             w.errors.total() - l.errors.total(),
+        );
+    }
+    if !now.net.is_zero() {
+        let (n, l) = (&now.net, &last.net);
+        line += &format!(
+            " | net syncookies +{} listen drops +{}",
+            n.syncookies_sent - l.syncookies_sent.min(n.syncookies_sent),
+            n.listen_drops - l.listen_drops.min(n.listen_drops),
         );
     }
     println!("{line}");

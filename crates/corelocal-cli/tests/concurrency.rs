@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{Served, BIN};
+use common::{last_stats, Served, BIN};
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -20,14 +20,6 @@ fn open_fds(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd"))
         .unwrap()
         .count()
-}
-
-fn last_stats(path: &std::path::Path) -> serde_json::Value {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    text.lines()
-        .last()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .unwrap_or(serde_json::Value::Null)
 }
 
 fn wait_line(child: &mut Child, prefix: &str) -> String {

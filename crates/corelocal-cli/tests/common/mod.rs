@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod load;
+pub mod synflood;
 
 use std::io::{BufRead, BufReader, Read};
 use std::net::SocketAddr;
@@ -38,18 +39,24 @@ impl Served {
     /// Starts `corelocal serve APP --listen 127.0.0.1:0 ARGS` (stats printing off) and waits
     /// for its "listening on" line (and "metrics on" line when ARGS has `--metrics`).
     pub fn start(app: &str, args: &[&str]) -> Served {
+        Served::start_at(app, "127.0.0.1:0", args)
+    }
+
+    /// As [`Served::start`], listening on `listen`; stats printing is off unless ARGS sets
+    /// `--stats-interval`.
+    pub fn start_at(app: &str, listen: &str, args: &[&str]) -> Served {
         let mut cmd = Command::new(BIN);
-        cmd.args([
-            "serve",
-            app,
-            "--listen",
-            "127.0.0.1:0",
-            "--stats-interval",
-            "0",
-        ])
-        .args(args)
-        .stdout(Stdio::null());
+        cmd.args(["serve", app, "--listen", listen]);
+        if !args.contains(&"--stats-interval") {
+            cmd.args(["--stats-interval", "0"]);
+        }
+        cmd.args(args).stdout(Stdio::null());
         Served::spawn(cmd, args.contains(&"--metrics"))
+    }
+
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// Spawns a prepared `corelocal serve …` command (its stdout is the caller's choice; stdin
@@ -152,6 +159,44 @@ impl Drop for Served {
             let _ = self.child.kill();
             let _ = self.child.wait();
         }
+    }
+}
+
+/// A field of `/proc/PID/status` in KiB (`VmRSS`, `VmHWM`, …); 0 when unreadable.
+pub fn status_kib(pid: u32, field: &str) -> u64 {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    text.lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Resident memory of `pid` in KiB.
+pub fn rss_kib(pid: u32) -> u64 {
+    status_kib(pid, "VmRSS")
+}
+
+/// CPU time (utime + stime) of `pid` in clock ticks (USER_HZ, 100 per second).
+pub fn cpu_ticks(pid: u32) -> u64 {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    corelocal::procfs::parse_pid_stat(&text).map_or(0, |(u, s)| u + s)
+}
+
+/// The last JSON line of a `--stats-file` (Null when there is none yet).
+pub fn last_stats(path: &std::path::Path) -> serde_json::Value {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines()
+        .rev()
+        .find_map(|l| serde_json::from_str(l).ok())
+        .unwrap_or(serde_json::Value::Null)
+}
+
+/// With `CORELOCAL_RECORD=DIR`, writes `json` (one line) to `DIR/NAME.json`; always prints it.
+pub fn record(name: &str, json: &serde_json::Value) {
+    eprintln!("RECORD {name} {json}");
+    if let Ok(dir) = std::env::var("CORELOCAL_RECORD") {
+        let path = std::path::Path::new(&dir).join(format!("{name}.json"));
+        std::fs::write(&path, format!("{json}\n")).expect("writing the record");
     }
 }
 

@@ -8,10 +8,12 @@
 //! - [`server`]: binding, starting, stats, graceful stop.
 //! - [`stats`]: per-worker counters on their own cache lines.
 //! - [`upgrade`]: the upgrade socket that hands the listening sockets to a successor process.
+//! - [`netstat`]: the namespace's listen-path counters (SYN cookies, queue overflows).
 
 pub mod backend;
 pub mod balance;
 pub mod handler;
+pub mod netstat;
 pub mod server;
 pub mod stats;
 pub mod upgrade;
@@ -24,6 +26,7 @@ pub use handler::{
 pub use server::{
     BackendKind, ReleaseHandle, Server, ServerConfig, ServerError, ShutdownReport, StatsReader,
 };
+pub use netstat::{NetCounters, NetSampler};
 pub use stats::{Batching, ErrorKind, Snapshot, WorkerSnapshot, WorkerStats};
 pub use upgrade::UpgradeServer;
 

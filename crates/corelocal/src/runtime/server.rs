@@ -4,6 +4,7 @@ use super::backend::Backend;
 use super::backend::Wake;
 use super::balance::BalanceShared;
 use super::handler::Service;
+use super::netstat::NetSampler;
 use super::stats::{Snapshot, WorkerStats};
 use super::worker::{Worker, WorkerSetup};
 use super::Limits;
@@ -127,6 +128,7 @@ pub struct Server {
     refusing: AtomicBool,
     /// The listeners were handed to a successor ([`ReleaseHandle::release`]).
     released: Arc<AtomicBool>,
+    net: Arc<NetSampler>,
 }
 
 /// How a graceful stop went (see [`Server::join_report`]).
@@ -150,6 +152,7 @@ pub struct ShutdownReport {
 pub struct StatsReader {
     group: Arc<ListenerGroup>,
     stats: Vec<Arc<WorkerStats>>,
+    net: Arc<NetSampler>,
 }
 
 impl fmt::Debug for StatsReader {
@@ -161,15 +164,24 @@ impl fmt::Debug for StatsReader {
 }
 
 impl StatsReader {
-    /// Every worker's counters now.
+    /// Every worker's counters now, with the listen-path counters of the last
+    /// [`sample_net`](StatsReader::sample_net).
     pub fn snapshot(&self) -> Snapshot {
-        Snapshot::from_workers(
+        let mut snap = Snapshot::from_workers(
             self.stats
                 .iter()
                 .enumerate()
                 .map(|(w, s)| s.snapshot(w, self.group.worker_cpu(w)))
                 .collect(),
-        )
+        );
+        snap.net = self.net.latest();
+        snap
+    }
+
+    /// Samples the namespace's listen-path counters (one read of `/proc/net/netstat`): call it
+    /// at the stats interval, never per connection.
+    pub fn sample_net(&self) {
+        self.net.sample();
     }
 }
 
@@ -265,6 +277,7 @@ impl Server {
         };
         let stop = Arc::new(AtomicBool::new(false));
         let released = Arc::new(AtomicBool::new(false));
+        let net = Arc::new(NetSampler::new());
         let (ready_tx, ready_rx) = mpsc::channel();
         let mut threads = Vec::with_capacity(workers);
         for (index, worker_stats) in stats.iter().enumerate() {
@@ -324,6 +337,7 @@ impl Server {
             _xdp: xdp,
             refusing: AtomicBool::new(false),
             released,
+            net,
         };
         if let Some(e) = failure {
             server.abandon();
@@ -363,6 +377,7 @@ impl Server {
         StatsReader {
             group: Arc::clone(&self.group),
             stats: self.stats.clone(),
+            net: Arc::clone(&self.net),
         }
     }
 
@@ -375,6 +390,11 @@ impl Server {
             released: Arc::clone(&self.released),
             wakers: self.wakers.clone(),
         }
+    }
+
+    /// Samples the namespace's listen-path counters (see [`StatsReader::sample_net`]).
+    pub fn sample_net(&self) {
+        self.net.sample();
     }
 
     /// Asks every worker to stop without losing a queued connection: new SYNs are refused
@@ -416,16 +436,12 @@ impl Server {
     /// Waits for every worker to exit, then reports how the stop went (counted before the
     /// listeners close: what is still queued then is lost).
     pub fn join_report(self) -> (io::Result<()>, ShutdownReport) {
+        let reader = self.stats_reader();
         let result = Self::join_threads(self.threads);
         let handed_over = self.released.load(Ordering::Acquire);
+        reader.sample_net();
         let report = ShutdownReport {
-            stats: Snapshot::from_workers(
-                self.stats
-                    .iter()
-                    .enumerate()
-                    .map(|(w, s)| s.snapshot(w, self.group.worker_cpu(w)))
-                    .collect(),
-            ),
+            stats: reader.snapshot(),
             refused_new_syns: self.refusing.load(Ordering::Relaxed),
             migration: self.group.migration(),
             // After a handover the queues are the successor's: nothing closes with them.

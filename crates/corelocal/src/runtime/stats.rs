@@ -1,6 +1,7 @@
 //! Per-worker counters, each worker's on its own cache lines and written only by its owner;
 //! anyone may take a [`Snapshot`].
 
+use super::netstat::NetCounters;
 use serde::Serialize;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -49,6 +50,8 @@ pub struct WorkerStats {
     busy: AtomicU64,
     migrated_in: AtomicU64,
     drain_accepted: AtomicU64,
+    conn_limit: AtomicU64,
+    backpressure: AtomicU64,
     /// Written by the workers that take groups from this one (atomic add, rare).
     migrated_out: AtomicU64,
     busy_transitions: AtomicU64,
@@ -165,6 +168,18 @@ impl WorkerStats {
         bump(&self.drain_accepted, 1);
     }
 
+    /// Counts a pause of accepting because the worker holds its connection limit
+    /// (`Limits::conns_per_worker_max`); further connections wait in the kernel's queue.
+    pub fn conn_limit(&self) {
+        bump(&self.conn_limit, 1);
+    }
+
+    /// Counts a pause of reading on a connection whose pending output reached the output
+    /// limit (a slow reader, or a client pipelining faster than it reads).
+    pub fn backpressure(&self) {
+        bump(&self.backpressure, 1);
+    }
+
     /// Counts received bytes.
     pub fn bytes_in(&self, n: u64) {
         bump(&self.bytes_in, n);
@@ -207,6 +222,8 @@ impl WorkerStats {
             busy: get(&self.busy) != 0,
             migrated_in: get(&self.migrated_in),
             drain_accepted: get(&self.drain_accepted),
+            conn_limit_pauses: get(&self.conn_limit),
+            backpressure_pauses: get(&self.backpressure),
             migrated_out: get(&self.migrated_out),
             busy_transitions: get(&self.busy_transitions),
             queue_samples: get(&self.queue_samples),
@@ -345,6 +362,10 @@ pub struct WorkerSnapshot {
     pub migrated_in: u64,
     /// Connections accepted from the queue after a graceful stop began.
     pub drain_accepted: u64,
+    /// Times accepting paused at the connection limit (the rest waited in the kernel queue).
+    pub conn_limit_pauses: u64,
+    /// Times reading paused on a connection because its pending output hit the output limit.
+    pub backpressure_pauses: u64,
     /// Flow groups migrated away from this worker.
     pub migrated_out: u64,
     /// Busy ↔ not-busy changes.
@@ -367,6 +388,8 @@ impl WorkerSnapshot {
         self.accepted_local += o.accepted_local;
         self.stolen += o.stolen;
         self.drain_accepted += o.drain_accepted;
+        self.conn_limit_pauses += o.conn_limit_pauses;
+        self.backpressure_pauses += o.backpressure_pauses;
         self.requests += o.requests;
         self.bytes_in += o.bytes_in;
         self.bytes_out += o.bytes_out;
@@ -389,13 +412,17 @@ impl WorkerSnapshot {
     }
 }
 
-/// Every worker's counters and their sum.
+/// Every worker's counters and their sum, and the listen-path counters of the network
+/// namespace.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct Snapshot {
     /// Per worker.
     pub workers: Vec<WorkerSnapshot>,
     /// The sum (its `worker` and `cpu` fields are meaningless).
     pub total: WorkerSnapshot,
+    /// The kernel's listen-path counters (SYN cookies, queue overflows) since the server
+    /// started, as last sampled (see [`super::netstat::NetSampler`]); zero when not sampled.
+    pub net: NetCounters,
 }
 
 impl Snapshot {
@@ -405,7 +432,11 @@ impl Snapshot {
         for w in &workers {
             total.add(w);
         }
-        Snapshot { workers, total }
+        Snapshot {
+            workers,
+            total,
+            net: NetCounters::default(),
+        }
     }
 
     /// One JSON line.
@@ -437,6 +468,9 @@ mod tests {
         a.requests(3);
         b.error(ErrorKind::BadRequest);
         a.closed();
+        a.conn_limit();
+        b.backpressure();
+        b.backpressure();
         let s = Snapshot::from_workers(vec![a.snapshot(0, 0), b.snapshot(1, 1)]);
         assert_eq!(s.total.accepted, 3);
         assert_eq!(s.total.accepted_local, 2);
@@ -444,6 +478,10 @@ mod tests {
         assert_eq!(s.total.open, 2);
         assert_eq!(s.total.requests, 3);
         assert_eq!(s.total.errors.total(), 1);
+        assert_eq!(
+            (s.total.conn_limit_pauses, s.total.backpressure_pauses),
+            (1, 2)
+        );
         assert!((s.locality() - 2.0 / 3.0).abs() < 1e-9);
         assert!(s.to_json().contains("\"accepted_local\":2"));
     }

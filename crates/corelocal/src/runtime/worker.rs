@@ -486,7 +486,9 @@ impl<S: Service, B: Backend> Worker<S, B> {
             self.next_generation,
         ));
         self.backend.push(Op::Recv { conn });
-        if self.open >= self.setup.limits.conns_per_worker_max {
+        if self.open >= self.setup.limits.conns_per_worker_max && self.accepting {
+            // The rest wait in the kernel's accept queue until a connection closes.
+            self.setup.stats.conn_limit();
             self.set_accepting(false);
         }
         if self.drain_deadline.is_some() {
@@ -624,6 +626,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
             && conn.output.total_len() > self.setup.limits.output_bytes_max as u64
         {
             conn.recv_paused = true;
+            self.setup.stats.backpressure();
             self.backend.push(Op::RecvPause { conn: id });
         }
     }
