@@ -33,10 +33,21 @@ pub struct RpcConn {
 
 impl Handler for RpcConn {
     fn on_input(&mut self, input: &[u8], out: &mut Output, _now: Instant) -> Step {
-        let fed = self.state.feed(input);
+        // Answer only as many requests as the output has room for (at least one past the
+        // limit); the rest stay in the input until the output drains.
+        let room = out.room();
+        let fed = if room == u64::MAX {
+            self.state.feed(input)
+        } else {
+            let fit = room.div_ceil(self.response.len() as u64);
+            self.state.feed_at_most(input, fit)
+        };
         if let Some(Violation::Oversized) = fed.violation {
             return Step::close(0, 0, CloseReason::TooLarge);
         }
+        // One allocation for the batch (no doubling: resident memory stays what is queued).
+        let bytes = fed.responses as usize * self.response.len();
+        out.bytes_mut().reserve(bytes);
         for _ in 0..fed.responses {
             out.write(&self.response);
         }

@@ -75,6 +75,21 @@ impl RpcState {
         }
     }
 
+    /// Consumes at most `max_responses` whole requests of `input` in keep-alive mode, leaving
+    /// the rest unconsumed (the caller's output is full: back-pressure). One-shot mode ignores
+    /// the cap ([`feed`](RpcState::feed)).
+    pub fn feed_at_most(&mut self, input: &[u8], max_responses: u64) -> Fed {
+        if self.config.one_shot {
+            return self.feed(input);
+        }
+        let req = self.config.request_bytes as u64;
+        let cap = max_responses
+            .saturating_mul(req)
+            .saturating_sub(self.partial_bytes as u64);
+        let take = (input.len() as u64).min(cap) as usize;
+        self.feed(&input[..take])
+    }
+
     /// Consumes `input`.
     pub fn feed(&mut self, input: &[u8]) -> Fed {
         let req = self.config.request_bytes;
@@ -149,6 +164,28 @@ mod tests {
         assert_eq!(s.feed(b"e").violation, Some(Violation::Oversized));
         let mut s = RpcState::new(cfg(true));
         assert_eq!(s.feed(b"abcde").violation, Some(Violation::Oversized));
+    }
+
+    #[test]
+    fn feed_at_most_leaves_the_requests_past_the_cap() {
+        let mut s = RpcState::new(cfg(false));
+        let f = s.feed_at_most(b"ab", 0);
+        assert_eq!((f.consumed, f.responses), (0, 0));
+        let f = s.feed_at_most(b"abcdefghij", 2);
+        assert_eq!((f.consumed, f.responses), (8, 2));
+        assert_eq!(s.feed_at_most(b"ij", 1).consumed, 2);
+        let f = s.feed_at_most(b"klmnop", 1);
+        assert_eq!(
+            (f.consumed, f.responses),
+            (2, 1),
+            "completes the partial request"
+        );
+        let mut s = RpcState::new(cfg(true));
+        assert_eq!(
+            s.feed_at_most(b"abcd", 0).responses,
+            1,
+            "one-shot ignores the cap"
+        );
     }
 
     proptest! {

@@ -284,7 +284,7 @@ impl Handler for HttpConn {
                 break Step::read(consumed, requests);
             }
             // Back-pressure: leave further pipelined requests in the input until output drains.
-            if out.total_len() >= self.inner.config.output_bytes_max {
+            if out.total_len() >= self.inner.config.output_bytes_max || out.room() == 0 {
                 break Step::read(consumed, requests);
             }
             match self.parser.parse(rest, &self.inner.config.limits) {

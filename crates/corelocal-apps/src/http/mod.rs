@@ -66,9 +66,8 @@ pub struct HttpConfig {
     /// Requests served on one connection before it is closed (`Connection: close`).
     pub requests_per_conn_max: u64,
     /// Stop parsing pipelined requests while this many response bytes are queued (the runtime
-    /// calls again with the unconsumed input once output drains). Keep it above the runtime's
-    /// own output limit, so the runtime pauses reading first and unconsumed input cannot pile
-    /// up to its input limit.
+    /// calls again with the unconsumed input once output drains); parsing also stops when the
+    /// runtime's output limit leaves no room (`Output::room`).
     pub output_bytes_max: u64,
 }
 

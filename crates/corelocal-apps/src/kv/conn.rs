@@ -344,7 +344,7 @@ impl Handler for KvConn {
                 return Step::read(consumed, requests);
             }
             // Back-pressure: leave further pipelined commands in the input until output drains.
-            if out.total_len() >= self.inner.config.output_bytes_max {
+            if out.total_len() >= self.inner.config.output_bytes_max || out.room() == 0 {
                 return Step::read(consumed, requests);
             }
             let Some((line, n)) = next_line(rest) else {

@@ -35,8 +35,8 @@ pub struct KvConfig {
     pub stripes: usize,
     /// Line framing limits.
     pub limits: Limits,
-    /// Stop reading pipelined commands while this many reply bytes are queued (keep it above
-    /// the runtime's output limit, which pauses reading first).
+    /// Stop reading pipelined commands while this many reply bytes are queued; they also stop
+    /// when the runtime's output limit leaves no room (`Output::room`).
     pub output_bytes_max: u64,
     /// Largest reply to one get (many large values): beyond it the get is answered
     /// `SERVER_ERROR out of memory writing get response`.

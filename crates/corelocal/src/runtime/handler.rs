@@ -88,17 +88,47 @@ pub struct FileRegion {
 ///
 /// Bytes are appended to one contiguous buffer; a file region is anchored at the byte position
 /// where it was pushed, so pipelined responses keep their order.
-#[derive(Debug, Default)]
+///
+/// The runtime sets a limit on what the output may hold before it pauses reading the
+/// connection ([`room`](Output::room)); a handler that answers many pipelined requests in one
+/// call stops when no room is left and leaves the rest of the input unconsumed, so one call
+/// cannot queue more than about one response past the limit.
+#[derive(Debug)]
 pub struct Output {
     bytes: Vec<u8>,
     /// Byte offset into `bytes` where the region goes, and the region. Sorted by offset.
     files: Vec<(usize, FileRegion)>,
+    /// Total length at which the runtime applies back-pressure.
+    limit: u64,
+}
+
+impl Default for Output {
+    fn default() -> Self {
+        Output {
+            bytes: Vec::new(),
+            files: Vec::new(),
+            limit: u64::MAX,
+        }
+    }
 }
 
 impl Output {
-    /// An empty output.
+    /// An empty output with no limit.
     pub fn new() -> Output {
         Output::default()
+    }
+
+    /// Sets the total length ([`total_len`](Output::total_len)) at which reading pauses
+    /// (the runtime does, before each [`Handler::on_input`]).
+    pub fn set_limit(&mut self, limit: u64) {
+        self.limit = limit;
+    }
+
+    /// Bytes that may still be queued before the limit (0 at or past it; `u64::MAX` less
+    /// what is queued when there is no limit). Handlers producing several responses per
+    /// call stop when it is 0.
+    pub fn room(&self) -> u64 {
+        self.limit.saturating_sub(self.total_len())
     }
 
     /// Appends bytes.
@@ -300,6 +330,18 @@ mod tests {
         );
         assert!(out.take_front(Vec::new()).is_none());
         assert!(out.is_empty());
+    }
+
+    #[test]
+    fn room_is_what_is_left_below_the_limit() {
+        let mut out = Output::new();
+        assert_eq!(out.room(), u64::MAX);
+        out.set_limit(10);
+        out.write(b"abcd");
+        out.push_file(region(4));
+        assert_eq!(out.room(), 2);
+        out.write(b"xyz");
+        assert_eq!(out.room(), 0);
     }
 
     #[test]

@@ -17,6 +17,9 @@ const REAP_BATCH_MAX: usize = 512;
 const HANDLER_ROUNDS_MAX: usize = 256;
 /// Spare send buffers kept for reuse.
 const SPARE_BUFS_MAX: usize = 64;
+/// Largest send buffer kept for reuse: spares hold at most 64 × 64 KiB = 4 MiB per worker;
+/// larger buffers (bulk responses, slow readers' queues) go back to the allocator.
+const SPARE_BUF_BYTES_MAX: usize = 64 << 10;
 /// How long accepting pauses after accept() fails (EMFILE and friends).
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 /// On stop, how long a worker keeps accepting before it may stop at an empty queue: time for
@@ -72,6 +75,8 @@ struct Conn<H> {
     input: Vec<u8>,
     output: Output,
     sending: bool,
+    /// Bytes of the send in flight (taken out of `output`, not yet completed).
+    in_flight: u64,
     recv_paused: bool,
     eof: bool,
     closing: Option<CloseReason>,
@@ -81,6 +86,13 @@ struct Conn<H> {
     served: bool,
     /// While stopping: the handler will tell the peer it closes (see `Handler::on_drain`).
     drain_signalled: bool,
+}
+
+impl<H> Conn<H> {
+    /// Output not yet sent: queued plus in flight. Reading pauses when it reaches the limit.
+    fn pending(&self) -> u64 {
+        self.output.total_len() + self.in_flight
+    }
 }
 
 /// One worker's state.
@@ -470,6 +482,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
             input: Vec::new(),
             output: Output::new(),
             sending: false,
+            in_flight: 0,
             recv_paused: false,
             eof: false,
             closing: None,
@@ -510,7 +523,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
         conn.input
             .extend_from_slice(self.backend.recv_data(buf, len));
         let (verdict, answered) = process(conn, &self.setup, now);
-        let stuck = verdict.is_none() && conn.input.len() >= self.setup.limits.input_bytes_max;
+        let stuck = verdict.is_none() && is_stuck(conn, &self.setup.limits);
         if answered {
             self.served_one();
         }
@@ -568,6 +581,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
             return;
         };
         conn.sending = false;
+        conn.in_flight = 0;
         match result {
             Ok(n) => {
                 self.setup.stats.bytes_out(n);
@@ -579,24 +593,38 @@ impl<S: Service, B: Backend> Worker<S, B> {
                 return;
             }
         }
-        if conn.recv_paused
-            && conn.output.total_len() <= self.setup.limits.output_bytes_max as u64 / 2
-        {
-            // Output drained: resume reading and finish the requests already buffered.
+        if conn.recv_paused && conn.pending() <= self.setup.limits.output_bytes_max as u64 / 2 {
+            self.resume_reading(id, now);
+            return;
+        }
+        self.flush(id);
+    }
+
+    /// Output drained below half the limit: finish the requests already buffered first, and
+    /// read more only if they left room (else reading stays paused until the next drain).
+    fn resume_reading(&mut self, id: ConnId, now: Instant) {
+        let limits = self.setup.limits;
+        let Some(conn) = self.conns.get_mut(id as usize).and_then(Option::as_mut) else {
+            return;
+        };
+        let (mut verdict, answered) = if conn.closing.is_none() && !conn.input.is_empty() {
+            process(conn, &self.setup, now)
+        } else {
+            (None, false)
+        };
+        if verdict.is_none() && is_stuck(conn, &limits) {
+            verdict = Some(CloseReason::TooLarge);
+        }
+        if verdict.is_none() && conn.pending() < limits.output_bytes_max as u64 {
             conn.recv_paused = false;
             if !conn.eof && conn.closing.is_none() {
                 self.backend.push(Op::Recv { conn: id });
             }
-            if conn.closing.is_none() && !conn.input.is_empty() {
-                let (verdict, answered) = process(conn, &self.setup, now);
-                if answered {
-                    self.served_one();
-                }
-                self.after_process(id, verdict);
-                return;
-            }
         }
-        self.flush(id);
+        if answered {
+            self.served_one();
+        }
+        self.after_process(id, verdict);
     }
 
     fn on_closed(&mut self, id: ConnId) {
@@ -623,7 +651,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
         };
         if !conn.recv_paused
             && !conn.eof
-            && conn.output.total_len() > self.setup.limits.output_bytes_max as u64
+            && conn.pending() >= self.setup.limits.output_bytes_max as u64
         {
             conn.recv_paused = true;
             self.setup.stats.backpressure();
@@ -643,10 +671,12 @@ impl<S: Service, B: Backend> Worker<S, B> {
         match conn.output.take_front(spare) {
             Some(Chunk::Bytes(buf)) => {
                 conn.sending = true;
+                conn.in_flight = buf.len() as u64;
                 self.backend.push(Op::Send { conn: id, buf });
             }
             Some(Chunk::File(region)) => {
                 conn.sending = true;
+                conn.in_flight = region.len;
                 self.backend.push(Op::SendFile { conn: id, region });
             }
             None => {
@@ -750,15 +780,22 @@ impl<S: Service, B: Backend> Worker<S, B> {
     }
 
     fn recycle(&mut self, mut buf: Vec<u8>) {
-        if self.spare_bufs.len() < SPARE_BUFS_MAX && buf.capacity() <= 1 << 20 {
+        if self.spare_bufs.len() < SPARE_BUFS_MAX && buf.capacity() <= SPARE_BUF_BYTES_MAX {
             buf.clear();
             self.spare_bufs.push(buf);
         }
     }
 }
 
+/// Whether the input buffer is full and the handler, with room to answer, still made no
+/// progress (a request larger than the input limit). Not while back-pressured: then the
+/// unconsumed input is requests waiting for the output to drain.
+fn is_stuck<H>(conn: &Conn<H>, limits: &Limits) -> bool {
+    conn.input.len() >= limits.input_bytes_max && conn.pending() < limits.output_bytes_max as u64
+}
+
 /// Runs the handler over the connection's buffered input; returns a close reason if it asked
-/// to close. Stops early when the output grows past the limit (back-pressure).
+/// to close. Stops early when the pending output reaches the limit (back-pressure).
 fn process<S: Service>(
     conn: &mut Conn<S::Conn>,
     setup: &WorkerSetup<S>,
@@ -767,6 +804,8 @@ fn process<S: Service>(
     let mut offset = 0;
     let mut verdict = None;
     let first_answer = !conn.served;
+    let limit = setup.limits.output_bytes_max as u64;
+    conn.output.set_limit(limit.saturating_sub(conn.in_flight));
     for _ in 0..HANDLER_ROUNDS_MAX {
         if offset == conn.input.len() {
             break;
@@ -787,7 +826,7 @@ fn process<S: Service>(
             verdict = Some(reason);
             break;
         }
-        if step.consumed == 0 || conn.output.total_len() > setup.limits.output_bytes_max as u64 {
+        if step.consumed == 0 || conn.pending() >= limit {
             break;
         }
     }
