@@ -531,9 +531,13 @@ impl UringBackend {
             self.cancel(user_data(KIND_RECV, generation, conn));
         }
         if let Some(send) = self.slots[conn as usize].send.take() {
-            // The kernel may still read this buffer: keep it until the send completes.
-            self.graveyard
-                .push((user_data(KIND_SEND, generation, conn), send.buf));
+            // A send waiting for socket space holds a reference to the socket: cancel it, or
+            // closing the slot leaves the socket open (and its buffer here) for as long as the
+            // peer does not read. The kernel may still read the buffer until the send's
+            // completion: keep it till then.
+            let ud = user_data(KIND_SEND, generation, conn);
+            self.cancel(ud);
+            self.graveyard.push((ud, send.buf));
         }
         let entry = opcode::Close::new(types::Fixed(conn))
             .build()
