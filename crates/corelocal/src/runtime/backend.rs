@@ -32,9 +32,12 @@ pub enum Op {
         fd: RawFd,
         /// Wake one worker per connection when the socket is shared.
         exclusive: bool,
-        /// `None`: accept everything that arrives (multishot). `Some(k)`: accept at most `k`
-        /// more, then stop by itself, leaving later connections in the kernel's queue where
-        /// the balancer sees them and other workers can steal them. A new `Accept` resets it.
+        /// `None`: accept everything that arrives (multishot). `Some(k)`: add `k` to the
+        /// listener's allowance; the backend accepts exactly as many connections as allowed
+        /// in total, then stops by itself, leaving later connections in the kernel's queue
+        /// (where the balancer sees them and other workers can steal them). `Some(0)` resumes
+        /// with what is left. The allowance survives [`Op::AcceptPause`]: an accept cancelled
+        /// by the pause does not use it up.
         budget: Option<u32>,
     },
     /// Accept one connection from another worker's listener if one is waiting (never waits):

@@ -488,12 +488,23 @@ fn ring_bufs(bufs: u32) -> u16 {
     bufs.clamp(1, 32768).next_power_of_two().min(32768) as u16
 }
 
+/// Direct-descriptor slots kept free above a worker's connection limit (a quarter of the
+/// table at most): the worker accepts exactly up to its limit, so these only absorb a race
+/// (a multishot accept's last pass); a full table would drop the connection it accepted.
+const RING_FILES_HEADROOM: u32 = 64;
+
 /// The direct-descriptor table is limited per ring by RLIMIT_NOFILE (checked at registration).
 fn ring_files(limits: &Limits) -> u32 {
     let nofile = crate::sys::process::nofile_limit().map_or(1024, |(soft, _)| soft);
-    (limits.conns_per_worker_max as u64)
+    (limits.conns_per_worker_max as u64 + RING_FILES_HEADROOM as u64)
         .min(nofile)
         .clamp(1, u32::MAX as u64) as u32
+}
+
+/// The connection limit a ring of `files` slots can hold with its headroom.
+fn ring_conns_max(files: u32, limit: usize) -> usize {
+    let headroom = RING_FILES_HEADROOM.min(files / 4);
+    limit.min((files - headroom).max(1) as usize)
 }
 
 fn run_worker<S: Service>(
@@ -524,10 +535,8 @@ fn run_worker<S: Service>(
         BackendKind::Epoll => launch(setup, epoll(), ready),
         BackendKind::Uring | BackendKind::Auto => match UringBackend::new(uring_config) {
             Ok(backend) => {
-                setup.limits.conns_per_worker_max = setup
-                    .limits
-                    .conns_per_worker_max
-                    .min(uring_config.files as usize);
+                setup.limits.conns_per_worker_max =
+                    ring_conns_max(uring_config.files, setup.limits.conns_per_worker_max);
                 launch(setup, Ok(backend), ready)
             }
             Err(e) if kind == BackendKind::Auto => {
@@ -560,5 +569,23 @@ fn launch<S: Service, B: Backend>(
             let _ = ready.send((setup.index, Err(e)));
             Err(io::Error::new(kind, "worker failed to start"))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ring_tables_keep_headroom_above_the_connection_limit() {
+        let limits = Limits {
+            conns_per_worker_max: 25,
+            ..Limits::default()
+        };
+        assert!(ring_files(&limits) >= 25 + RING_FILES_HEADROOM.min(89 / 4));
+        assert_eq!(ring_conns_max(89, 25), 25);
+        assert_eq!(ring_conns_max(20_000, 100_000), 19_936);
+        assert_eq!(ring_conns_max(64, 100_000), 48, "RLIMIT_NOFILE 64");
+        assert_eq!(ring_conns_max(1, 5), 1);
     }
 }

@@ -118,8 +118,13 @@ pub struct Worker<S: Service, B: Backend> {
     balance: Option<WorkerBalance>,
     /// Connections accepted whose first request is not answered yet.
     unserved: usize,
-    /// With the balancer on: connections the backend may still accept before it stops.
-    budget_left: usize,
+    /// Per listener: connections the backend was allowed to accept and the worker has not seen
+    /// yet (accepted in flight, or still to come). `open` + these + a steal in flight never
+    /// exceed the connection limit, so the backend stops by itself at the limit and the rest
+    /// wait in the kernel's accept queue.
+    allowance: Vec<usize>,
+    /// A steal is in flight.
+    steal_pending: bool,
 }
 
 impl<S: Service, B: Backend> Worker<S, B> {
@@ -132,7 +137,8 @@ impl<S: Service, B: Backend> Worker<S, B> {
         Worker {
             balance,
             unserved: 0,
-            budget_left: 0,
+            allowance: vec![0; setup.listeners.len()],
+            steal_pending: false,
             setup,
             backend,
             conns: Vec::new(),
@@ -181,7 +187,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
         }
         self.accepting = on;
         if on {
-            self.grant_accepts();
+            self.refill_accepts(true);
             return;
         }
         for (i, &fd) in self.setup.listeners.iter().enumerate() {
@@ -192,37 +198,61 @@ impl<S: Service, B: Backend> Worker<S, B> {
         }
     }
 
-    /// (Re)arms accepting. With the balancer on, each listener may accept only as many
-    /// connections as the worker can take up (`unserved_max` minus those waiting for their
-    /// first answer): the rest wait in the kernel queue, where busy detection sees them and
-    /// idle workers steal them (Affinity-Accept accepts only when it can serve).
-    fn grant_accepts(&mut self) {
-        let budget = self.balance.is_some().then(|| {
-            self.setup
-                .limits
-                .unserved_max
-                .saturating_sub(self.unserved)
-                .max(1)
-        });
-        self.budget_left = budget.unwrap_or(usize::MAX);
+    /// How many connections the worker may have outstanding (allowed, not yet seen): room
+    /// below the connection limit and, with the balancer on, below the unserved budget (the
+    /// rest wait in the kernel queue, where busy detection sees them and idle workers steal
+    /// them: Affinity-Accept accepts only when it can serve).
+    fn accept_target(&self) -> usize {
+        let limits = &self.setup.limits;
+        let taken = self.open + usize::from(self.steal_pending);
+        let room = limits.conns_per_worker_max.saturating_sub(taken);
+        match self.balance {
+            Some(_) => room.min(limits.unserved_max.saturating_sub(self.unserved)),
+            None => room,
+        }
+    }
+
+    /// Tops the listeners' allowances up to the target once they ran low, or at once on
+    /// `resume` (which also re-arms every listener after a pause). Low: a quarter of the
+    /// target left — with the balancer, a quarter of `unserved_max`, so a busy worker takes
+    /// few connections from its queue at a time and the rest stay there to be stolen.
+    fn refill_accepts(&mut self, resume: bool) {
+        if !self.accepting {
+            return;
+        }
+        let target = self.accept_target();
+        let outstanding: usize = self.allowance.iter().sum();
+        let low_mark = match self.balance {
+            Some(_) => self.setup.limits.unserved_max / 4,
+            None => target / 4,
+        };
+        let low = outstanding == 0 || outstanding < low_mark;
+        let extra = if resume || low {
+            target.saturating_sub(outstanding)
+        } else {
+            0
+        };
+        let n = self.allowance.len();
         for (i, &fd) in self.setup.listeners.iter().enumerate() {
+            let share = (extra / n + usize::from(i < extra % n)).min(u32::MAX as usize);
+            if share == 0 && !resume {
+                continue;
+            }
+            self.allowance[i] += share;
             self.backend.push(Op::Accept {
                 listener: i as u32,
                 fd,
                 exclusive: self.setup.shared_listeners,
-                budget: budget.map(|b| b.min(u32::MAX as usize) as u32),
+                budget: Some(share as u32),
             });
         }
     }
 
-    /// A connection stopped waiting for its first answer; top the accept budget up when low.
+    /// A connection stopped waiting for its first answer: the balancer's budget grew.
     fn served_one(&mut self) {
         self.unserved = self.unserved.saturating_sub(1);
-        if self.balance.is_some()
-            && self.accepting
-            && self.budget_left < self.setup.limits.unserved_max / 4
-        {
-            self.grant_accepts();
+        if self.balance.is_some() {
+            self.refill_accepts(false);
         }
     }
 
@@ -411,6 +441,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
                 incoming_cpu,
             } => self.on_accepted(origin, conn, peer, incoming_cpu, now),
             Completion::StealFailed { victim, error } => {
+                self.steal_pending = false;
                 if error.kind() != std::io::ErrorKind::WouldBlock {
                     self.setup.stats.error(ErrorKind::Accept);
                 }
@@ -452,12 +483,17 @@ impl<S: Service, B: Backend> Worker<S, B> {
         let local = incoming_cpu == Some(self.setup.cpu);
         let stolen = matches!(origin, Origin::Stolen(_));
         self.setup.stats.accepted(local, stolen);
+        match origin {
+            Origin::Local(l) => {
+                if let Some(a) = self.allowance.get_mut(l as usize) {
+                    *a = a.saturating_sub(1);
+                }
+            }
+            Origin::Stolen(_) => self.steal_pending = false,
+        }
         if let Some(b) = self.balance.as_mut() {
             match origin {
-                Origin::Local(_) => {
-                    b.accepted_local();
-                    self.budget_left = self.budget_left.saturating_sub(1);
-                }
+                Origin::Local(_) => b.accepted_local(),
                 Origin::Stolen(victim) => b.stole(victim as usize),
             }
         }
@@ -499,10 +535,12 @@ impl<S: Service, B: Backend> Worker<S, B> {
             self.next_generation,
         ));
         self.backend.push(Op::Recv { conn });
-        if self.open >= self.setup.limits.conns_per_worker_max && self.accepting {
-            // The rest wait in the kernel's accept queue until a connection closes.
+        if self.open == self.setup.limits.conns_per_worker_max {
+            // The allowances are spent: the rest wait in the kernel's accept queue until a
+            // connection closes.
             self.setup.stats.conn_limit();
-            self.set_accepting(false);
+        } else {
+            self.refill_accepts(false);
         }
         if self.drain_deadline.is_some() {
             // Taken from the queue while stopping: served once, then closed (after_process).
@@ -642,6 +680,8 @@ impl<S: Service, B: Backend> Worker<S, B> {
             && self.open < self.setup.limits.conns_per_worker_max
         {
             self.set_accepting(true);
+        } else {
+            self.refill_accepts(false);
         }
     }
 
@@ -764,10 +804,12 @@ impl<S: Service, B: Backend> Worker<S, B> {
         if let Some(gauge) = b.sample(now) {
             self.setup.stats.queue(gauge.len, gauge.cap, gauge.busy);
         }
+        let outstanding: usize = self.allowance.iter().sum();
         let room = self.unserved < self.setup.limits.unserved_max
-            && self.open < self.setup.limits.conns_per_worker_max;
-        if self.accepting && room {
+            && self.open + outstanding < self.setup.limits.conns_per_worker_max;
+        if self.accepting && room && !self.steal_pending {
             if let Some(order) = b.steal_order() {
+                self.steal_pending = true;
                 self.backend.push(Op::Steal {
                     victim: order.victim as u32,
                     fd: order.fd,

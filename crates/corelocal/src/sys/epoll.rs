@@ -48,7 +48,10 @@ struct ListenerIo {
     fd: RawFd,
     events: u32,
     registered: bool,
+    /// Connections still allowed (`None`: no limit); kept across pauses.
     budget: Option<u32>,
+    /// Accepting (not paused).
+    active: bool,
 }
 
 #[derive(Debug)]
@@ -173,9 +176,11 @@ impl EpollBackend {
                     fd,
                     events,
                     registered: false,
-                    budget,
+                    budget: None,
+                    active: false,
                 });
-                state.budget = budget;
+                state.active = true;
+                state.budget = budget.map(|k| state.budget.unwrap_or(0).saturating_add(k));
                 self.sync_listener(listener)?;
             }
             Op::Steal { victim, fd } => {
@@ -185,12 +190,9 @@ impl EpollBackend {
                 }
             }
             Op::AcceptPause { listener, .. } => {
-                if let Some(state) = self.listeners.get_mut(listener as usize) {
-                    if let Some(l) = state.take() {
-                        if l.registered {
-                            self.ctl(libc::EPOLL_CTL_DEL, l.fd, 0, 0)?;
-                        }
-                    }
+                if let Some(Some(state)) = self.listeners.get_mut(listener as usize) {
+                    state.active = false;
+                    self.sync_listener(listener)?;
                 }
             }
             Op::Recv { conn } | Op::RecvPause { conn } => {
@@ -250,12 +252,12 @@ impl EpollBackend {
         self.update_interest(conn)
     }
 
-    /// Registers the listener in epoll while it has budget left, removes it when spent.
+    /// Registers the listener in epoll while active with budget left, removes it otherwise.
     fn sync_listener(&mut self, listener: u32) -> io::Result<()> {
         let Some(Some(l)) = self.listeners.get(listener as usize).copied() else {
             return Ok(());
         };
-        let want = l.budget != Some(0);
+        let want = l.active && l.budget != Some(0);
         if want != l.registered {
             let (op, events) = if want {
                 (libc::EPOLL_CTL_ADD, l.events)
@@ -274,6 +276,9 @@ impl EpollBackend {
         let Some(Some(l)) = self.listeners.get(listener as usize).copied() else {
             return Ok(());
         };
+        if !l.active {
+            return Ok(());
+        }
         let limit = l
             .budget
             .map_or(ACCEPT_BATCH_MAX, |b| (b as usize).min(ACCEPT_BATCH_MAX));

@@ -37,6 +37,8 @@ const KIND_STEAL: u64 = 8;
 const KIND_ACCEPT_ONE: u64 = 9;
 /// One-shot accepts kept in flight per listener when accepting with a budget.
 const ONESHOT_INFLIGHT_MAX: u32 = 4;
+/// A listener whose backlog cannot be read accepts multishot only with this much allowance.
+const MULTISHOT_ALLOWANCE_MIN_DEFAULT: u32 = 8192;
 /// `IORING_ACCEPT_DONTWAIT`: fail with EAGAIN instead of waiting for a connection.
 const IORING_ACCEPT_DONTWAIT: u16 = 2;
 /// The provided-buffer group id used for receives.
@@ -93,15 +95,29 @@ struct Slot {
     closing: bool,
 }
 
-/// How a listener is being accepted from: multishot (no budget) or up to `remaining` more
-/// connections through at most [`ONESHOT_INFLIGHT_MAX`] one-shot accepts.
+/// A listener's multishot accept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Multishot {
+    Off,
+    Armed,
+    /// Cancelled; its last completion has not arrived yet.
+    Cancelling,
+}
+
+/// How a listener is being accepted from: multishot while the allowance is unlimited or large,
+/// else up to `remaining` more connections through at most [`ONESHOT_INFLIGHT_MAX`] one-shot
+/// accepts (exact: the table never receives more than allowed).
 #[derive(Debug, Clone, Copy)]
 struct ListenerState {
     fd: RawFd,
     active: bool,
-    multishot: bool,
+    multishot: Multishot,
+    /// Connections still allowed (`None`: no limit); kept across pauses.
     remaining: Option<u32>,
     inflight: u32,
+    /// Multishot only with at least this allowance: more than one pass of the kernel's
+    /// accept loop can take (twice the backlog, plus margin), so it is cancelled in time.
+    multishot_min: u32,
 }
 
 /// The page-aligned buffer ring shared with the kernel, plus the buffers themselves.
@@ -304,20 +320,49 @@ impl UringBackend {
         if self.listeners.len() <= slot {
             self.listeners.resize(slot + 1, None);
         }
-        let state = self.listeners[slot].get_or_insert(ListenerState {
+        let state = self.listeners[slot].get_or_insert_with(|| ListenerState {
             fd,
             active: false,
-            multishot: false,
+            multishot: Multishot::Off,
             remaining: None,
             inflight: 0,
+            multishot_min: crate::sys::socket::listen_queue(fd)
+                .map_or(MULTISHOT_ALLOWANCE_MIN_DEFAULT, |q| {
+                    q.cap.saturating_mul(2).saturating_add(64)
+                }),
         });
         state.active = true;
-        state.remaining = budget;
-        if budget.is_none() && !state.multishot {
-            state.multishot = true;
-            self.arm_accept(listener, fd);
+        state.remaining = budget.map(|k| state.remaining.unwrap_or(0).saturating_add(k));
+        self.arrange_accepts(listener);
+    }
+
+    /// Multishot while the allowance is unlimited or large; else cancels it and keeps
+    /// min(remaining, ONESHOT_INFLIGHT_MAX) one-shot accepts in flight.
+    fn arrange_accepts(&mut self, listener: u32) {
+        let Some(Some(state)) = self.listeners.get(listener as usize).copied() else {
+            return;
+        };
+        if !state.active {
+            return;
         }
-        self.top_up_accepts(listener);
+        let wide = state.remaining.is_none_or(|r| r >= state.multishot_min);
+        let multishot = match (wide, state.multishot) {
+            (true, Multishot::Off) => {
+                self.arm_accept(listener, state.fd);
+                Multishot::Armed
+            }
+            (false, Multishot::Armed) => {
+                self.cancel(user_data(KIND_ACCEPT, 0, listener));
+                Multishot::Cancelling
+            }
+            (_, m) => m,
+        };
+        if let Some(Some(s)) = self.listeners.get_mut(listener as usize) {
+            s.multishot = multishot;
+        }
+        if !wide {
+            self.top_up_accepts(listener);
+        }
     }
 
     /// Keeps min(remaining, ONESHOT_INFLIGHT_MAX) one-shot accepts in flight.
@@ -354,7 +399,8 @@ impl UringBackend {
         }
         state.active = false;
         let (multishot, inflight) = (state.multishot, state.inflight);
-        if multishot {
+        if multishot == Multishot::Armed {
+            state.multishot = Multishot::Cancelling;
             self.cancel(user_data(KIND_ACCEPT, 0, listener));
         }
         if inflight > 0 {
@@ -593,17 +639,19 @@ impl UringBackend {
                 error: io::Error::from_raw_os_error(-res),
             });
         }
-        self.top_up_accepts(listener);
+        self.arrange_accepts(listener);
     }
 
     fn on_accept(&mut self, listener: u32, res: i32, flags: u32) {
-        let state = self.listeners.get(listener as usize).copied().flatten();
-        let active = state
-            .filter(|s| s.active && s.remaining.is_none())
-            .map(|s| s.fd);
-        if !cqueue::more(flags) {
-            if let Some(Some(s)) = self.listeners.get_mut(listener as usize) {
-                s.multishot = false;
+        let more = cqueue::more(flags);
+        if let Some(Some(s)) = self.listeners.get_mut(listener as usize) {
+            if !more {
+                s.multishot = Multishot::Off;
+            }
+            if res >= 0 {
+                if let Some(r) = s.remaining.as_mut() {
+                    *r = r.saturating_sub(1);
+                }
             }
         }
         if res >= 0 {
@@ -614,16 +662,18 @@ impl UringBackend {
                 error: io::Error::from_raw_os_error(-res),
             });
         }
-        if !cqueue::more(flags) {
-            if let Some(fd) = active {
-                if res != -libc::ECANCELED {
-                    self.events.rearms += 1;
-                    if let Some(Some(s)) = self.listeners.get_mut(listener as usize) {
-                        s.multishot = true;
-                    }
-                    self.arm_accept(listener, fd);
-                }
+        if !more {
+            let before = self.listeners.get(listener as usize).copied().flatten();
+            self.arrange_accepts(listener);
+            let after = self.listeners.get(listener as usize).copied().flatten();
+            if res != -libc::ECANCELED
+                && after.is_some_and(|s| s.multishot == Multishot::Armed)
+                && before.is_some_and(|s| s.multishot == Multishot::Off)
+            {
+                self.events.rearms += 1;
             }
+        } else if res >= 0 {
+            self.arrange_accepts(listener);
         }
     }
 
