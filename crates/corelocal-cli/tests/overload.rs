@@ -265,7 +265,9 @@ fn syn_flood_keeps_serving_legitimate_clients() {
     let clients = legit_clients(addr, &tally, &stop);
     std::thread::sleep(Duration::from_millis(300));
     let dst = SocketAddrV4::new(FLOOD_SERVER_IP.into(), addr.port());
+    let served_before = tally.get().1;
     let (sent, took) = flood(dst);
+    let served_during = tally.get().1 - served_before;
     std::thread::sleep(Duration::from_millis(500));
     stop.store(true, Ordering::Relaxed);
     for c in clients {
@@ -282,7 +284,7 @@ fn syn_flood_keeps_serving_legitimate_clients() {
             "scenario": "syn flood, one-shot rpc, backlog 256, syncookies on",
             "syns_sent": sent, "flood_ms": took.as_millis() as u64,
             "legit_attempted": attempted, "legit_served": served, "legit_failed": failed,
-            "legit_slowest_ms": slowest_ms,
+            "legit_slowest_ms": slowest_ms, "legit_served_during_flood": served_during,
             "rss_before_kib": rss_before, "rss_peak_kib": rss_peak,
             "net": last["net"], "accepted": total(&last, "accepted"),
         }),
@@ -292,6 +294,10 @@ fn syn_flood_keeps_serving_legitimate_clients() {
     assert!(
         served >= 100,
         "too few legitimate requests to judge: {attempted}"
+    );
+    assert!(
+        served_during > 0,
+        "no legitimate request served during the flood"
     );
     assert!(
         failed * 100 <= attempted,
