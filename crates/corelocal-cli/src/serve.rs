@@ -504,7 +504,6 @@ fn overload_summary(s: &Snapshot) -> String {
     )
 }
 
-
 /// Gives up after the server started ([`Server::abandon`]: after a socket takeover without
 /// disturbing the sockets the old server still serves from).
 fn abandon(server: Server, message: &str) -> ExitCode {

@@ -23,10 +23,10 @@ pub use backend::{Backend, Completion, Op};
 pub use handler::{
     Chunk, CloseReason, ConnInfo, FileRegion, Handler, Next, Output, OutputFront, Service, Step,
 };
+pub use netstat::{NetCounters, NetSampler};
 pub use server::{
     BackendKind, ReleaseHandle, Server, ServerConfig, ServerError, ShutdownReport, StatsReader,
 };
-pub use netstat::{NetCounters, NetSampler};
 pub use stats::{Batching, ErrorKind, Snapshot, WorkerSnapshot, WorkerStats};
 pub use upgrade::UpgradeServer;
 

@@ -903,14 +903,14 @@ impl Backend for UringBackend {
         self.waker.clone()
     }
 
-    /// A cancelled multishot accept stays `multishot` until its last CQE (ECANCELED, no MORE)
+    /// A cancelled multishot accept stays `Cancelling` until its last CQE (ECANCELED, no MORE)
     /// is reaped; every accept CQE before it has been turned into a pending report by then.
     fn accepts_settled(&self) -> bool {
         let armed = self
             .listeners
             .iter()
             .flatten()
-            .any(|l| l.multishot || l.inflight > 0);
+            .any(|l| l.multishot != Multishot::Off || l.inflight > 0);
         let unreaped = self
             .ready
             .iter()
