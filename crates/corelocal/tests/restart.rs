@@ -7,7 +7,6 @@ use corelocal::listen::{self, GroupConfig, ListenerGroup, Migration, Mode, Steer
 use std::net::TcpStream;
 use std::process::Command;
 
-const INNER_ENV: &str = "CORELOCAL_RESTART_INNER";
 const QUEUED: usize = 40;
 
 fn tcp_ext(name: &str) -> i64 {
@@ -28,17 +27,7 @@ fn tcp_ext(name: &str) -> i64 {
 #[test]
 fn worker_loss_hands_its_queue_to_a_sibling() {
     let test = "worker_loss_hands_its_queue_to_a_sibling";
-    if std::env::var(INNER_ENV).is_err() {
-        if corelocal::testing::root_or_skip(test) {
-            let status = Command::new("unshare")
-                .args(["--net", "--"])
-                .arg(std::env::current_exe().unwrap())
-                .args(["--exact", test, "--nocapture", "--test-threads=1"])
-                .env(INNER_ENV, "1")
-                .status()
-                .expect("running unshare");
-            assert!(status.success(), "{test} failed inside the namespace");
-        }
+    if !corelocal::testing::inside_private_netns(test) {
         return;
     }
     let cpus: Vec<usize> = current_affinity().unwrap().iter().take(2).collect();

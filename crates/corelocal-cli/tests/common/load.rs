@@ -6,7 +6,6 @@
 use std::collections::BTreeMap;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,27 +17,12 @@ pub const CLIENT_THREADS: usize = 4;
 /// How long the load runs before and after the event.
 pub const LOAD_AROUND: Duration = Duration::from_millis(500);
 
-const INNER_ENV: &str = "CORELOCAL_RESTART_INNER";
-
 /// Runs `test` again in a fresh network namespace (root; skipped with a reason otherwise, never
-/// under CI=true); returns false when this is the inner run, which does the work.
+/// under CI=true); returns false when this is the inner run, which does the work (lo is up).
 pub fn outer(test: &str) -> bool {
-    if std::env::var(INNER_ENV).is_ok() {
-        let up = Command::new("ip")
-            .args(["link", "set", "lo", "up"])
-            .status();
-        assert!(up.unwrap().success(), "ip link set lo up");
+    if corelocal::testing::inside_private_netns(test) {
+        corelocal::testing::sh("ip link set lo up");
         return false;
-    }
-    if corelocal::testing::root_or_skip(test) {
-        let status = Command::new("unshare")
-            .args(["--net", "--"])
-            .arg(std::env::current_exe().unwrap())
-            .args(["--exact", test, "--nocapture", "--test-threads=1"])
-            .env(INNER_ENV, "1")
-            .status()
-            .expect("running unshare");
-        assert!(status.success(), "{test} failed inside the namespace");
     }
     true
 }

@@ -6,6 +6,7 @@
 //! in a fixed pool of buffers; when the pool is empty, reading waits (level-triggered epoll
 //! reports the socket again) until the worker releases buffers.
 
+use super::cvt;
 use crate::runtime::backend::{Backend, BufId, Completion, ConnId, Op, Origin, Wake};
 use crate::runtime::handler::FileRegion;
 use crate::sys::eventfd::EventFdWaker;
@@ -76,14 +77,6 @@ pub struct EpollBackend {
     pool: Vec<u8>,
     pool_free: Vec<BufId>,
     buf_bytes: usize,
-}
-
-fn cvt(rc: libc::c_int) -> io::Result<libc::c_int> {
-    if rc < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(rc)
-    }
 }
 
 fn would_block(e: &io::Error) -> bool {

@@ -30,3 +30,21 @@ pub mod scm;
 pub mod signal;
 pub mod socket;
 pub mod uring;
+
+/// A libc return code as a `Result`: negative means the call failed with `errno`.
+pub(crate) fn cvt(rc: libc::c_int) -> std::io::Result<libc::c_int> {
+    if rc < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(rc)
+    }
+}
+
+/// [`cvt`] for calls returning a byte count.
+pub(crate) fn cvt_size(rc: libc::ssize_t) -> std::io::Result<usize> {
+    if rc < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(rc as usize)
+    }
+}

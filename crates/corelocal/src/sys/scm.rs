@@ -5,6 +5,7 @@
 //! arrive together: no framing, no gluing of two messages into one read. Every blocking call is
 //! bounded by the socket's send/receive timeouts ([`set_timeouts`]).
 
+use super::{cvt, cvt_size};
 use std::io;
 use std::mem::{size_of, MaybeUninit};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -14,22 +15,6 @@ use std::time::Duration;
 
 /// The kernel's limit on descriptors in one `SCM_RIGHTS` message (`SCM_MAX_FD`).
 pub const FDS_PER_MESSAGE_MAX: usize = 253;
-
-fn cvt(rc: libc::c_int) -> io::Result<libc::c_int> {
-    if rc < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(rc)
-    }
-}
-
-fn cvt_size(rc: libc::ssize_t) -> io::Result<usize> {
-    if rc < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(rc as usize)
-    }
-}
 
 fn seqpacket_socket() -> io::Result<OwnedFd> {
     // SAFETY: plain socket(2) call; the result is checked before use.

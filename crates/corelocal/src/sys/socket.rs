@@ -1,6 +1,7 @@
 //! Sockets: listener creation with the reuseport options, BPF attach, accept-queue depth via
 //! TCP_INFO, accept4, and the byte-moving calls the epoll backend uses.
 
+use super::{cvt, cvt_size};
 use crate::bpf::insn::CbpfInsn;
 use std::io;
 use std::mem::{size_of, MaybeUninit};
@@ -17,22 +18,6 @@ pub const SO_ATTACH_REUSEPORT_EBPF: libc::c_int = 52;
 pub const SO_DETACH_REUSEPORT_BPF: libc::c_int = 68;
 /// `TCP_LISTEN` in `tcpi_state`.
 const TCP_STATE_LISTEN: u8 = 10;
-
-fn cvt(rc: libc::c_int) -> io::Result<libc::c_int> {
-    if rc < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(rc)
-    }
-}
-
-fn cvt_size(rc: libc::ssize_t) -> io::Result<usize> {
-    if rc < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(rc as usize)
-    }
-}
 
 fn setsockopt<T>(fd: RawFd, level: libc::c_int, name: libc::c_int, value: &T) -> io::Result<()> {
     // SAFETY: `value` points to a live T and its exact size is passed.
