@@ -4,7 +4,9 @@
 //! - [`rpc`]: MegaPipe's RPC microbenchmark server (keep-alive or one-shot).
 //! - [`http`]: static HTTP/1.1 file server.
 //! - [`kv`]: memcached text-protocol server.
+//! - [`sockperf`]: the `sockperf server --tcp` protocol (ping-pong echo).
 
 pub mod http;
 pub mod kv;
 pub mod rpc;
+pub mod sockperf;

@@ -6,7 +6,7 @@ SECS=${1:-300}
 cd "$(dirname "$0")"
 RESULTS=../../../results
 mkdir -p "$RESULTS"
-for t in http_request memcache_line http_conn kv_conn; do
+for t in http_request memcache_line http_conn kv_conn sockperf_stream; do
     mkdir -p corpus/$t
     cp -n seeds/$t/* corpus/$t/ 2>/dev/null
     log=$(mktemp)
