@@ -11,6 +11,7 @@ use corelocal::sys::signal;
 use corelocal_apps::http::{AccessLog, HttpConfig, HttpService};
 use corelocal_apps::kv::{KvConfig, KvService};
 use corelocal_apps::rpc::{RpcConfig, RpcService};
+use corelocal_apps::sockperf::{SockperfConfig, SockperfService};
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -57,6 +58,23 @@ enum App {
     ///   corelocal serve kv --listen 127.0.0.1:11211 --memory-mb 256 --item-max 1048576
     #[command(verbatim_doc_comment)]
     Kv(KvArgs),
+    /// The `sockperf server --tcp` protocol: answers ping-pong messages (client flag and
+    /// pong request set) with the same bytes, the client flag cleared.
+    ///
+    /// Examples:
+    ///   corelocal serve sockperf
+    ///   sockperf ping-pong --tcp -i 127.0.0.1 -p 11111 -m 64 -t 5
+    #[command(verbatim_doc_comment)]
+    Sockperf(SockperfArgs),
+}
+
+#[derive(Debug, Args)]
+struct SockperfArgs {
+    #[command(flatten)]
+    common: CommonArgs,
+    /// Largest message accepted, header included (sockperf server -m); longer closes.
+    #[arg(long, default_value_t = 65_507, value_parser = clap::value_parser!(u32).range(14..=65_507))]
+    msg_size_max: u32,
 }
 
 #[derive(Debug, Args)]
@@ -94,7 +112,7 @@ struct KvArgs {
 #[derive(Debug, Args)]
 pub struct CommonArgs {
     /// Address to listen on (repeat for several, e.g. IPv4 and IPv6); default per server:
-    /// rpc 127.0.0.1:7000, http 127.0.0.1:8080, kv 127.0.0.1:11211.
+    /// rpc 127.0.0.1:7000, http 127.0.0.1:8080, kv 127.0.0.1:11211, sockperf 127.0.0.1:11111.
     #[arg(long = "listen")]
     listen: Vec<SocketAddr>,
     /// CPUs to run one worker each on (cpulist like 0-3,8); default: all CPUs allowed.
@@ -290,6 +308,16 @@ pub fn run(cmd: Command) -> ExitCode {
             match RpcService::new(config) {
                 Ok(service) => serve(&args.common, Arc::new(service)),
                 Err(e) => fail(&e),
+            }
+        }
+        App::Sockperf(mut args) => {
+            default_listen(&mut args.common, "127.0.0.1:11111");
+            let config = SockperfConfig {
+                max_message_bytes: args.msg_size_max as usize,
+            };
+            match SockperfService::new(config) {
+                Ok(service) => serve(&args.common, Arc::new(service)),
+                Err(e) => fail(&format!("sockperf: {e}")),
             }
         }
     }

@@ -35,6 +35,11 @@
 //!   sequence number, length and payload) with the client flag cleared and every other flag
 //!   bit kept (flags 3 → 2, 0x13 → 0x12).
 //!
+//! sockperf 3.7 has one quirk not copied here: after a message it ignores (no client flag, or
+//! warm-up) its receive loop returns early and drops whatever else that `recv()` returned, so
+//! messages coalesced behind an ignored one are lost and the stream loses its framing. Here
+//! framing goes on and those messages are taken by the same rules.
+//!
 //! A length below 14 is undefined in sockperf (3.7 closes the connection, echoes garbage or
 //! stalls depending on the value); here it is malformed: [`FrameError::TooShort`].
 //!
