@@ -39,17 +39,20 @@ impl Standalone {
 /// Workloads.
 #[derive(Debug, clap::Subcommand)]
 pub enum Workload {
-    /// MegaPipe RPC: fixed-size request/response, N transactions per connection.
+    /// MegaPipe RPC: fixed-size request/response, N transactions per connection; or sockperf
+    /// ping-pong (`--proto sockperf`, e.g. against `sockperf server --tcp`).
     #[command(after_help = "Examples:
   corelocal bench rpc --target 127.0.0.1:7000 --msg-size 64 --txns-per-conn 10 --conns 256 --cpus 0 --duration 10s
   corelocal bench rpc --target 127.0.0.1:7000 --txns-per-conn 0 --conns 64 --requests 100000 --json results/rpc.json
-  corelocal bench rpc --target 127.0.0.1:7000 --conns 64 --rate 50000 --arrivals exp --server-pid $(pgrep -n corelocal)")]
+  corelocal bench rpc --target 127.0.0.1:7000 --conns 64 --rate 50000 --arrivals exp --server-pid $(pgrep -n corelocal)
+  corelocal bench rpc --proto sockperf --target 127.0.0.1:11111 --msg-size 64 --txns-per-conn 0   # sockperf server --tcp")]
     Rpc(RpcArgs),
     /// Connection rate: one request/response per connection (DNS-over-TCP, OCSP, whois shape).
     #[command(after_help = "Examples:
   corelocal bench crr --target 127.0.0.1:8080 --proto http --path /hello --cpus 0 --conns 64 --duration 10s
   corelocal bench crr --target 127.0.0.1:7000 --proto rpc --msg-size 64 --close server --linger0
-  corelocal bench crr --target 127.0.0.1:8080 --proto http --server-pid $(pgrep -n nginx) --json results/crr.json")]
+  corelocal bench crr --target 127.0.0.1:8080 --proto http --server-pid $(pgrep -n nginx) --json results/crr.json
+  corelocal bench crr --target 127.0.0.1:11111 --proto sockperf --msg-size 64")]
     Crr(CrrArgs),
     /// httperf-style HTTP sessions: bursts with think time over a URL list.
     #[command(after_help = "Examples:
@@ -356,12 +359,26 @@ pub struct Common {
     pub no_nodelay: bool,
 }
 
+/// Protocol of an rpc connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum RpcProto {
+    /// MegaPipe's fixed-size request/response (corelocal serve rpc).
+    Rpc,
+    /// sockperf ping-pong over TCP (`sockperf server --tcp`, corelocal serve sockperf):
+    /// --msg-size is the whole message (14..=65507 bytes), answered by a pong of the same size.
+    Sockperf,
+}
+
 /// `rpc` arguments.
 #[derive(Debug, Clone, clap::Args, Serialize)]
 pub struct RpcArgs {
     #[command(flatten)]
     #[allow(missing_docs)]
     pub common: Common,
+    /// Protocol.
+    #[arg(long, value_enum, default_value = "rpc")]
+    pub proto: RpcProto,
     /// Request size (bytes).
     #[arg(long, default_value = "64")]
     pub msg_size: usize,
@@ -384,6 +401,8 @@ pub enum CrrProto {
     Rpc,
     /// `GET PATH` with `Connection: close` (nginx, floor_server).
     Http,
+    /// One sockperf ping-pong message of --msg-size bytes (sockperf server --tcp).
+    Sockperf,
 }
 
 /// `crr` arguments.
@@ -524,16 +543,23 @@ pub fn to_spec(w: Workload) -> Result<RunSpec, String> {
             if a.msg_size == 0 {
                 return Err("--msg-size must be at least 1".into());
             }
-            let resp = a.resp_size.unwrap_or(a.msg_size);
-            RunSpec::new(
-                "rpc",
-                a.common.clone(),
-                ScriptKind::Rpc {
+            let kind = match a.proto {
+                RpcProto::Rpc => ScriptKind::Rpc {
                     msg: a.msg_size,
-                    resp,
+                    resp: a.resp_size.unwrap_or(a.msg_size),
                     txns: a.txns_per_conn,
                     close: CloseBy::Client,
                 },
+                RpcProto::Sockperf => ScriptKind::Sockperf {
+                    msg: sockperf_size(a.msg_size, a.resp_size)?,
+                    txns: a.txns_per_conn,
+                    close: CloseBy::Client,
+                },
+            };
+            RunSpec::new(
+                "rpc",
+                a.common.clone(),
+                kind,
                 a.linger0,
                 serde_json::to_value(&a).map_err(|e| e.to_string())?,
             )?
@@ -550,6 +576,17 @@ pub fn to_spec(w: Workload) -> Result<RunSpec, String> {
                 CrrProto::Http => ScriptKind::CrrHttp {
                     path: a.path.clone(),
                     close: a.close,
+                },
+                CrrProto::Sockperf if a.close == CloseBy::Server => {
+                    return Err(
+                        "--proto sockperf: sockperf servers never close (use --close client)"
+                            .into(),
+                    )
+                }
+                CrrProto::Sockperf => ScriptKind::Sockperf {
+                    msg: sockperf_size(a.msg_size, a.resp_size)?,
+                    txns: 1,
+                    close: CloseBy::Client,
                 },
             };
             RunSpec::new(
@@ -612,6 +649,22 @@ pub fn to_spec(w: Workload) -> Result<RunSpec, String> {
         }
     };
     Ok(spec)
+}
+
+/// Checks a sockperf message size: 14..=65,507 bytes, and the pong is the same size.
+fn sockperf_size(msg: usize, resp: Option<usize>) -> Result<usize, String> {
+    use corelocal_proto::sockperf::{HEADER_LEN, MAX_MESSAGE_LEN};
+    if !(HEADER_LEN..=MAX_MESSAGE_LEN).contains(&msg) {
+        return Err(format!(
+            "--proto sockperf: --msg-size must be within {HEADER_LEN}..={MAX_MESSAGE_LEN} (the whole message, header included), got {msg}"
+        ));
+    }
+    if resp.is_some_and(|r| r != msg) {
+        return Err(
+            "--proto sockperf: the pong is as long as the message; drop --resp-size".into(),
+        );
+    }
+    Ok(msg)
 }
 
 /// Reads a URL list: one path or http URL per line; `#` comments and blanks skipped.
@@ -723,6 +776,30 @@ mod tests {
         assert!(execute(t.c).unwrap_err().contains("--bursts"));
         let t = T::try_parse_from(["t", "rpc", "--target", "127.0.0.1:1", "--rate=-5"]).unwrap();
         assert!(execute(t.c).unwrap_err().contains("--rate"));
+        for (args, want) in [
+            (
+                &["rpc", "--proto", "sockperf", "--msg-size", "13"][..],
+                "14..=65507",
+            ),
+            (
+                &["rpc", "--proto", "sockperf", "--msg-size", "65508"][..],
+                "14..=65507",
+            ),
+            (
+                &["rpc", "--proto", "sockperf", "--resp-size", "100"][..],
+                "--resp-size",
+            ),
+            (
+                &["crr", "--proto", "sockperf", "--close", "server"][..],
+                "never close",
+            ),
+        ] {
+            let mut v = vec!["t"];
+            v.extend_from_slice(args);
+            v.extend_from_slice(&["--target", "127.0.0.1:1"]);
+            let e = execute(T::try_parse_from(v).unwrap().c).unwrap_err();
+            assert!(e.contains(want), "{args:?}: {e}");
+        }
         let t = T::try_parse_from([
             "t",
             "http",

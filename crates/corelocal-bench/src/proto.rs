@@ -5,6 +5,7 @@
 //! next (pipelined) response. Every parser is bounded: headers and lines have a size limit and
 //! a violation is a [`ProtoError`], never unbounded memory.
 
+use corelocal_proto::sockperf;
 use std::fmt;
 
 /// Longest HTTP header block or memcached line accepted.
@@ -62,6 +63,8 @@ pub enum Parser {
     Http(HttpParser),
     /// memcached text protocol response.
     Kv(KvParser),
+    /// sockperf pong.
+    Sockperf(SockperfParser),
 }
 
 impl Parser {
@@ -71,6 +74,7 @@ impl Parser {
             Parser::Rpc(p) => Ok(p.feed(data)),
             Parser::Http(p) => p.feed(data),
             Parser::Kv(p) => p.feed(data),
+            Parser::Sockperf(p) => p.feed(data),
         }
     }
 
@@ -122,6 +126,50 @@ impl RpcParser {
         } else {
             Progress::NeedMore
         }
+    }
+}
+
+// ---------------------------------------------------------------- sockperf
+
+/// Parser of the pong answering one sockperf request (`corelocal_proto::sockperf`): the same
+/// sequence number and length, the client flag cleared; anything else is an error.
+#[derive(Debug, Clone)]
+pub struct SockperfParser {
+    decoder: sockperf::Decoder,
+    seq: u64,
+    len: usize,
+}
+
+impl SockperfParser {
+    /// Expects the pong of request `seq` of `len` bytes (header included).
+    pub fn new(seq: u64, len: usize) -> Self {
+        SockperfParser {
+            decoder: sockperf::Decoder::new(sockperf::MAX_MESSAGE_LEN),
+            seq,
+            len,
+        }
+    }
+
+    /// Feeds bytes.
+    pub fn feed(&mut self, data: &[u8]) -> Result<Progress, ProtoError> {
+        let (header, consumed) = match self.decoder.feed(data) {
+            Ok(sockperf::Decoded::NeedMore) => return Ok(Progress::NeedMore),
+            Ok(sockperf::Decoded::Message { header, consumed }) => (header, consumed),
+            Err(e) => return err(e.to_string()),
+        };
+        if header.seq != self.seq || header.len as usize != self.len || header.is_client() {
+            return err(format!(
+                "sockperf: expected the pong of seq {} ({} bytes), got seq {} flags {:#x} ({} bytes)",
+                self.seq, self.len, header.seq, header.flags, header.len
+            ));
+        }
+        Ok(Progress::Done {
+            consumed,
+            info: RespInfo {
+                body: self.len,
+                ..RespInfo::default()
+            },
+        })
     }
 }
 
@@ -607,6 +655,29 @@ mod tests {
                 }
             }
         );
+    }
+
+    #[test]
+    fn sockperf_pong_any_split_and_mismatches_are_errors() {
+        let mut req = Vec::new();
+        sockperf::encode_request(7, 64, true, &mut req);
+        let mut pong = req.clone();
+        pong[9] = 2; // the server clears the client flag
+        pong.extend_from_slice(b"NEXT");
+        let (c, info) = all_splits(|| Parser::Sockperf(SockperfParser::new(7, 64)), &pong);
+        assert_eq!((c, info.body), (64, 64));
+        let bad = |seq: u64, len: usize, reply: &[u8]| {
+            SockperfParser::new(seq, len).feed(reply).unwrap_err().0
+        };
+        assert!(bad(8, 64, &pong).contains("seq 8"));
+        assert!(bad(7, 65, &pong).contains("65 bytes"));
+        assert!(
+            bad(7, 64, &req).contains("flags 0x3"),
+            "an unanswered echo of the request"
+        );
+        let mut huge = pong.clone();
+        huge[10..14].copy_from_slice(&100_000u32.to_be_bytes());
+        assert!(bad(7, 64, &huge).contains("exceeds"));
     }
 
     #[test]

@@ -6,7 +6,7 @@ use crate::engine::{Backend, Engine, OpenLoop, Plan, SockOpts, Unit};
 use crate::report::{self, Report};
 use crate::stats::Stats;
 use crate::sys;
-use crate::workload::{CloseBy, FixedScript, HttpSession, KvScript, Reply, Script};
+use crate::workload::{CloseBy, FixedScript, HttpSession, KvScript, Reply, Script, SockperfScript};
 use corelocal::cpu::CpuSet;
 use std::io::IsTerminal;
 use std::net::{Ipv4Addr, SocketAddrV4, TcpStream};
@@ -25,6 +25,15 @@ pub enum ScriptKind {
         /// Response bytes.
         resp: usize,
         /// Transactions per connection (0: never close).
+        txns: u64,
+        /// Who closes.
+        close: CloseBy,
+    },
+    /// sockperf ping-pong messages of `msg` bytes, `txns` per connection (crr: 1).
+    Sockperf {
+        /// Message bytes, header included.
+        msg: usize,
+        /// Messages per connection (0: never close).
         txns: u64,
         /// Who closes.
         close: CloseBy,
@@ -100,8 +109,18 @@ impl RunSpec {
     ) -> Result<RunSpec, String> {
         let (target, host, _) = crate::cli::resolve(&common.target)?;
         let unit = match kind {
-            ScriptKind::Rpc { txns, .. } | ScriptKind::Kv { txns, .. } if txns != 1 => Unit::Txn,
-            ScriptKind::Rpc { .. } | ScriptKind::Kv { .. } if workload != "crr" => Unit::Txn,
+            ScriptKind::Rpc { txns, .. }
+            | ScriptKind::Kv { txns, .. }
+            | ScriptKind::Sockperf { txns, .. }
+                if txns != 1 =>
+            {
+                Unit::Txn
+            }
+            ScriptKind::Rpc { .. } | ScriptKind::Kv { .. } | ScriptKind::Sockperf { .. }
+                if workload != "crr" =>
+            {
+                Unit::Txn
+            }
             _ => Unit::Session,
         };
         let default_conns = match (workload, common.rate.is_some()) {
@@ -144,6 +163,10 @@ impl RunSpec {
                         close,
                     ))
                 })
+            }
+            ScriptKind::Sockperf { msg, txns, close } => {
+                let (msg, txns, close) = (*msg, *txns, *close);
+                Box::new(move || Box::new(SockperfScript::new(msg, txns, close)))
             }
             ScriptKind::CrrHttp { path, close } => {
                 let req: Arc<[u8]> = crate::proto::http_get(&self.host, path, false).into();

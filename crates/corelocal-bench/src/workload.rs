@@ -4,7 +4,7 @@
 //! response; the script appends the request bytes and pushes the parsers of the responses it
 //! expects, and answers what to do next ([`Step`]).
 
-use crate::proto::{self, KvExpect, KvParser, Parser, RpcParser};
+use crate::proto::{self, KvExpect, KvParser, Parser, RpcParser, SockperfParser};
 use std::collections::VecDeque;
 use std::sync::Arc;
 
@@ -127,6 +127,55 @@ impl Script for FixedScript {
             Reply::Fixed(n) => Parser::Rpc(RpcParser::new(n)),
             Reply::Http => Parser::Http(proto::HttpParser::new()),
         });
+        Step::Send
+    }
+
+    fn reset(&mut self) {
+        self.done = 0;
+    }
+}
+
+/// sockperf ping-pong: `txns` messages of `len` bytes on one connection, sequence numbers
+/// 1, 2, … (as `sockperf ping-pong --tcp -m LEN` sends), each awaiting its pong; then close.
+#[derive(Debug, Clone)]
+pub struct SockperfScript {
+    template: Arc<[u8]>,
+    txns: u64,
+    done: u64,
+    close: CloseBy,
+}
+
+impl SockperfScript {
+    /// `len` bytes per message, header included (clamped to sockperf's 14..=65,507); `txns` = 0:
+    /// never close.
+    pub fn new(len: usize, txns: u64, close: CloseBy) -> Self {
+        let mut template = Vec::new();
+        corelocal_proto::sockperf::encode_request(0, len, true, &mut template);
+        SockperfScript {
+            template: template.into(),
+            txns,
+            done: 0,
+            close,
+        }
+    }
+}
+
+impl Script for SockperfScript {
+    fn next(&mut self, io: StepIo<'_>) -> Step {
+        if self.txns > 0 && self.done >= self.txns {
+            return match self.close {
+                CloseBy::Client => Step::Close,
+                CloseBy::Server => Step::AwaitClose,
+            };
+        }
+        self.done += 1;
+        let at = io.out.len();
+        io.out.extend_from_slice(&self.template);
+        io.out[at..at + 8].copy_from_slice(&self.done.to_be_bytes());
+        io.expect.push_back(Parser::Sockperf(SockperfParser::new(
+            self.done,
+            self.template.len(),
+        )));
         Step::Send
     }
 
@@ -460,6 +509,41 @@ mod tests {
         assert_eq!(io(), (Step::Send, 1));
         assert_eq!(io().0, Step::Think(100_000_000));
         assert_eq!(io(), (Step::Send, 3)); // 1 old (not cleared here) + 2 pipelined
+    }
+
+    #[test]
+    fn sockperf_script_numbers_messages_from_one_per_connection() {
+        use corelocal_proto::sockperf::Header;
+        let mut s = SockperfScript::new(64, 3, CloseBy::Client);
+        let (mut out, mut expect, mut rng) = (Vec::new(), VecDeque::new(), Rng::new(1));
+        let mut seqs = Vec::new();
+        for _ in 0..4 {
+            let step = s.next(StepIo {
+                out: &mut out,
+                expect: &mut expect,
+                rng: &mut rng,
+            });
+            if step == Step::Send {
+                let h = Header::decode(out[out.len() - 64..][..14].try_into().unwrap());
+                assert_eq!((h.flags, h.len), (3, 64));
+                seqs.push(h.seq);
+            } else {
+                assert_eq!(step, Step::Close);
+            }
+        }
+        assert_eq!((seqs, out.len(), expect.len()), (vec![1, 2, 3], 192, 3));
+        s.reset();
+        out.clear();
+        s.next(StepIo {
+            out: &mut out,
+            expect: &mut expect,
+            rng: &mut rng,
+        });
+        assert_eq!(out[..8], 1u64.to_be_bytes());
+        assert_eq!(
+            SockperfScript::new(3, 0, CloseBy::Client).template.len(),
+            14
+        );
     }
 
     #[test]
