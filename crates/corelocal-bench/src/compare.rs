@@ -18,7 +18,8 @@ use std::time::{Duration, Instant};
 pub enum CmpWorkload {
     /// One request per connection (HTTP `GET /hello` with `Connection: close`, or one RPC).
     Crr,
-    /// Keep-alive request/response: 1,000 sequential requests per connection.
+    /// Keep-alive request/response: 1,000 sequential requests per connection (sockperf peers:
+    /// 64-byte ping-pong messages).
     Ka,
     /// memcached gets over keep-alive connections.
     Kv,
@@ -58,10 +59,11 @@ impl CmpWorkload {
 #[derive(Debug, Clone, clap::Args, Serialize)]
 pub struct CompareArgs {
     /// A preset server: floor (shared/tools/floor_server), nginx, lighttpd, corelocal-rpc,
-    /// corelocal-http, memcached, corelocal-kv (Debian peers are installed when missing). Repeat; the first is the baseline of the ratios.
+    /// corelocal-http, memcached, corelocal-kv, sockperf, corelocal-sockperf (Debian peers are
+    /// installed when missing). Repeat; the first is the baseline of the ratios.
     #[arg(long)]
     pub peer: Vec<String>,
-    /// A custom server: NAME=PROTO:COMMAND with PROTO http|rpc|kv and {port} {cpu} in COMMAND,
+    /// A custom server: NAME=PROTO:COMMAND with PROTO http|rpc|kv|sockperf and {port} {cpu} in COMMAND,
     /// e.g. 'mine=http:./srv {port} {cpu}'. The command must stay in the foreground.
     #[arg(long)]
     pub server: Vec<String>,
@@ -138,7 +140,7 @@ impl CompareArgs {
 pub struct ServerDef {
     /// Name in the tables.
     pub name: String,
-    /// Protocol it speaks: http, rpc, kv.
+    /// Protocol it speaks: http, rpc, kv, sockperf.
     pub proto: String,
     /// Command with {port} and {cpu}.
     pub cmd: String,
@@ -152,8 +154,10 @@ pub fn parse_server(s: &str) -> Result<ServerDef, String> {
     let (proto, cmd) = rest
         .split_once(':')
         .ok_or_else(|| format!("--server {s:?}: expected NAME=PROTO:COMMAND"))?;
-    if !matches!(proto, "http" | "rpc" | "kv") {
-        return Err(format!("--server {s:?}: PROTO must be http, rpc or kv"));
+    if !matches!(proto, "http" | "rpc" | "kv" | "sockperf") {
+        return Err(format!(
+            "--server {s:?}: PROTO must be http, rpc, kv or sockperf"
+        ));
     }
     if name.is_empty()
         || !name
@@ -388,7 +392,17 @@ fn preset(name: &str, a: &CompareArgs, work: &Path) -> Result<ServerDef, String>
             let m = which_or_install("memcached", "memcached")?;
             def("kv", format!("{} -l 127.0.0.1 -p {{port}} -t 1 -U 0 -c 20000 -u nobody", m.display()))
         }
-        _ => Err(format!("unknown --peer {name:?}: floor, nginx, lighttpd, corelocal-rpc, corelocal-http, memcached, corelocal-kv")),
+        // One process, one thread: sockperf serves several threads only for several addresses
+        // (--threads-num needs -f with an address list), not one port; taskset pins it.
+        "sockperf" => {
+            let b = which_or_install("sockperf", "sockperf")?;
+            def("sockperf", format!("{} server --tcp -i 127.0.0.1 -p {{port}}", b.display()))
+        }
+        "corelocal-sockperf" => def(
+            "sockperf",
+            format!("{} serve sockperf --listen 127.0.0.1:{{port}} --cpus {{cpu}} --stats-interval 0", cl.display()),
+        ),
+        _ => Err(format!("unknown --peer {name:?}: floor, nginx, lighttpd, corelocal-rpc, corelocal-http, memcached, corelocal-kv, sockperf, corelocal-sockperf")),
     }
 }
 
@@ -423,6 +437,22 @@ pub fn bench_args(a: &CompareArgs, proto: &str, json: &Path) -> Result<Vec<Strin
         }
         (CmpWorkload::Ka, "rpc") => vec![
             "rpc".into(),
+            "--msg-size".into(),
+            "64".into(),
+            "--txns-per-conn".into(),
+            "1000".into(),
+        ],
+        (CmpWorkload::Crr, "sockperf") => vec![
+            "crr".into(),
+            "--proto".into(),
+            "sockperf".into(),
+            "--msg-size".into(),
+            "64".into(),
+        ],
+        (CmpWorkload::Ka, "sockperf") => vec![
+            "rpc".into(),
+            "--proto".into(),
+            "sockperf".into(),
             "--msg-size".into(),
             "64".into(),
             "--txns-per-conn".into(),
@@ -835,7 +865,7 @@ pub fn markdown(
     let _ = writeln!(
         s,
         "\nop = one request/response (crr and file64: one connection each; sessions: one HTTP request \
-         of a session, not the session; kv1/kv100: one get, 1 or 100 per connection). Server CPU is the server process's threads' \
+         of a session, not the session; kv1/kv100: one get, 1 or 100 per connection; sockperf: one 64-byte message and its pong). Server CPU is the server process's threads' \
          schedstat run time over the measured window ÷ ops; on loopback the client's CPU also runs much of \
          the server's receive path, so throughput is client-bound and server CPU per op is the figure that \
          compares servers."
@@ -1096,6 +1126,30 @@ mod tests {
             .any(|w| w == ["--target", "http://127.0.0.1:9/hello"]));
         assert_eq!(&v[v.len() - 2..], ["--engine", "epoll"]);
         assert!(bench_args(&a, "kv", Path::new("x")).is_err());
+        let v = bench_args(&a, "sockperf", Path::new("x.json")).unwrap();
+        assert_eq!(
+            &v[..7],
+            [
+                "rpc",
+                "--proto",
+                "sockperf",
+                "--msg-size",
+                "64",
+                "--txns-per-conn",
+                "1000"
+            ]
+        );
+        assert_eq!(value_of(&v, "--target"), Some("127.0.0.1:9"));
+        let mut c = a.clone();
+        c.workload = CmpWorkload::Crr;
+        let v = bench_args(&c, "sockperf", Path::new("x.json")).unwrap();
+        assert_eq!(&v[..5], ["crr", "--proto", "sockperf", "--msg-size", "64"]);
+        c.workload = CmpWorkload::Kv1;
+        assert!(bench_args(&c, "sockperf", Path::new("x")).is_err());
+        assert_eq!(
+            parse_server("sp=sockperf:./s {port}").unwrap().proto,
+            "sockperf"
+        );
         assert!(nginx_conf(Path::new("/t"), 9, None).contains("listen 127.0.0.1:9 reuseport"));
         assert!(lighttpd_conf(Path::new("/t"), 9, None).contains("server.port = 9"));
     }
@@ -1205,6 +1259,22 @@ mod tests {
             .cmd
             .contains("serve kv"));
         assert!(preset("nope", &a, &work).is_err());
+        let d = preset("corelocal-sockperf", &a, &work).unwrap();
+        assert_eq!(d.proto, "sockperf");
+        assert!(
+            d.cmd
+                .contains("serve sockperf --listen 127.0.0.1:{port} --cpus {cpu}"),
+            "{}",
+            d.cmd
+        );
+        if which("sockperf").is_some() {
+            let d = preset("sockperf", &a, &work).unwrap();
+            assert!(
+                d.cmd.ends_with("server --tcp -i 127.0.0.1 -p {port}"),
+                "{}",
+                d.cmd
+            );
+        }
         // No file set for workloads that do not need it; a failing generator is a clear error.
         assert_eq!(site(&a, &work).unwrap(), None);
         a.workload = CmpWorkload::Sessions;
