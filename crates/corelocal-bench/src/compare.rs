@@ -294,6 +294,16 @@ pub fn nginx_conf(dir: &Path, port: u16, root: Option<&Path>) -> String {
     )
 }
 
+/// The address list of the sockperf preset: one TCP address. `sockperf server --tcp -i IP -p
+/// PORT` waits in a blocking `recvfrom()` on one connection at a time (its "recvfrom" handler,
+/// taken whenever it has a single address on the command line), so 64 connections are served
+/// round-robin at several times the CPU per message; only an address list (`-f`) gets its
+/// epoll loop (`-F epoll`, non-blocking sockets). One process, one thread: `--threads-num`
+/// spreads the addresses of a list over threads, so one port is one thread; taskset pins it.
+pub fn sockperf_feed(port: u16) -> String {
+    format!("T:127.0.0.1:{port}\n")
+}
+
 /// For workloads over the paper's file set: writes it once under `work/site` with
 /// `corelocal files gen` (the bytes `corelocal serve http` serves built in) and returns the root.
 fn site(a: &CompareArgs, work: &Path) -> Result<Option<PathBuf>, String> {
@@ -392,11 +402,12 @@ fn preset(name: &str, a: &CompareArgs, work: &Path) -> Result<ServerDef, String>
             let m = which_or_install("memcached", "memcached")?;
             def("kv", format!("{} -l 127.0.0.1 -p {{port}} -t 1 -U 0 -c 20000 -u nobody", m.display()))
         }
-        // One process, one thread: sockperf serves several threads only for several addresses
-        // (--threads-num needs -f with an address list), not one port; taskset pins it.
         "sockperf" => {
             let b = which_or_install("sockperf", "sockperf")?;
-            def("sockperf", format!("{} server --tcp -i 127.0.0.1 -p {{port}}", b.display()))
+            let dir = work.join("sockperf");
+            std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+            std::fs::write(dir.join("feed.txt"), sockperf_feed(a.port)).map_err(|e| e.to_string())?;
+            def("sockperf", format!("{} server -f {}/feed.txt -F epoll --nonblocked", b.display(), dir.display()))
         }
         "corelocal-sockperf" => def(
             "sockperf",
@@ -1270,10 +1281,12 @@ mod tests {
         if which("sockperf").is_some() {
             let d = preset("sockperf", &a, &work).unwrap();
             assert!(
-                d.cmd.ends_with("server --tcp -i 127.0.0.1 -p {port}"),
+                d.cmd.contains(" server -f ") && d.cmd.ends_with("/feed.txt -F epoll --nonblocked"),
                 "{}",
                 d.cmd
             );
+            let feed = work.join("sockperf/feed.txt");
+            assert_eq!(std::fs::read_to_string(feed).unwrap(), "T:127.0.0.1:9\n");
         }
         // No file set for workloads that do not need it; a failing generator is a clear error.
         assert_eq!(site(&a, &work).unwrap(), None);

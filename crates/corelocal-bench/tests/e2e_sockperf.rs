@@ -1,6 +1,7 @@
-//! `bench rpc|crr --proto sockperf` against the real `sockperf server --tcp`: exact message
-//! counts on both sides (the server's own "Total N messages received and handled" on SIGINT),
-//! every engine. Needs sockperf: skipped with a reason when missing, a failure under CI=true
+//! `bench rpc|crr --proto sockperf` against the real sockperf server (`--tcp -i -p`, and the
+//! address-list form with epoll that `bench compare` runs): exact message counts on both sides
+//! (the server's own "Total N messages received and handled" on SIGINT), every engine.
+//! Needs sockperf: skipped with a reason when missing, a failure under CI=true
 //! (.ci/run installs it). No assertion is on a measured speed.
 
 use clap::Parser;
@@ -49,21 +50,33 @@ struct SockperfServer {
 }
 
 impl SockperfServer {
-    fn start() -> SockperfServer {
+    /// With `feed`, the form `bench compare`'s preset runs: an address list (`-f`), which gets
+    /// sockperf's epoll loop; else `--tcp -i -p`, which blocks in recvfrom() per connection.
+    fn start(feed: Option<&std::path::Path>) -> SockperfServer {
         let port = TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
             .unwrap()
             .port();
-        let child = std::process::Command::new("sockperf")
-            .args([
+        let mut cmd = std::process::Command::new("sockperf");
+        match feed {
+            Some(path) => {
+                std::fs::write(path, corelocal_bench::compare::sockperf_feed(port)).unwrap();
+                cmd.arg("server")
+                    .arg("-f")
+                    .arg(path)
+                    .args(["-F", "epoll", "--nonblocked"])
+            }
+            None => cmd.args([
                 "server",
                 "--tcp",
                 "-i",
                 "127.0.0.1",
                 "-p",
                 &port.to_string(),
-            ])
+            ]),
+        };
+        let child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -132,9 +145,14 @@ fn rpc_proto_sockperf_exact_counts_against_sockperf_server() {
     if !have_sockperf() {
         return;
     }
+    let feed = std::env::temp_dir().join(format!("corelocal-sockperf-feed-{}", std::process::id()));
     for engine in engines() {
-        for (size, requests) in [("64", 3000u64), ("65507", 200)] {
-            let srv = SockperfServer::start();
+        for (size, requests, conns, list) in [
+            ("64", 3000u64, "4", None),
+            ("65507", 200, "4", None),
+            ("64", 3000, "64", Some(feed.as_path())),
+        ] {
+            let srv = SockperfServer::start(list);
             let r = run(&[
                 "rpc",
                 "--proto",
@@ -146,7 +164,7 @@ fn rpc_proto_sockperf_exact_counts_against_sockperf_server() {
                 "--txns-per-conn",
                 "0",
                 "--conns",
-                "4",
+                conns,
                 "--requests",
                 &requests.to_string(),
                 "--engine",
@@ -167,10 +185,11 @@ fn rpc_proto_sockperf_exact_counts_against_sockperf_server() {
             );
             assert_eq!(
                 handled, requests,
-                "{engine} -m {size}: sockperf's own count"
+                "{engine} -m {size} --conns {conns}: sockperf's own count"
             );
         }
     }
+    let _ = std::fs::remove_file(&feed);
 }
 
 #[test]
@@ -178,7 +197,7 @@ fn crr_proto_sockperf_one_message_per_connection() {
     if !have_sockperf() {
         return;
     }
-    let srv = SockperfServer::start();
+    let srv = SockperfServer::start(None);
     let r = run(&[
         "crr",
         "--proto",
