@@ -20,10 +20,10 @@
 //! field.) TCP is a byte stream: messages arrive split and coalesced, and the receiver frames
 //! them by the length field.
 //!
-//! `sockperf ping-pong --tcp -m SIZE` sends messages of exactly SIZE bytes (14 ≤ SIZE ≤ 65,507)
-//! with flags `client | pong request` (3), sequence numbers 1, 2, 3, … one at a time, each
-//! after the previous reply arrived; the payload is a fixed buffer. No warm-up messages are
-//! sent on TCP (the capture shows only flags 3).
+//! `sockperf ping-pong --tcp -m SIZE` sends messages of exactly SIZE bytes (at least 14; a
+//! server takes at most 65,507) with flags `client | pong request` (3), sequence numbers 1, 2,
+//! 3, … one at a time, each after the previous reply arrived; the payload is a fixed buffer.
+//! No warm-up messages are sent on TCP (the capture shows only flags 3).
 //!
 //! `sockperf server --tcp` takes each whole message and:
 //!
