@@ -300,9 +300,9 @@ pub fn recv_with_fds(
 /// Takes ownership of every descriptor in the `SCM_RIGHTS` control messages of `msg`.
 fn take_fds(msg: &libc::msghdr) -> Vec<OwnedFd> {
     let mut fds = Vec::new();
-    // SAFETY: `msg` was filled by recvmsg; CMSG_FIRSTHDR/NXTHDR stay within msg_controllen and
-    // each header's data holds (cmsg_len - CMSG_LEN(0)) bytes of descriptors the kernel installed
-    // in this process, owned by nobody else yet.
+    // `msg` was filled by recvmsg: CMSG_FIRSTHDR/NXTHDR stay within msg_controllen, and each
+    // header's data holds (cmsg_len - CMSG_LEN(0)) bytes of descriptors the kernel installed in
+    // SAFETY: this process, owned by nobody else yet.
     unsafe {
         let mut cmsg = libc::CMSG_FIRSTHDR(msg);
         while !cmsg.is_null() {
