@@ -62,6 +62,8 @@ struct ConnIo {
     registered: bool,
     interest: u32,
     pending: Option<PendingSend>,
+    /// Its interest may have changed since it was last registered (see `interest_dirty`).
+    dirty: bool,
 }
 
 /// The epoll backend of one worker.
@@ -70,6 +72,10 @@ pub struct EpollBackend {
     epfd: OwnedFd,
     waker: Arc<EventFdWaker>,
     queued: Vec<Op>,
+    /// Connections whose epoll interest is registered once, just before the next
+    /// `epoll_wait`: a connection that reaches EOF and closes in the same turn (every one-shot
+    /// connection) costs no `epoll_ctl` at all, and several changes in one turn cost one.
+    interest_dirty: Vec<ConnId>,
     ready: VecDeque<Completion>,
     events: Vec<libc::epoll_event>,
     listeners: Vec<Option<ListenerIo>>,
@@ -96,6 +102,7 @@ impl EpollBackend {
             epfd,
             waker,
             queued: Vec::new(),
+            interest_dirty: Vec::new(),
             ready: VecDeque::new(),
             events: Vec::with_capacity(EVENTS_MAX),
             listeners: Vec::new(),
@@ -123,11 +130,36 @@ impl EpollBackend {
         self.conns.get_mut(conn as usize).and_then(Option::as_mut)
     }
 
-    /// Registers the interest the connection's state asks for, if it changed.
+    /// Marks the connection's interest for registration before the next `epoll_wait`.
     fn update_interest(&mut self, conn: ConnId) -> io::Result<()> {
+        if let Some(c) = self.conn_mut(conn) {
+            if !c.dirty {
+                c.dirty = true;
+                self.interest_dirty.push(conn);
+            }
+        }
+        Ok(())
+    }
+
+    /// Registers the interest of every connection marked since the last wait (still open).
+    fn flush_interest(&mut self) -> io::Result<()> {
+        let mut dirty = std::mem::take(&mut self.interest_dirty);
+        for conn in dirty.drain(..) {
+            self.register_interest(conn)?;
+        }
+        self.interest_dirty = dirty; // keep the allocation
+        Ok(())
+    }
+
+    /// Registers the interest the connection's state asks for, if it changed.
+    fn register_interest(&mut self, conn: ConnId) -> io::Result<()> {
         let Some(c) = self.conns.get_mut(conn as usize).and_then(Option::as_mut) else {
             return Ok(());
         };
+        if !c.dirty {
+            return Ok(()); // Closed and its id reused since it was marked.
+        }
+        c.dirty = false;
         let mut want = 0u32;
         if c.recv_on {
             want |= (libc::EPOLLIN | libc::EPOLLRDHUP) as u32;
@@ -311,6 +343,7 @@ impl EpollBackend {
             recv_on: false,
             registered: false,
             interest: 0,
+            dirty: false,
             pending: None,
         });
         self.ready.push_back(Completion::Accepted {
@@ -442,6 +475,7 @@ impl Backend for EpollBackend {
     }
 
     fn wait(&mut self, timeout: Option<Duration>) -> io::Result<()> {
+        self.flush_interest()?;
         let timeout_ms = if !self.ready.is_empty() {
             0
         } else {
