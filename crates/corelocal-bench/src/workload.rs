@@ -95,9 +95,39 @@ pub enum Reply {
 pub struct FixedScript {
     req: Arc<[u8]>,
     reply: Reply,
+    per_conn: PerConn,
+}
+
+/// Transactions on one connection, then who closes it: what every request/response script
+/// counts the same way.
+#[derive(Debug, Clone, Copy)]
+struct PerConn {
+    /// 0: never close.
     txns: u64,
     done: u64,
     close: CloseBy,
+}
+
+impl PerConn {
+    fn new(txns: u64, close: CloseBy) -> PerConn {
+        PerConn {
+            txns,
+            done: 0,
+            close,
+        }
+    }
+
+    /// The number of the next transaction (from 1), or the step that ends the connection.
+    fn next_txn(&mut self) -> Result<u64, Step> {
+        if self.txns > 0 && self.done >= self.txns {
+            return Err(match self.close {
+                CloseBy::Client => Step::Close,
+                CloseBy::Server => Step::AwaitClose,
+            });
+        }
+        self.done += 1;
+        Ok(self.done)
+    }
 }
 
 impl FixedScript {
@@ -106,22 +136,16 @@ impl FixedScript {
         FixedScript {
             req,
             reply,
-            txns,
-            done: 0,
-            close,
+            per_conn: PerConn::new(txns, close),
         }
     }
 }
 
 impl Script for FixedScript {
     fn next(&mut self, io: StepIo<'_>) -> Step {
-        if self.txns > 0 && self.done >= self.txns {
-            return match self.close {
-                CloseBy::Client => Step::Close,
-                CloseBy::Server => Step::AwaitClose,
-            };
+        if let Err(end) = self.per_conn.next_txn() {
+            return end;
         }
-        self.done += 1;
         io.out.extend_from_slice(&self.req);
         io.expect.push_back(match self.reply {
             Reply::Fixed(n) => Parser::Rpc(RpcParser::new(n)),
@@ -131,7 +155,7 @@ impl Script for FixedScript {
     }
 
     fn reset(&mut self) {
-        self.done = 0;
+        self.per_conn.done = 0;
     }
 }
 
@@ -140,9 +164,7 @@ impl Script for FixedScript {
 #[derive(Debug, Clone)]
 pub struct SockperfScript {
     template: Arc<[u8]>,
-    txns: u64,
-    done: u64,
-    close: CloseBy,
+    per_conn: PerConn,
 }
 
 impl SockperfScript {
@@ -153,34 +175,29 @@ impl SockperfScript {
         corelocal_proto::sockperf::encode_request(0, len, true, &mut template);
         SockperfScript {
             template: template.into(),
-            txns,
-            done: 0,
-            close,
+            per_conn: PerConn::new(txns, close),
         }
     }
 }
 
 impl Script for SockperfScript {
     fn next(&mut self, io: StepIo<'_>) -> Step {
-        if self.txns > 0 && self.done >= self.txns {
-            return match self.close {
-                CloseBy::Client => Step::Close,
-                CloseBy::Server => Step::AwaitClose,
-            };
-        }
-        self.done += 1;
+        let seq = match self.per_conn.next_txn() {
+            Ok(seq) => seq,
+            Err(end) => return end,
+        };
         let at = io.out.len();
         io.out.extend_from_slice(&self.template);
-        io.out[at..at + 8].copy_from_slice(&self.done.to_be_bytes());
+        io.out[at..at + 8].copy_from_slice(&seq.to_be_bytes());
         io.expect.push_back(Parser::Sockperf(SockperfParser::new(
-            self.done,
+            seq,
             self.template.len(),
         )));
         Step::Send
     }
 
     fn reset(&mut self) {
-        self.done = 0;
+        self.per_conn.done = 0;
     }
 }
 
@@ -301,8 +318,7 @@ pub struct KvScript {
     get_ratio: f64,
     value_size: usize,
     prefix: Arc<str>,
-    txns: u64,
-    done: u64,
+    per_conn: PerConn,
 }
 
 impl KvScript {
@@ -313,18 +329,16 @@ impl KvScript {
             get_ratio,
             value_size,
             prefix,
-            txns,
-            done: 0,
+            per_conn: PerConn::new(txns, CloseBy::Client),
         }
     }
 }
 
 impl Script for KvScript {
     fn next(&mut self, io: StepIo<'_>) -> Step {
-        if self.txns > 0 && self.done >= self.txns {
-            return Step::Close;
+        if let Err(end) = self.per_conn.next_txn() {
+            return end;
         }
-        self.done += 1;
         let key = format!("{}{}", self.prefix, io.rng.below(self.keys));
         if io.rng.unit() < self.get_ratio {
             io.out.extend_from_slice(&proto::kv_get(&key));
@@ -340,7 +354,7 @@ impl Script for KvScript {
     }
 
     fn reset(&mut self) {
-        self.done = 0;
+        self.per_conn.done = 0;
     }
 }
 

@@ -76,6 +76,8 @@ pub struct EpollBackend {
     /// `epoll_wait`: a connection that reaches EOF and closes in the same turn (every one-shot
     /// connection) costs no `epoll_ctl` at all, and several changes in one turn cost one.
     interest_dirty: Vec<ConnId>,
+    /// See [`EpollBackend::ctl_calls`].
+    ctl_calls: std::cell::Cell<u64>,
     ready: VecDeque<Completion>,
     events: Vec<libc::epoll_event>,
     listeners: Vec<Option<ListenerIo>>,
@@ -110,6 +112,7 @@ impl EpollBackend {
             pool: vec![0; pool.bufs as usize * pool.buf_bytes],
             pool_free: (0..pool.bufs).rev().collect(),
             buf_bytes: pool.buf_bytes,
+            ctl_calls: std::cell::Cell::new(0),
         };
         backend.ctl(
             libc::EPOLL_CTL_ADD,
@@ -120,7 +123,13 @@ impl EpollBackend {
         Ok(backend)
     }
 
+    /// `epoll_ctl` calls made so far (the cost that per-turn interest registration saves).
+    pub fn ctl_calls(&self) -> u64 {
+        self.ctl_calls.get()
+    }
+
     fn ctl(&self, op: libc::c_int, fd: RawFd, events: u32, token: u64) -> io::Result<()> {
+        self.ctl_calls.set(self.ctl_calls.get() + 1);
         let mut ev = libc::epoll_event { events, u64: token };
         // SAFETY: `ev` is a live epoll_event; both descriptors are open.
         cvt(unsafe { libc::epoll_ctl(self.epfd.as_raw_fd(), op, fd, &mut ev) }).map(|_| ())
@@ -540,5 +549,66 @@ impl Backend for EpollBackend {
             .iter()
             .any(|c| matches!(c, Completion::Accepted { .. }));
         !queued && !unreaped
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::net::{TcpListener, TcpStream};
+
+    /// Waits (bounded) until the backend reports a completion matching `want`.
+    fn next(b: &mut EpollBackend, want: impl Fn(&Completion) -> bool) -> Completion {
+        let mut out = Vec::new();
+        for _ in 0..200 {
+            b.submit().unwrap();
+            b.wait(Some(Duration::from_millis(10))).unwrap();
+            b.reap(&mut out, 64);
+            if let Some(i) = out.iter().position(&want) {
+                return out.swap_remove(i);
+            }
+        }
+        panic!("no such completion; got {out:?}");
+    }
+
+    /// A one-shot connection (request, then the peer closes, then we close) costs exactly one
+    /// `epoll_ctl`, its ADD: the interest change at EOF is dropped because the connection
+    /// closes in the same turn.
+    #[test]
+    fn a_connection_closed_at_eof_costs_one_epoll_ctl() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let mut b = EpollBackend::new(PoolConfig {
+            bufs: 4,
+            buf_bytes: 4096,
+        })
+        .unwrap();
+        b.push(Op::Accept {
+            listener: 0,
+            fd: listener.as_raw_fd(),
+            exclusive: false,
+            budget: None,
+        });
+        let mut client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        client.write_all(b"ping").unwrap();
+        drop(client);
+        let Completion::Accepted { conn, .. } =
+            next(&mut b, |c| matches!(c, Completion::Accepted { .. }))
+        else {
+            unreachable!()
+        };
+        let before = b.ctl_calls();
+        b.push(Op::Recv { conn });
+        if let Completion::Recv { buf, .. } = next(&mut b, |c| matches!(c, Completion::Recv { .. }))
+        {
+            b.release(buf);
+        }
+        next(&mut b, |c| matches!(c, Completion::Eof { .. }));
+        b.push(Op::Close { conn });
+        next(&mut b, |c| matches!(c, Completion::Closed { .. }));
+        b.submit().unwrap();
+        b.wait(Some(Duration::ZERO)).unwrap();
+        assert_eq!(b.ctl_calls() - before, 1, "only the connection's ADD");
     }
 }
