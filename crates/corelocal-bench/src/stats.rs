@@ -287,6 +287,14 @@ mod tests {
         let cdf = l.cdf();
         assert!((cdf.last().unwrap().1 - 1.0).abs() < 1e-9);
         assert!(cdf.windows(2).all(|w| w[0].0 <= w[1].0 && w[0].1 <= w[1].1));
+        // Merged and corrected histograms (what reports plot) count every sample once: the
+        // CDF ends at exactly 1 and never leaves [0, 1].
+        let mut m = Lat::default();
+        m.record_corrected(400_000, 10_000);
+        m.merge(&l);
+        let cdf = m.cdf();
+        assert_eq!(cdf.last().unwrap().1, 1.0);
+        assert!(cdf.iter().all(|p| (0.0..=1.0).contains(&p.1)), "{cdf:?}");
         assert_eq!(Lat::default().summary(), LatSummary::default());
     }
 

@@ -1,6 +1,6 @@
 //! SVG plots: throughput over time and the latency CDF.
 
-use super::{human, Report};
+use super::Report;
 use std::fmt::Write as _;
 
 fn esc(s: &str) -> String {
@@ -9,21 +9,66 @@ fn esc(s: &str) -> String {
         .replace('>', "&gt;")
 }
 
+/// How a plot places x values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum XAxis {
+    /// Linear, ticks at sixths of the range.
+    Linear,
+    /// log10, ticks at the powers of ten.
+    Log10,
+}
+
+/// How a plot scales y values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum YAxis {
+    /// From 0 to a round number at or above the largest value, ticks at round steps.
+    Auto,
+    /// A fraction of samples: always 0..1, ticks every 0.25. A CDF must not be scaled by its
+    /// largest point (1.0) plus headroom, or its axis ends at 1.05 with ticks at 0.21, 0.42, …
+    Fraction,
+}
+
+/// The y ticks of an axis whose data reach `max`: round steps (1, 2, 2.5 or 5 × 10^k) from 0
+/// to the first step at or above `max`, about five of them.
+pub fn y_ticks(y: YAxis, max: f64) -> Vec<f64> {
+    if y == YAxis::Fraction {
+        return vec![0.0, 0.25, 0.5, 0.75, 1.0];
+    }
+    let max = if max.is_finite() && max > 0.0 {
+        max
+    } else {
+        1.0
+    };
+    let raw = max / 5.0;
+    let mag = 10f64.powf(raw.log10().floor());
+    let step = [1.0, 2.0, 2.5, 5.0, 10.0]
+        .iter()
+        .map(|m| m * mag)
+        .find(|s| *s >= raw * (1.0 - 1e-9))
+        .unwrap_or(10.0 * mag);
+    let n = (max / step - 1e-9).ceil().max(1.0) as usize;
+    // Multiplying (not accumulating) keeps 0.1 × 3 from printing as 0.30000000000000004.
+    (0..=n).map(|k| k as f64 * step).collect()
+}
+
 /// SVG line plot: series of (x, y) points.
 pub fn svg_plot(
     title: &str,
     xlabel: &str,
     ylabel: &str,
     series: &[(String, Vec<(f64, f64)>)],
-    logx: bool,
+    xaxis: XAxis,
+    yaxis: YAxis,
 ) -> String {
     let (w, h, ml, mr, mt, mb) = (720.0, 420.0, 70.0, 20.0, 40.0, 50.0);
     let pw = w - ml - mr;
     let ph = h - mt - mb;
+    let logx = xaxis == XAxis::Log10;
     let tx = |x: f64| if logx { x.max(1e-3).log10() } else { x };
     let pts: Vec<(f64, f64)> = series
         .iter()
         .flat_map(|s| s.1.iter().map(|&(x, y)| (tx(x), y)))
+        .filter(|p| p.0.is_finite() && p.1.is_finite())
         .collect();
     let mut s = String::new();
     let _ = writeln!(
@@ -49,7 +94,8 @@ pub fn svg_plot(
     let (mut x0, mut x1) = pts
         .iter()
         .fold((f64::MAX, f64::MIN), |a, p| (a.0.min(p.0), a.1.max(p.0)));
-    let y1 = pts.iter().fold(0.0f64, |a, p| a.max(p.1)).max(1e-9) * 1.05;
+    let yticks = y_ticks(yaxis, pts.iter().fold(0.0f64, |a, p| a.max(p.1)));
+    let y1 = yticks.last().copied().unwrap_or(1.0);
     if logx {
         x0 = x0.floor();
         x1 = x1.ceil();
@@ -63,8 +109,7 @@ pub fn svg_plot(
         s,
         r##"<rect x="{ml}" y="{mt}" width="{pw}" height="{ph}" fill="none" stroke="#888"/>"##
     );
-    for k in 0..=5 {
-        let yv = y1 * k as f64 / 5.0;
+    for &yv in &yticks {
         let y = sy(yv);
         let _ = writeln!(
             s,
@@ -79,14 +124,18 @@ pub fn svg_plot(
             tick(yv)
         );
     }
-    let xticks: Vec<f64> = if logx {
-        (x0 as i64..=x1 as i64).map(|e| e as f64).collect()
+    let xticks: Vec<(f64, String)> = if logx {
+        (x0 as i64..=x1 as i64)
+            .map(|e| (e as f64, tick(10f64.powi(e as i32))))
+            .collect()
     } else {
-        (0..=6).map(|k| x0 + (x1 - x0) * k as f64 / 6.0).collect()
+        (0..=6)
+            .map(|k| x0 + (x1 - x0) * k as f64 / 6.0)
+            .map(|x| (x, tick(x)))
+            .collect()
     };
-    for xv in xticks {
+    for (xv, label) in xticks {
         let x = sx(xv);
-        let label = if logx { tick(10f64.powf(xv)) } else { tick(xv) };
         let _ = writeln!(
             s,
             r##"<line x1="{x:.1}" y1="{mt}" x2="{x:.1}" y2="{}" stroke="#eee"/>"##,
@@ -117,7 +166,9 @@ pub fn svg_plot(
         let c = colors[i % colors.len()];
         let path: Vec<String> = data
             .iter()
-            .map(|&(x, y)| format!("{:.1},{:.1}", sx(tx(x)), sy(y)))
+            .map(|&(x, y)| (tx(x), y))
+            .filter(|p| p.0.is_finite() && p.1.is_finite())
+            .map(|(x, y)| format!("{:.1},{:.1}", sx(x), sy(y)))
             .collect();
         let _ = writeln!(
             s,
@@ -143,17 +194,24 @@ pub fn svg_plot(
     s
 }
 
+/// A tick label: the shortest decimal that shows the value (ticks are round numbers, so
+/// 0.25 reads "0.25", 0.5 "0.5", 1 "1"), with k/M above a thousand.
 fn tick(v: f64) -> String {
-    if v == 0.0 {
-        "0".into()
-    } else if v.abs() >= 1000.0 {
-        human(v)
-    } else if v.abs() >= 10.0 {
-        format!("{v:.0}")
-    } else if v.abs() >= 1.0 {
-        format!("{v:.1}")
+    fn short(v: f64) -> String {
+        let s = format!("{v:.3}");
+        let s = s.trim_end_matches('0').trim_end_matches('.');
+        if s == "-0" {
+            "0".into()
+        } else {
+            s.into()
+        }
+    }
+    if v.abs() >= 1e6 {
+        format!("{}M", short(v / 1e6))
+    } else if v.abs() >= 1e3 {
+        format!("{}k", short(v / 1e3))
     } else {
-        format!("{v:.2}")
+        short(v)
     }
 }
 
@@ -191,24 +249,122 @@ pub fn svg_throughput(r: &Report) -> String {
         "time (s)",
         "per second",
         &series,
-        false,
+        XAxis::Linear,
+        YAxis::Auto,
     )
 }
 
 /// Latency CDF plot.
 pub fn svg_latency(r: &Report) -> String {
-    svg_plot(
+    cdf_plot(
         &format!("{} → {}: latency CDF", r.workload, r.target),
+        &r.cdfs,
+    )
+}
+
+/// A CDF plot of (µs, fraction ≤) series: log latency, the fraction on a fixed 0..1 axis.
+fn cdf_plot(title: &str, cdfs: &[(String, Vec<(f64, f64)>)]) -> String {
+    svg_plot(
+        title,
         "latency (µs, log)",
         "fraction ≤",
-        &r.cdfs,
-        true,
+        cdfs,
+        XAxis::Log10,
+        YAxis::Fraction,
     )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::stats::Lat;
+
+    /// The labels of the y ticks (right-aligned texts left of the plot) with their y.
+    fn y_labels(svg: &str) -> Vec<(f64, String)> {
+        svg.lines()
+            .filter(|l| l.contains(r#"text-anchor="end""#))
+            .map(|l| {
+                let y = l
+                    .split(r#" y=""#)
+                    .nth(1)
+                    .unwrap()
+                    .split('"')
+                    .next()
+                    .unwrap();
+                let label = l.split('>').nth(1).unwrap().split('<').next().unwrap();
+                (y.parse().unwrap(), label.to_string())
+            })
+            .collect()
+    }
+
+    /// The (x, y) pixels of each polyline.
+    fn polylines(svg: &str) -> Vec<Vec<(f64, f64)>> {
+        svg.lines()
+            .filter(|l| l.starts_with("<polyline"))
+            .map(|l| {
+                let pts = l
+                    .split(r#"points=""#)
+                    .nth(1)
+                    .unwrap()
+                    .split('"')
+                    .next()
+                    .unwrap();
+                pts.split(' ')
+                    .map(|p| {
+                        let (x, y) = p.split_once(',').unwrap();
+                        (x.parse().unwrap(), y.parse().unwrap())
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn cdf_axis_is_zero_to_one_with_round_ticks() {
+        // Two client threads merged, one with a slow tail, plus an open-loop corrected
+        // histogram: the shapes a real run's CDFs have.
+        let (mut a, mut b, mut co) = (Lat::default(), Lat::default(), Lat::default());
+        for i in 0..5_000u64 {
+            a.record(20_000 + i * 7);
+            b.record(25_000 + (i % 97) * 1_000);
+            co.record_corrected(30_000 + i * 13, 50_000);
+        }
+        a.merge(&b);
+        let svg = cdf_plot(
+            "t",
+            &[("merged".into(), a.cdf()), ("corrected".into(), co.cdf())],
+        );
+        let labels = y_labels(&svg);
+        let text: Vec<&str> = labels.iter().map(|l| l.1.as_str()).collect();
+        assert_eq!(text, ["0", "0.25", "0.5", "0.75", "1"], "{svg}");
+        // The plot area spans y 40 (top) to 370 (bottom): tick 1 sits on the top edge, and
+        // each series ends exactly there — fraction 1.0, never above it — rising monotonically.
+        let top = 40.0;
+        assert_eq!(labels[4].0, top + 4.0);
+        for line in polylines(&svg) {
+            assert_eq!(line.last().unwrap().1, top, "{line:?}");
+            assert!(
+                line.iter().all(|p| (top..=370.0).contains(&p.1)),
+                "{line:?}"
+            );
+            assert!(line
+                .windows(2)
+                .all(|w| w[0].0 <= w[1].0 && w[0].1 >= w[1].1));
+        }
+    }
+
+    #[test]
+    fn auto_ticks_are_round() {
+        let labels =
+            |max: f64| -> Vec<String> { y_ticks(YAxis::Auto, max).into_iter().map(tick).collect() };
+        assert_eq!(labels(73_000.0), ["0", "20k", "40k", "60k", "80k"]);
+        assert_eq!(labels(1.0), ["0", "0.2", "0.4", "0.6", "0.8", "1"]);
+        assert_eq!(labels(9.0), ["0", "2", "4", "6", "8", "10"]);
+        assert_eq!(labels(120.0), ["0", "25", "50", "75", "100", "125"]);
+        assert_eq!(labels(2.5e6), ["0", "500k", "1M", "1.5M", "2M", "2.5M"]);
+        assert_eq!(labels(0.0), labels(1.0));
+        assert_eq!(labels(f64::NAN), labels(1.0));
+    }
 
     #[test]
     fn svg_is_well_formed_and_escaped() {
@@ -217,12 +373,13 @@ mod tests {
             "x",
             "y",
             &[("s&1".into(), vec![(1.0, 0.1), (10.0, 0.5), (100.0, 1.0)])],
-            true,
+            XAxis::Log10,
+            YAxis::Fraction,
         );
         assert!(s.starts_with("<svg") && s.trim_end().ends_with("</svg>"));
         assert!(s.contains("a&lt;b") && s.contains("s&amp;1"));
         assert_eq!(s.matches("<polyline").count(), 1);
-        let empty = svg_plot("t", "x", "y", &[], false);
+        let empty = svg_plot("t", "x", "y", &[], XAxis::Linear, YAxis::Auto);
         assert!(empty.contains("no data") && empty.trim_end().ends_with("</svg>"));
     }
 }
