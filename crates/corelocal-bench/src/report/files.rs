@@ -1,6 +1,6 @@
 //! Writing the JSON, markdown and SVG files of a run.
 
-use super::{svg_latency, svg_throughput, Report};
+use super::{svg_latency, svg_percentiles, svg_throughput, Report};
 use crate::cli::Common;
 use std::path::{Path, PathBuf};
 
@@ -41,6 +41,10 @@ pub fn write_outputs(r: &Report, md: &str, c: &Common) -> Result<(), String> {
         write(
             Path::new(&format!("{base}-latency.svg")),
             svg_latency(r).as_bytes(),
+        )?;
+        write(
+            Path::new(&format!("{base}-latency-percentiles.svg")),
+            svg_percentiles(r).as_bytes(),
         )?;
     }
     Ok(())

@@ -21,7 +21,9 @@ mod svg;
 pub use files::write_outputs;
 pub use markdown::{human, markdown};
 pub use progress::{clear_progress, draw_progress, progress_line};
-pub use svg::{svg_latency, svg_plot, svg_throughput};
+pub use svg::{
+    percentile_plot, svg_latency, svg_percentiles, svg_plot, svg_throughput, XAxis, YAxis,
+};
 
 /// Throughput over the measurement window.
 #[derive(Debug, Clone, Serialize, Default)]
@@ -212,9 +214,21 @@ pub struct Report {
     pub host: HostInfo,
     /// Notes.
     pub notes: Vec<String>,
+    /// Latency by percentile (the HdrHistogram / wrk2 spectrum), the same series as `cdfs`:
+    /// kept in the JSON so `compare` can plot servers against each other.
+    pub latency_percentiles: Vec<Spectrum>,
     /// Latency CDFs for plotting (µs, fraction).
     #[serde(skip)]
     pub cdfs: Vec<(String, Vec<(f64, f64)>)>,
+}
+
+/// One latency series by percentile.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Spectrum {
+    /// What is measured ("request→response", "corrected (intended→response)", …).
+    pub name: String,
+    /// (quantile 0..1, latency µs) at [`crate::stats::spectrum_quantiles`].
+    pub points: Vec<(f64, f64)>,
 }
 
 /// What [`build`] needs.
@@ -394,16 +408,27 @@ pub fn build(inp: Inputs<'_>) -> Report {
             warmup: ((i + 1) as f64) <= warm_secs,
         })
         .collect();
-    let mut cdfs = vec![("request→response".to_string(), st.lat_txn.cdf())];
+    let mut plotted = vec![("request→response", &st.lat_txn)];
     if !st.lat_txn_co.0.is_empty() {
-        cdfs.push(("corrected (intended→response)".into(), st.lat_txn_co.cdf()));
+        plotted.push(("corrected (intended→response)", &st.lat_txn_co));
     }
     if spec.workload == "http" && !st.lat_session.0.is_empty() {
-        cdfs.push(("session".into(), st.lat_session.cdf()));
+        plotted.push(("session", &st.lat_session));
         if !st.lat_session_co.0.is_empty() {
-            cdfs.push(("session corrected".into(), st.lat_session_co.cdf()));
+            plotted.push(("session corrected", &st.lat_session_co));
         }
     }
+    let cdfs = plotted
+        .iter()
+        .map(|(n, l)| (n.to_string(), l.cdf()))
+        .collect();
+    let latency_percentiles = plotted
+        .iter()
+        .map(|(n, l)| Spectrum {
+            name: n.to_string(),
+            points: l.spectrum(),
+        })
+        .collect();
     if let Some(ns) = st.src_spread_at_ns {
         let at = ns as f64 / 1e9 - inp.warmup_s;
         notes.push(format!(
@@ -442,6 +467,7 @@ pub fn build(inp: Inputs<'_>) -> Report {
         timeline,
         host: host_info(),
         notes,
+        latency_percentiles,
         cdfs,
     }
 }

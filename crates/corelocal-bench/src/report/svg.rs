@@ -1,7 +1,35 @@
-//! SVG plots: throughput over time and the latency CDF.
+//! SVG plots: throughput over time, the latency CDF and the latency percentile spectrum.
 
 use super::Report;
 use std::fmt::Write as _;
+
+/// Latency-by-percentile plot (request→response, and the corrected and session series when
+/// the run has them).
+pub fn svg_percentiles(r: &Report) -> String {
+    let series: Vec<(String, Vec<(f64, f64)>)> = r
+        .latency_percentiles
+        .iter()
+        .map(|s| (s.name.clone(), s.points.clone()))
+        .collect();
+    percentile_plot(
+        &format!("{} → {}: latency by percentile", r.workload, r.target),
+        &series,
+    )
+}
+
+/// A latency-by-percentile plot of (quantile, µs) series, to 99.999%.
+pub fn percentile_plot(title: &str, series: &[(String, Vec<(f64, f64)>)]) -> String {
+    svg_plot(
+        title,
+        "percentile (log scale of 1/(1−p))",
+        "latency (µs)",
+        series,
+        XAxis::Percentile {
+            decades: crate::stats::SPECTRUM_DECADES,
+        },
+        YAxis::Auto,
+    )
+}
 
 fn esc(s: &str) -> String {
     s.replace('&', "&amp;")
@@ -16,6 +44,33 @@ pub enum XAxis {
     Linear,
     /// log10, ticks at the powers of ten.
     Log10,
+    /// x is a quantile p in [0, 1] drawn at log10(1/(1−p)) from 0 to `decades` (HdrHistogram and
+    /// wrk2's percentile plots): 90%, 99%, 99.9%, … are evenly spaced, so the tail, which a
+    /// linear axis squeezes into its last pixel, gets as much room as the body. Ticks at 50%,
+    /// 90%, 99%, …; quantiles past the last decade (p = 1, the maximum) sit on the right edge.
+    Percentile {
+        /// Decades of 1/(1−p) shown: 5 reaches 99.999%.
+        decades: u32,
+    },
+}
+
+/// Where a quantile `q` lies on a [`XAxis::Percentile`] axis of `decades` decades:
+/// log10(1/(1−q)), clamped to [0, decades] (so q = 1 gives `decades`, never infinity).
+pub fn percentile_x(q: f64, decades: u32) -> f64 {
+    let d = f64::from(decades);
+    if q.is_nan() {
+        return 0.0;
+    }
+    if q >= 1.0 {
+        return d;
+    }
+    (-(1.0 - q.max(0.0)).log10()).clamp(0.0, d)
+}
+
+/// The label of the percentile 1 − 10^−d: "90%", "99%", "99.9%", …
+fn nines(d: u32) -> String {
+    let p = 100.0 * (1.0 - 10f64.powi(-(d as i32)));
+    format!("{p:.*}%", d.saturating_sub(2) as usize)
 }
 
 /// How a plot scales y values.
@@ -64,7 +119,11 @@ pub fn svg_plot(
     let pw = w - ml - mr;
     let ph = h - mt - mb;
     let logx = xaxis == XAxis::Log10;
-    let tx = |x: f64| if logx { x.max(1e-3).log10() } else { x };
+    let tx = |x: f64| match xaxis {
+        XAxis::Linear => x,
+        XAxis::Log10 => x.max(1e-3).log10(),
+        XAxis::Percentile { decades } => percentile_x(x, decades),
+    };
     let pts: Vec<(f64, f64)> = series
         .iter()
         .flat_map(|s| s.1.iter().map(|&(x, y)| (tx(x), y)))
@@ -100,6 +159,10 @@ pub fn svg_plot(
         x0 = x0.floor();
         x1 = x1.ceil();
     }
+    if let XAxis::Percentile { decades } = xaxis {
+        // A fixed range, so plots of different runs line up tick for tick.
+        (x0, x1) = (0.0, f64::from(decades));
+    }
     if x1 <= x0 {
         x1 = x0 + 1.0;
     }
@@ -124,15 +187,19 @@ pub fn svg_plot(
             tick(yv)
         );
     }
-    let xticks: Vec<(f64, String)> = if logx {
-        (x0 as i64..=x1 as i64)
+    let xticks: Vec<(f64, String)> = match xaxis {
+        XAxis::Log10 => (x0 as i64..=x1 as i64)
             .map(|e| (e as f64, tick(10f64.powi(e as i32))))
-            .collect()
-    } else {
-        (0..=6)
+            .collect(),
+        XAxis::Linear => (0..=6)
             .map(|k| x0 + (x1 - x0) * k as f64 / 6.0)
             .map(|x| (x, tick(x)))
-            .collect()
+            .collect(),
+        XAxis::Percentile { decades } => {
+            std::iter::once((percentile_x(0.5, decades), "50%".into()))
+                .chain((1..=decades).map(|d| (f64::from(d), nines(d))))
+                .collect()
+        }
     };
     for (xv, label) in xticks {
         let x = sx(xv);
@@ -351,6 +418,83 @@ mod tests {
                 .windows(2)
                 .all(|w| w[0].0 <= w[1].0 && w[0].1 >= w[1].1));
         }
+    }
+
+    /// The x of each bottom tick label.
+    fn x_labels(svg: &str) -> Vec<(f64, String)> {
+        svg.lines()
+            .filter(|l| l.contains(r#"y="386" text-anchor="middle">"#))
+            .map(|l| {
+                let x = l
+                    .split(r#" x=""#)
+                    .nth(1)
+                    .unwrap()
+                    .split('"')
+                    .next()
+                    .unwrap();
+                let label = l.split('>').nth(1).unwrap().split('<').next().unwrap();
+                (x.parse().unwrap(), label.to_string())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn percentile_plot_spaces_the_nines_evenly() {
+        let (mut fast, mut slow) = (Lat::default(), Lat::default());
+        for i in 1..=200_000u64 {
+            fast.record(10_000 + i % 1_000);
+            // A heavy tail: 1% of samples 100× slower.
+            slow.record(if i % 100 == 0 {
+                2_000_000
+            } else {
+                20_000 + i % 5_000
+            });
+        }
+        let mut tiny = Lat::default();
+        tiny.record(50_000);
+        let mut series = vec![
+            ("fast".to_string(), fast.spectrum()),
+            ("slow".to_string(), slow.spectrum()),
+            // A run with one sample: flat at its value. The maximum (p = 1) belongs on the
+            // right edge, not at infinity.
+            ("one".to_string(), tiny.spectrum()),
+        ];
+        series[2].1.push((1.0, 50.0));
+        let svg = percentile_plot("t", &series);
+        assert!(!svg.contains("NaN") && !svg.contains("inf"), "{svg}");
+        let xs = x_labels(&svg);
+        let text: Vec<&str> = xs.iter().map(|l| l.1.as_str()).collect();
+        assert_eq!(
+            text,
+            ["50%", "90%", "99%", "99.9%", "99.99%", "99.999%"],
+            "{svg}"
+        );
+        let gaps: Vec<f64> = xs[1..].windows(2).map(|w| w[1].0 - w[0].0).collect();
+        assert!(gaps[0] > 100.0, "{gaps:?}");
+        assert!(gaps.iter().all(|g| (g - gaps[0]).abs() < 0.15), "{gaps:?}");
+        // 50% lies at log10(2) ≈ 0.30 of the first decade.
+        let first = (xs[0].0 - 70.0) / gaps[0];
+        assert!((first - 2f64.log10()).abs() < 0.01, "{first}");
+        let lines = polylines(&svg);
+        assert_eq!(lines.len(), 3);
+        for line in &lines {
+            // Latency never falls as the percentile rises (y pixels grow downwards).
+            assert!(line
+                .windows(2)
+                .all(|w| w[0].0 <= w[1].0 && w[0].1 >= w[1].1));
+            assert!(
+                line.iter().all(|p| (70.0..=700.0).contains(&p.0)),
+                "{line:?}"
+            );
+        }
+        assert_eq!(lines[2].last().unwrap().0, 700.0);
+        // The slow series' tail: below 99% it is ~20–25 µs, from 99% on it is 2,000 µs.
+        let s = slow.spectrum();
+        let at = |q: f64| s.iter().find(|p| (p.0 - q).abs() < 1e-9).unwrap().1;
+        assert!(at(0.9) < 30.0 && at(0.999) > 1_900.0, "{s:?}");
+        assert_eq!(percentile_x(1.0, 5), 5.0);
+        assert_eq!(percentile_x(f64::NAN, 5), 0.0);
+        assert!((percentile_x(0.999, 5) - 3.0).abs() < 1e-9);
     }
 
     #[test]
