@@ -23,7 +23,10 @@ mod tests;
 pub use peers::{lighttpd_conf, nginx_conf, parse_server, sockperf_feed, ServerDef};
 use peers::{preset, which};
 pub use rounds::{bench_args, figures, round, RunFig};
-pub use table::{markdown, spread, summarize, utc_date, ServerSummary, Spread};
+pub use table::{
+    markdown, median_spectrum, percentile_svg, spread, summarize, utc_date, ConnsSummary,
+    ServerSummary, Spread,
+};
 
 /// Which comparison to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
@@ -92,9 +95,14 @@ pub struct CompareArgs {
     /// Warm-up of each run.
     #[arg(long, default_value = "1s")]
     pub warmup: Dur,
-    /// Client connections (default 64; 1,000 for `sessions`, whose clients mostly think).
+    /// Client connections (default 64; 1,000 for `sessions`, whose clients mostly think). A
+    /// list (`16,64,256,1024`) runs every concurrency in turn, all rounds of one before the
+    /// next, the servers alternating within each round, and tables them side by side.
+    #[arg(long, value_delimiter = ',')]
+    pub conns: Vec<usize>,
+    /// The server the ratios are taken against (default: the first given).
     #[arg(long)]
-    pub conns: Option<usize>,
+    pub baseline: Option<String>,
     /// CPU of the server (one worker / process).
     #[arg(long, default_value = "1")]
     pub server_cpu: usize,
@@ -138,13 +146,58 @@ pub struct RoundArgs {
     pub bench: Vec<String>,
 }
 
+/// The most concurrencies one comparison runs (each costs rounds × servers runs).
+pub const MAX_CONNS_LIST: usize = 16;
+
 impl CompareArgs {
-    /// Client connections of each run.
-    pub fn conns(&self) -> usize {
-        self.conns.unwrap_or(match self.workload {
-            CmpWorkload::Sessions => 1000,
-            _ => 64,
-        })
+    /// The concurrencies to run, in the order given (default: one, 64; 1,000 for `sessions`).
+    pub fn conns_list(&self) -> Result<Vec<usize>, String> {
+        if self.conns.is_empty() {
+            return Ok(vec![match self.workload {
+                CmpWorkload::Sessions => 1000,
+                _ => 64,
+            }]);
+        }
+        if self.conns.len() > MAX_CONNS_LIST {
+            return Err(format!(
+                "--conns: at most {MAX_CONNS_LIST} concurrencies per comparison"
+            ));
+        }
+        let mut seen = Vec::new();
+        for &c in &self.conns {
+            if c == 0 {
+                return Err("--conns: each concurrency must be at least 1".into());
+            }
+            if seen.contains(&c) {
+                return Err(format!("--conns: {c} given twice"));
+            }
+            seen.push(c);
+        }
+        Ok(seen)
+    }
+
+    /// The index of the baseline among `servers` (the first unless `--baseline` names another).
+    pub fn baseline_index(&self, servers: &[ServerDef]) -> Result<usize, String> {
+        match &self.baseline {
+            None => Ok(0),
+            Some(b) => servers.iter().position(|s| &s.name == b).ok_or_else(|| {
+                let names: Vec<&str> = servers.iter().map(|s| s.name.as_str()).collect();
+                format!(
+                    "--baseline {b:?} is none of the servers: {}",
+                    names.join(", ")
+                )
+            }),
+        }
+    }
+}
+
+/// The file name (without extension) of one run: `r2-nginx`, or `c256-r2-nginx` when the
+/// comparison runs several concurrencies (one name per run, none overwritten).
+pub fn run_name(conns: usize, several: bool, round: usize, server: &str) -> String {
+    if several {
+        format!("c{conns}-r{round}-{server}")
+    } else {
+        format!("r{round}-{server}")
     }
 }
 
@@ -153,6 +206,7 @@ pub fn run(a: CompareArgs) -> Result<ExitCode, String> {
     if a.rounds == 0 || a.rounds > 50 {
         return Err("--rounds must be within 1..50".into());
     }
+    let conns_list = a.conns_list()?;
     let stamp_unix = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
@@ -173,6 +227,7 @@ pub fn run(a: CompareArgs) -> Result<ExitCode, String> {
     if servers.is_empty() {
         return Err("nothing to compare: give --peer and/or --server".into());
     }
+    let baseline = a.baseline_index(&servers)?;
     let unshare = which("unshare");
     if !a.no_netns && unshare.is_none() {
         return Err("unshare not found (util-linux); or pass --no-netns".into());
@@ -180,90 +235,101 @@ pub fn run(a: CompareArgs) -> Result<ExitCode, String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let via_corelocal = std::env::args().nth(1).as_deref() == Some("bench");
     let load_before = crate::report::host_info().loadavg;
-    let mut runs: Vec<Vec<RunFig>> = vec![Vec::new(); servers.len()];
-    let mut failures: Vec<Vec<String>> = vec![Vec::new(); servers.len()];
-    for round in 1..=a.rounds {
-        for (k, s) in servers.iter().enumerate() {
-            let json = rundir.join(format!("r{round}-{}.json", s.name));
-            let bench = bench_args(&a, &s.proto, &json)?;
-            let server_cmd = s
-                .cmd
-                .replace("{port}", &a.port.to_string())
-                .replace("{cpu}", &a.server_cpu.to_string());
-            let mut round_args: Vec<String> = Vec::new();
-            if via_corelocal {
-                round_args.push("bench".into());
-            }
-            round_args.extend([
-                "__round".into(),
-                "--server-cmd".into(),
-                server_cmd,
-                "--port".into(),
-                a.port.to_string(),
-                "--server-cpu".into(),
-                a.server_cpu.to_string(),
-                "--".into(),
-            ]);
-            round_args.extend(bench);
-            let mut cmd = if a.no_netns {
-                let mut c = Proc::new(&exe);
-                c.args(&round_args);
-                c
-            } else {
-                let mut c = Proc::new(unshare.as_ref().expect("checked above"));
-                c.args([
-                    "-n",
-                    "--",
-                    "sh",
-                    "-c",
-                    "ip link set lo up && exec \"$@\"",
-                    "sh",
-                ])
-                .arg(&exe)
-                .args(&round_args);
-                c
-            };
-            eprintln!("compare: round {round}/{} {} ...", a.rounds, s.name);
-            let out = cmd
-                .stdout(Stdio::null())
-                .output()
-                .map_err(|e| format!("running a round: {e}"))?;
-            let text = std::fs::read_to_string(&json).ok();
-            match (out.status.success(), text) {
-                (true, Some(t)) | (false, Some(t)) => {
-                    let v: Value =
-                        serde_json::from_str(&t).map_err(|e| format!("{}: {e}", json.display()))?;
-                    let fig = figures(&v, round, &json.display().to_string());
-                    eprintln!(
-                        "compare:   {:.0} ops/s, server {} µs/op, errors {}",
-                        fig.txns_per_s,
-                        fig.server_us_per_txn
-                            .map_or("–".into(), |x| format!("{x:.2}")),
-                        fig.errors
-                    );
-                    if !out.status.success() {
-                        failures[k].push(format!(
-                            "round {round}: exit {:?}: {}",
-                            out.status.code(),
-                            String::from_utf8_lossy(&out.stderr).trim()
-                        ));
-                    }
-                    runs[k].push(fig);
+    let mut by_conns = Vec::new();
+    for &conns in &conns_list {
+        let mut runs: Vec<Vec<RunFig>> = vec![Vec::new(); servers.len()];
+        let mut failures: Vec<Vec<String>> = vec![Vec::new(); servers.len()];
+        for round in 1..=a.rounds {
+            for (k, s) in servers.iter().enumerate() {
+                let name = run_name(conns, conns_list.len() > 1, round, &s.name);
+                let json = rundir.join(format!("{name}.json"));
+                let bench = bench_args(&a, &s.proto, conns, &json)?;
+                let server_cmd = s
+                    .cmd
+                    .replace("{port}", &a.port.to_string())
+                    .replace("{cpu}", &a.server_cpu.to_string());
+                let mut round_args: Vec<String> = Vec::new();
+                if via_corelocal {
+                    round_args.push("bench".into());
                 }
-                (_, None) => {
-                    let msg = format!(
-                        "round {round}: no report ({})",
-                        String::from_utf8_lossy(&out.stderr).trim()
-                    );
-                    eprintln!("compare:   FAILED {msg}");
-                    failures[k].push(msg);
+                round_args.extend([
+                    "__round".into(),
+                    "--server-cmd".into(),
+                    server_cmd,
+                    "--port".into(),
+                    a.port.to_string(),
+                    "--server-cpu".into(),
+                    a.server_cpu.to_string(),
+                    "--".into(),
+                ]);
+                round_args.extend(bench);
+                let mut cmd = if a.no_netns {
+                    let mut c = Proc::new(&exe);
+                    c.args(&round_args);
+                    c
+                } else {
+                    let mut c = Proc::new(unshare.as_ref().expect("checked above"));
+                    c.args([
+                        "-n",
+                        "--",
+                        "sh",
+                        "-c",
+                        "ip link set lo up && exec \"$@\"",
+                        "sh",
+                    ])
+                    .arg(&exe)
+                    .args(&round_args);
+                    c
+                };
+                eprintln!(
+                    "compare: {conns} conns, round {round}/{} {} ...",
+                    a.rounds, s.name
+                );
+                let out = cmd
+                    .stdout(Stdio::null())
+                    .output()
+                    .map_err(|e| format!("running a round: {e}"))?;
+                let text = std::fs::read_to_string(&json).ok();
+                match (out.status.success(), text) {
+                    (true, Some(t)) | (false, Some(t)) => {
+                        let v: Value = serde_json::from_str(&t)
+                            .map_err(|e| format!("{}: {e}", json.display()))?;
+                        let fig = figures(&v, round, &json.display().to_string());
+                        eprintln!(
+                            "compare:   {:.0} ops/s, server {} µs/op, errors {}",
+                            fig.txns_per_s,
+                            fig.server_us_per_txn
+                                .map_or("–".into(), |x| format!("{x:.2}")),
+                            fig.errors
+                        );
+                        if !out.status.success() {
+                            failures[k].push(format!(
+                                "round {round}: exit {:?}: {}",
+                                out.status.code(),
+                                String::from_utf8_lossy(&out.stderr).trim()
+                            ));
+                        }
+                        runs[k].push(fig);
+                    }
+                    (_, None) => {
+                        let msg = format!(
+                            "round {round}: no report ({})",
+                            String::from_utf8_lossy(&out.stderr).trim()
+                        );
+                        eprintln!("compare:   FAILED {msg}");
+                        failures[k].push(msg);
+                    }
                 }
             }
         }
+        by_conns.push(ConnsSummary {
+            conns,
+            baseline: servers[baseline].name.clone(),
+            servers: summarize(&servers, &runs, &failures, baseline),
+        });
     }
-    let sums = summarize(&servers, &runs, &failures);
     let cmdline = std::env::args().collect::<Vec<_>>().join(" ");
-    let md = markdown(&a, &sums, &cmdline, &load_before);
+    let md = markdown(&a, &by_conns, &cmdline, &load_before);
     let report = serde_json::json!({
         "tool": format!("corelocal bench compare {}", env!("CARGO_PKG_VERSION")),
         "command_line": cmdline,
@@ -272,7 +338,10 @@ pub fn run(a: CompareArgs) -> Result<ExitCode, String> {
         "load_before": load_before,
         "load_after": crate::report::host_info().loadavg,
         "host": crate::report::host_info(),
-        "servers": sums,
+        "baseline": servers[baseline].name,
+        "by_conns": by_conns,
+        // Files from before --conns took a list have only this key: keep it for one concurrency.
+        "servers": (by_conns.len() == 1).then(|| &by_conns[0].servers),
     });
     let jp = a.out.join(format!("{base}.json"));
     let mp = a.out.join(format!("{base}.md"));
@@ -282,12 +351,34 @@ pub fn run(a: CompareArgs) -> Result<ExitCode, String> {
     )
     .map_err(|e| e.to_string())?;
     std::fs::write(&mp, &md).map_err(|e| e.to_string())?;
+    let mut plots = Vec::new();
+    for c in &by_conns {
+        let tag = if by_conns.len() > 1 {
+            format!("-c{}", c.conns)
+        } else {
+            String::new()
+        };
+        let p = a.out.join(format!("{base}{tag}-latency-percentiles.svg"));
+        std::fs::write(&p, percentile_svg(&a, c)).map_err(|e| format!("{}: {e}", p.display()))?;
+        plots.push(p.display().to_string());
+    }
     let _ = std::fs::remove_dir_all(&work);
     print!("{md}");
-    eprintln!("compare: wrote {} and {}", jp.display(), mp.display());
-    Ok(if sums.iter().all(|s| s.failures.is_empty()) {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(1)
-    })
+    eprintln!(
+        "compare: wrote {}, {} and {}",
+        jp.display(),
+        mp.display(),
+        plots.join(", ")
+    );
+    Ok(
+        if by_conns
+            .iter()
+            .flat_map(|c| &c.servers)
+            .all(|s| s.failures.is_empty())
+        {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(1)
+        },
+    )
 }

@@ -8,8 +8,13 @@ use std::path::Path;
 use std::process::{Command as Proc, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
-/// The bench arguments of one run against a server speaking `proto`.
-pub fn bench_args(a: &CompareArgs, proto: &str, json: &Path) -> Result<Vec<String>, String> {
+/// The bench arguments of one run with `conns` connections against a server speaking `proto`.
+pub fn bench_args(
+    a: &CompareArgs,
+    proto: &str,
+    conns: usize,
+    json: &Path,
+) -> Result<Vec<String>, String> {
     let t = format!("127.0.0.1:{}", a.port);
     let mut v: Vec<String> = match (a.workload, proto) {
         (CmpWorkload::Crr, "http") => vec![
@@ -112,7 +117,7 @@ pub fn bench_args(a: &CompareArgs, proto: &str, json: &Path) -> Result<Vec<Strin
         "--cpus".into(),
         a.client_cpus.clone(),
         "--conns".into(),
-        a.conns().to_string(),
+        conns.to_string(),
         "--duration".into(),
         a.duration.to_string(),
         "--warmup".into(),
@@ -210,6 +215,11 @@ pub struct RunFig {
     pub load: String,
     /// The run's JSON report.
     pub json: String,
+    /// Request→response latency by percentile: (quantile, µs) at the fixed grid of
+    /// [`crate::stats::spectrum_quantiles`]; empty from reports written before it existed.
+    /// Left out of the comparison's JSON: each run's own file has it.
+    #[serde(skip)]
+    pub spectrum: Vec<(f64, f64)>,
 }
 
 /// Extracts a run's figures from its JSON report.
@@ -240,5 +250,14 @@ pub fn figures(v: &Value, round: usize, json: &str) -> RunFig {
             .unwrap_or("")
             .to_string(),
         json: json.to_string(),
+        spectrum: v
+            .pointer("/latency_percentiles/0/points")
+            .and_then(Value::as_array)
+            .map(|pts| {
+                pts.iter()
+                    .filter_map(|p| Some((p.get(0)?.as_f64()?, p.get(1)?.as_f64()?)))
+                    .collect()
+            })
+            .unwrap_or_default(),
     }
 }

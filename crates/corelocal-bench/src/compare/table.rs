@@ -59,6 +59,10 @@ pub struct ServerSummary {
     pub server_us_per_txn: Option<Spread>,
     /// Server CPU µs per transaction (utime+stime).
     pub server_us_per_txn_utime: Option<Spread>,
+    /// Median request→response latency (µs) over the runs.
+    pub p50_us: Option<Spread>,
+    /// 99th percentile request→response latency (µs) over the runs.
+    pub p99_us: Option<Spread>,
     /// Median server µs/txn ÷ the baseline's.
     pub cpu_ratio_vs_baseline: Option<f64>,
     /// Median throughput ÷ the baseline's.
@@ -67,11 +71,23 @@ pub struct ServerSummary {
     pub failures: Vec<String>,
 }
 
-/// Summarises runs per server; the first server is the baseline.
+/// The servers' summaries at one concurrency.
+#[derive(Debug, Clone, Serialize)]
+pub struct ConnsSummary {
+    /// Client connections.
+    pub conns: usize,
+    /// The server the ratios are taken against.
+    pub baseline: String,
+    /// Per server, in the order they ran.
+    pub servers: Vec<ServerSummary>,
+}
+
+/// Summarises runs per server; `servers[baseline]` is the baseline of the ratios.
 pub fn summarize(
     servers: &[ServerDef],
     runs: &[Vec<RunFig>],
     failures: &[Vec<String>],
+    baseline: usize,
 ) -> Vec<ServerSummary> {
     let mut out: Vec<ServerSummary> = servers
         .iter()
@@ -87,16 +103,17 @@ pub fn summarize(
                 txns_per_s: col(&|x| Some(x.txns_per_s)),
                 server_us_per_txn: col(&|x| x.server_us_per_txn),
                 server_us_per_txn_utime: col(&|x| x.server_us_per_txn_utime),
+                p50_us: col(&|x| Some(x.p50_us)),
+                p99_us: col(&|x| Some(x.p99_us)),
                 cpu_ratio_vs_baseline: None,
                 throughput_ratio_vs_baseline: None,
                 failures: f.clone(),
             }
         })
         .collect();
-    let base_cpu = out
-        .first()
-        .and_then(|b| b.server_us_per_txn.map(|s| s.median));
-    let base_tp = out.first().and_then(|b| b.txns_per_s.map(|s| s.median));
+    let base = out.get(baseline);
+    let base_cpu = base.and_then(|b| b.server_us_per_txn.map(|s| s.median));
+    let base_tp = base.and_then(|b| b.txns_per_s.map(|s| s.median));
     for s in &mut out {
         s.cpu_ratio_vs_baseline = match (s.server_us_per_txn, base_cpu) {
             (Some(x), Some(b)) if b > 0.0 => Some(x.median / b),
@@ -108,6 +125,45 @@ pub fn summarize(
         };
     }
     out
+}
+
+/// The median latency spectrum of some runs, point by point: at each quantile of the fixed
+/// grid, the median over runs of the latency there (the same statistic as the table's
+/// medians). Runs without a spectrum, or with another grid, are left out.
+pub fn median_spectrum(runs: &[RunFig]) -> Vec<(f64, f64)> {
+    let Some(grid) = runs.iter().map(|r| &r.spectrum).find(|s| !s.is_empty()) else {
+        return Vec::new();
+    };
+    let same: Vec<&Vec<(f64, f64)>> = runs
+        .iter()
+        .map(|r| &r.spectrum)
+        .filter(|s| s.len() == grid.len() && s.iter().zip(grid).all(|(a, b)| a.0 == b.0))
+        .collect();
+    grid.iter()
+        .enumerate()
+        .filter_map(|(i, &(q, _))| {
+            let v: Vec<f64> = same.iter().map(|s| s[i].1).collect();
+            spread(&v).map(|m| (q, m.median))
+        })
+        .collect()
+}
+
+/// The servers' latency by percentile at one concurrency, one series per server.
+pub fn percentile_svg(a: &CompareArgs, c: &ConnsSummary) -> String {
+    let series: Vec<(String, Vec<(f64, f64)>)> = c
+        .servers
+        .iter()
+        .map(|x| (x.server.name.clone(), median_spectrum(&x.runs)))
+        .collect();
+    crate::report::percentile_plot(
+        &format!(
+            "compare {}, {} connections: request→response latency (median of {} rounds)",
+            a.workload.name(),
+            c.conns,
+            a.rounds
+        ),
+        &series,
+    )
 }
 
 /// UTC `YYYY-MM-DD` of a unix time (civil-from-days).
@@ -137,28 +193,51 @@ fn fmt_spread(s: &Option<Spread>, digits: usize) -> String {
     }
 }
 
-/// The markdown table.
+fn fmt_range(s: &Option<Spread>, digits: usize) -> String {
+    match s {
+        Some(s) => format!(
+            "{:.digits$} ({:.digits$}–{:.digits$})",
+            s.median, s.min, s.max
+        ),
+        None => "–".into(),
+    }
+}
+
+fn fmt_ratio(r: Option<f64>) -> String {
+    r.map_or("–".into(), |r| format!("{r:.3}"))
+}
+
+/// The markdown tables: server CPU per op by concurrency (one column per server, the headline
+/// for "corelocal vs nginx vs floor"), then per concurrency and server the medians and spreads,
+/// ratios, throughput and latency, then every run.
 pub fn markdown(
     a: &CompareArgs,
-    sums: &[ServerSummary],
+    by_conns: &[ConnsSummary],
     cmdline: &str,
     load_before: &str,
 ) -> String {
     let mut s = String::new();
+    let names: Vec<&str> = by_conns
+        .first()
+        .map(|c| c.servers.iter().map(|x| x.server.name.as_str()).collect())
+        .unwrap_or_default();
+    let baseline = by_conns.first().map_or("-", |c| c.baseline.as_str());
+    let conns: Vec<String> = by_conns.iter().map(|c| c.conns.to_string()).collect();
     let _ = writeln!(s, "# corelocal bench compare: {:?}\n", a.workload);
     let _ = writeln!(s, "`{cmdline}`\n");
     let _ = writeln!(
         s,
-        "{} rounds, servers run in order each round ({}), each run {} after {} warm-up in a fresh network \
+        "{} rounds{}, servers run in order each round ({}), each run {} after {} warm-up in a fresh network \
          namespace{}; server pinned to CPU{}, client on CPU {} ({} connections). Load average before: {load_before}.\n",
         a.rounds,
-        sums.iter().map(|x| x.server.name.as_str()).collect::<Vec<_>>().join(" → "),
+        if by_conns.len() > 1 { " per concurrency" } else { "" },
+        names.join(" → "),
         a.duration,
         a.warmup,
         if a.no_netns { " (disabled: --no-netns)" } else { "" },
         a.server_cpu,
         a.client_cpus,
-        a.conns()
+        conns.join(", ")
     );
     let busy = load_before
         .split_whitespace()
@@ -174,51 +253,73 @@ pub fn markdown(
     }
     let _ = writeln!(
         s,
-        "| server | server CPU µs/op (schedstat) median (min–max, ±half-spread) | µs/op utime+stime | ratio vs {} | ops/s | ops/s ratio | failures |",
-        sums.first().map_or("-", |x| x.server.name.as_str())
+        "Server CPU µs/op (schedstat), median over rounds (ratio vs {baseline}):\n"
     );
-    let _ = writeln!(s, "|---|---|---|---|---|---|---|");
-    for x in sums {
-        let _ = writeln!(
-            s,
-            "| {} | {} | {} | {} | {} | {} | {} |",
-            x.server.name,
-            fmt_spread(&x.server_us_per_txn, 2),
-            fmt_spread(&x.server_us_per_txn_utime, 2),
-            x.cpu_ratio_vs_baseline
-                .map_or("–".into(), |r| format!("{r:.3}")),
-            fmt_spread(&x.txns_per_s, 0),
-            x.throughput_ratio_vs_baseline
-                .map_or("–".into(), |r| format!("{r:.3}")),
-            x.failures.len()
-        );
+    let _ = writeln!(s, "| conns | {} |", names.join(" | "));
+    let _ = writeln!(s, "|---|{}", "---|".repeat(names.len()));
+    for c in by_conns {
+        let cells: Vec<String> = c
+            .servers
+            .iter()
+            .map(|x| match x.server_us_per_txn {
+                Some(m) => format!("{:.2} ({})", m.median, fmt_ratio(x.cpu_ratio_vs_baseline)),
+                None => "–".into(),
+            })
+            .collect();
+        let _ = writeln!(s, "| {} | {} |", c.conns, cells.join(" | "));
     }
-    let _ = writeln!(s, "\nPer run:\n\n| server | round | ops/s | server µs/op | client µs/op | p50 µs | p99 µs | errors | load |");
-    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|");
-    for x in sums {
-        for r in &x.runs {
+    let _ = writeln!(
+        s,
+        "\n| conns | server | server CPU µs/op (schedstat) median (min–max, ±half-spread) | µs/op utime+stime | ratio vs {baseline} | ops/s | ops/s ratio | p50 µs median (min–max) | p99 µs median (min–max) | failures |"
+    );
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|");
+    for c in by_conns {
+        for x in &c.servers {
             let _ = writeln!(
                 s,
-                "| {} | {} | {:.0} | {} | {} | {:.1} | {:.1} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                c.conns,
                 x.server.name,
-                r.round,
-                r.txns_per_s,
-                r.server_us_per_txn
-                    .map_or("–".into(), |v| format!("{v:.2}")),
-                r.client_us_per_txn
-                    .map_or("–".into(), |v| format!("{v:.2}")),
-                r.p50_us,
-                r.p99_us,
-                r.errors,
-                r.load
+                fmt_spread(&x.server_us_per_txn, 2),
+                fmt_spread(&x.server_us_per_txn_utime, 2),
+                fmt_ratio(x.cpu_ratio_vs_baseline),
+                fmt_spread(&x.txns_per_s, 0),
+                fmt_ratio(x.throughput_ratio_vs_baseline),
+                fmt_range(&x.p50_us, 1),
+                fmt_range(&x.p99_us, 1),
+                x.failures.len()
             );
         }
-        for f in &x.failures {
-            let _ = writeln!(s, "\nfailure ({}): {f}", x.server.name);
+    }
+    let _ = writeln!(s, "\nPer run:\n\n| conns | server | round | ops/s | server µs/op | client µs/op | p50 µs | p99 µs | errors | load |");
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|");
+    for c in by_conns {
+        for x in &c.servers {
+            for r in &x.runs {
+                let _ = writeln!(
+                    s,
+                    "| {} | {} | {} | {:.0} | {} | {} | {:.1} | {:.1} | {} | {} |",
+                    c.conns,
+                    x.server.name,
+                    r.round,
+                    r.txns_per_s,
+                    r.server_us_per_txn
+                        .map_or("–".into(), |v| format!("{v:.2}")),
+                    r.client_us_per_txn
+                        .map_or("–".into(), |v| format!("{v:.2}")),
+                    r.p50_us,
+                    r.p99_us,
+                    r.errors,
+                    r.load
+                );
+            }
+            for f in &x.failures {
+                let _ = writeln!(s, "\nfailure ({}, {} conns): {f}", x.server.name, c.conns);
+            }
         }
     }
     let _ = writeln!(s, "\nServers:\n");
-    for x in sums {
+    for x in by_conns.first().map_or(&[][..], |c| &c.servers[..]) {
         let _ = writeln!(
             s,
             "- {} ({}): `{}`",
@@ -231,7 +332,10 @@ pub fn markdown(
          of a session, not the session; kv1/kv100: one get, 1 or 100 per connection; sockperf: one 64-byte message and its pong). Server CPU is the server process's threads' \
          schedstat run time over the measured window ÷ ops; on loopback the client's CPU also runs much of \
          the server's receive path, so throughput is client-bound and server CPU per op is the figure that \
-         compares servers."
+         compares servers. Latency by percentile per server (median over rounds at each percentile): \
+         the -latency-percentiles.svg plot{} beside this file."
+        ,
+        if by_conns.len() > 1 { "s, one per concurrency," } else { "" }
     );
     s
 }
