@@ -94,16 +94,20 @@ pub fn y_ticks(y: YAxis, max: f64) -> Vec<f64> {
     } else {
         1.0
     };
-    let raw = max / 5.0;
-    let mag = 10f64.powf(raw.log10().floor());
-    let step = [1.0, 2.0, 2.5, 5.0, 10.0]
-        .iter()
-        .map(|m| m * mag)
-        .find(|s| *s >= raw * (1.0 - 1e-9))
-        .unwrap_or(10.0 * mag);
+    let step = nice_step(max / 5.0);
     let n = (max / step - 1e-9).ceil().max(1.0) as usize;
     // Multiplying (not accumulating) keeps 0.1 × 3 from printing as 0.30000000000000004.
     (0..=n).map(|k| k as f64 * step).collect()
+}
+
+/// The smallest round step (1, 2, 2.5 or 5 × 10^k) at or above `raw` (> 0).
+fn nice_step(raw: f64) -> f64 {
+    let mag = 10f64.powf(raw.log10().floor());
+    [1.0, 2.0, 2.5, 5.0, 10.0]
+        .iter()
+        .map(|m| m * mag)
+        .find(|s| *s >= raw * (1.0 - 1e-9))
+        .unwrap_or(10.0 * mag)
 }
 
 /// SVG line plot: series of (x, y) points.
@@ -115,7 +119,8 @@ pub fn svg_plot(
     xaxis: XAxis,
     yaxis: YAxis,
 ) -> String {
-    let (w, h, ml, mr, mt, mb) = (720.0, 420.0, 70.0, 20.0, 40.0, 50.0);
+    // The right margin holds half of the last x label ("99.999%" is wide).
+    let (w, h, ml, mr, mt, mb) = (720.0, 420.0, 70.0, 35.0, 40.0, 50.0);
     let pw = w - ml - mr;
     let ph = h - mt - mb;
     let logx = xaxis == XAxis::Log10;
@@ -166,6 +171,12 @@ pub fn svg_plot(
     if x1 <= x0 {
         x1 = x0 + 1.0;
     }
+    // Linear: widen to whole round steps, about six, so ticks read 0, 2, 4 … not 0.833, 1.167 …
+    let xstep = nice_step((x1 - x0) / 6.0);
+    if xaxis == XAxis::Linear {
+        x0 = (x0 / xstep + 1e-9).floor() * xstep;
+        x1 = (x1 / xstep - 1e-9).ceil() * xstep;
+    }
     let sx = |x: f64| ml + (x - x0) / (x1 - x0) * pw;
     let sy = |y: f64| mt + ph - y / y1 * ph;
     let _ = writeln!(
@@ -191,8 +202,8 @@ pub fn svg_plot(
         XAxis::Log10 => (x0 as i64..=x1 as i64)
             .map(|e| (e as f64, tick(10f64.powi(e as i32))))
             .collect(),
-        XAxis::Linear => (0..=6)
-            .map(|k| x0 + (x1 - x0) * k as f64 / 6.0)
+        XAxis::Linear => (0..=((x1 - x0) / xstep).round() as usize)
+            .map(|k| x0 + k as f64 * xstep)
             .map(|x| (x, tick(x)))
             .collect(),
         XAxis::Percentile { decades } => {
@@ -310,8 +321,10 @@ pub fn svg_throughput(r: &Report) -> String {
     }
     svg_plot(
         &format!(
-            "{} → {}: throughput (warm-up {:.0}s included)",
-            r.workload, r.target, r.warmup_s
+            "{} → {}: throughput (warm-up {}s included)",
+            r.workload,
+            r.target,
+            tick(r.warmup_s)
         ),
         "time (s)",
         "per second",
@@ -483,11 +496,11 @@ mod tests {
                 .windows(2)
                 .all(|w| w[0].0 <= w[1].0 && w[0].1 >= w[1].1));
             assert!(
-                line.iter().all(|p| (70.0..=700.0).contains(&p.0)),
+                line.iter().all(|p| (70.0..=685.0).contains(&p.0)),
                 "{line:?}"
             );
         }
-        assert_eq!(lines[2].last().unwrap().0, 700.0);
+        assert_eq!(lines[2].last().unwrap().0, 685.0);
         // The slow series' tail: below 99% it is ~20–25 µs, from 99% on it is 2,000 µs.
         let s = slow.spectrum();
         let at = |q: f64| s.iter().find(|p| (p.0 - q).abs() < 1e-9).unwrap().1;
@@ -495,6 +508,29 @@ mod tests {
         assert_eq!(percentile_x(1.0, 5), 5.0);
         assert_eq!(percentile_x(f64::NAN, 5), 0.0);
         assert!((percentile_x(0.999, 5) - 3.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn linear_x_ticks_are_round() {
+        let labels = |pts: Vec<(f64, f64)>| -> Vec<String> {
+            let svg = svg_plot(
+                "t",
+                "x",
+                "y",
+                &[("s".into(), pts)],
+                XAxis::Linear,
+                YAxis::Auto,
+            );
+            x_labels(&svg).into_iter().map(|l| l.1).collect()
+        };
+        // A throughput timeline: one point per second, at its middle.
+        let sec = |n: usize| (0..n).map(|t| (t as f64 + 0.5, 1.0)).collect::<Vec<_>>();
+        assert_eq!(labels(sec(3)), ["0.5", "1", "1.5", "2", "2.5"]);
+        assert_eq!(labels(sec(11)), ["0", "2", "4", "6", "8", "10", "12"]);
+        assert_eq!(
+            labels(vec![(3.0, 1.0)]),
+            ["3", "3.2", "3.4", "3.6", "3.8", "4"]
+        );
     }
 
     #[test]
