@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# The paper's session workload driven by httperf against `corelocal serve http` (built-in
+# 30,000-file site), as in issue 13 finding 5: --wsesslog=20000,0.1 (sessions of 1, 2, 3
+# requests with 100 ms think time), --rate 2000 --timeout 5, server on CPU 1 (default flags
+# otherwise), httperf on CPU 0, each round in a fresh network namespace. Servers alternate
+# per round (A B A B); each run keeps the server's stats lines (1 s) so a stall would show.
+# usage: bench/httperf-sessions.sh ROUNDS NAME=BINARY [NAME=BINARY…]
+#   → results/httperf-sessions.{json,md}
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rounds=$1; shift
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+python3 - "$tmp/sessions.log" <<'PY'
+import random, sys
+rng = random.Random(13)
+path = lambda i: f"/files/{i // 1000:02}/{i:05}.txt"
+with open(sys.argv[1], "w") as f:
+    for _ in range(20000):
+        for burst in (1, 2, 3):
+            for k in range(burst):
+                f.write(("  " if k else "") + path(rng.randrange(30000)) + "\n")
+        f.write("\n")
+PY
+for r in $(seq 1 "$rounds"); do
+    for spec in "$@"; do
+        name=${spec%%=*}; bin=${spec#*=}
+        unshare -n bash -euo pipefail -c '
+            ip link set lo up
+            bin=$1; log=$2; out=$3
+            "$bin" serve http --listen 127.0.0.1:8080 --cpus 1 --stats-interval 1s --json \
+                >"$out.stats" 2>"$out.err" &
+            server=$!
+            for _ in $(seq 200); do ss -ltn | grep -q ":8080 " && break; sleep 0.05; done
+            taskset -c 0 httperf --server 127.0.0.1 --port 8080 --wsesslog=20000,0.1,"$log" \
+                --rate 2000 --timeout 5 >"$out.httperf" 2>&1 || true
+            kill -TERM $server; wait $server 2>/dev/null || true
+        ' _ "$bin" "$tmp/sessions.log" "$tmp/$name-$r"
+        echo "round $r $name: $(grep -E '^Errors: total' "$tmp/$name-$r.httperf")" >&2
+    done
+done
+python3 - "$tmp" "$rounds" "$@" <<'PY'
+import json, re, sys, platform
+tmp, rounds, specs = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+names = [s.split("=", 1)[0] for s in specs]
+runs = []
+for r in range(1, rounds + 1):
+    for n in names:
+        out = open(f"{tmp}/{n}-{r}.httperf").read()
+        num = lambda pat: int(re.search(pat, out).group(1)) if re.search(pat, out) else None
+        stats = []
+        for line in open(f"{tmp}/{n}-{r}.stats"):
+            try:
+                stats.append(json.loads(line))
+            except ValueError:
+                pass
+        # Requests per stats interval: a stall would show as an interval with none while
+        # connections are open.
+        reqs = [s["total"]["requests"] for s in stats]
+        per_s = [b - a for a, b in zip(reqs, reqs[1:])]
+        opens = [s["total"]["open"] for s in stats]
+        runs.append({"server": n, "round": r,
+                     "replies_2xx": num(r"Reply status: 1xx=\d+ 2xx=(\d+)"),
+                     "errors": num(r"Errors: total (\d+)"),
+                     "client_timeouts": num(r"client-timo (\d+)"),
+                     "fd_unavail": num(r"fd-unavail (\d+)"),
+                     "sessions_ok": num(r"Session rate \[sess/s\]: .*?\((\d+)/\d+\)"),
+                     "requests_per_second_server": per_s,
+                     "open_per_second_server": opens[1:],
+                     "stall_intervals": sum(1 for d, o in zip(per_s, opens[1:]) if d == 0 and o > 0)})
+cmd = "bench/httperf-sessions.sh " + " ".join([str(rounds)] + specs)
+json.dump({"command": cmd, "machine": f"2-core VM, Linux {platform.release()}", "runs": runs},
+          open("results/httperf-sessions.json", "w"), indent=1)
+with open("results/httperf-sessions.md", "w") as f:
+    f.write(f"# httperf session workload (issue 13, finding 5)\n\n`{cmd}` — 2-core VM, Linux {platform.release()}.\n\n")
+    f.write("20,000 sessions (1, 2, 3 requests, 100 ms think) over the built-in 30,000 files, httperf `--rate 2000 --timeout 5` on CPU 0, `corelocal serve http --cpus 1` (default flags otherwise), fresh netns per run, servers alternating per round. A *stall interval* is a 1 s stats interval in which the server answered nothing while connections were open.\n\n")
+    f.write("| server | round | 2xx replies | httperf errors | client-timo | fd-unavail | stall intervals | server req/s per interval |\n|---|---|---|---|---|---|---|---|\n")
+    for x in runs:
+        f.write(f"| {x['server']} | {x['round']} | {x['replies_2xx']} | {x['errors']} | {x['client_timeouts']} | {x['fd_unavail']} | {x['stall_intervals']} | {x['requests_per_second_server']} |\n")
+print(open("results/httperf-sessions.md").read())
+PY
