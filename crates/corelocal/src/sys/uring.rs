@@ -74,8 +74,17 @@ fn split(ud: u64) -> (u64, u32, u32) {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum RecvState {
     Off,
+    /// A multishot receive is armed.
     Armed,
+    /// Ran out of provided buffers: re-armed once buffers come back.
     Starved,
+    /// A fresh connection's first receive: single-shot, linked behind its SO_INCOMING_CPU
+    /// query (both in one submit, CQEs in that order).
+    First,
+    /// The first receive completed: a multishot receive is armed at the next submit unless the
+    /// connection is closing or paused by then — a one-shot connection, answered and closed
+    /// in the same turn, never has a multishot receive to cancel before its close.
+    ArmAtSubmit,
 }
 
 #[derive(Debug)]
@@ -212,6 +221,8 @@ pub struct UringBackend {
     /// Send buffers of closed connections, kept until the kernel is done with them.
     graveyard: Vec<(u64, Vec<u8>)>,
     starved: Vec<ConnId>,
+    /// Connections whose first receive completed: (slot, generation), see `ArmAtSubmit`.
+    arm_at_submit: Vec<(ConnId, u32)>,
     queued_sqes: u64,
     events: BackendEvents,
     /// Steals (one-shot accepts on other workers' listeners) submitted, not completed.
@@ -275,6 +286,7 @@ impl UringBackend {
             ready: VecDeque::new(),
             graveyard: Vec::new(),
             starved: Vec::new(),
+            arm_at_submit: Vec::new(),
             queued_sqes: 0,
             events: BackendEvents::default(),
             steals_inflight: 0,
@@ -295,6 +307,31 @@ impl UringBackend {
             }
             // Full: hand the batch over and retry.
             let _ = self.ring.submit();
+        }
+    }
+
+    /// Pushes `entries` as one link chain: room for all of them is made first, so the chain is
+    /// never split across two submits (a split chain would run its tail unlinked).
+    fn sqe_chain(&mut self, entries: &[squeue::Entry]) {
+        assert!(
+            !entries.is_empty() && entries.len() <= 8,
+            "short chains only"
+        );
+        let room = {
+            let sq = self.ring.submission();
+            sq.capacity() - sq.len()
+        };
+        if room < entries.len() {
+            let _ = self.ring.submit();
+        }
+        let last = entries.len() - 1;
+        for (i, entry) in entries.iter().enumerate() {
+            let entry = if i < last {
+                entry.clone().flags(squeue::Flags::IO_LINK)
+            } else {
+                entry.clone()
+            };
+            self.sqe(entry);
         }
     }
 
@@ -445,8 +482,8 @@ impl UringBackend {
         self.sqe(entry);
     }
 
-    /// Reads `SO_INCOMING_CPU` of a new direct descriptor with a socket uring_cmd.
-    fn query_incoming_cpu(&mut self, conn: ConnId) {
+    /// The socket uring_cmd that reads `SO_INCOMING_CPU` of a new direct descriptor.
+    fn incoming_cpu_query(&mut self, conn: ConnId) -> squeue::Entry {
         let generation = self.slots[conn as usize].generation;
         let optval = &mut self.cpu_vals[conn as usize] as *mut i32;
         let entry = opcode::SetSockOpt::new(
@@ -458,7 +495,7 @@ impl UringBackend {
         )
         .build()
         .user_data(user_data(KIND_SOCKOPT, generation, conn));
-        self.sqe(as_getsockopt(entry));
+        as_getsockopt(entry)
     }
 
     fn send_next(&mut self, conn: ConnId) {
@@ -490,13 +527,15 @@ impl UringBackend {
             Op::Steal { victim, fd } => self.steal(victim, fd),
             Op::AcceptPause { listener, .. } => self.stop_accepting(listener),
             Op::Recv { conn } => {
-                if self.slots[conn as usize].recv != RecvState::Armed {
+                // A fresh connection's first receive is already on its way (`First`,
+                // `ArmAtSubmit`); resuming after a pause arms multishot.
+                if self.slots[conn as usize].recv == RecvState::Off {
                     self.arm_recv(conn);
                 }
             }
             Op::RecvPause { conn } => {
                 let slot = &mut self.slots[conn as usize];
-                if slot.recv == RecvState::Armed {
+                if matches!(slot.recv, RecvState::Armed | RecvState::First) {
                     let generation = slot.generation;
                     self.cancel(user_data(KIND_RECV, generation, conn));
                 }
@@ -572,8 +611,9 @@ impl UringBackend {
         let slot = &mut self.slots[conn as usize];
         let generation = slot.generation;
         slot.closing = true;
-        if slot.recv == RecvState::Armed {
-            slot.recv = RecvState::Off;
+        let in_flight = matches!(slot.recv, RecvState::Armed | RecvState::First);
+        slot.recv = RecvState::Off;
+        if in_flight {
             self.cancel(user_data(KIND_RECV, generation, conn));
         }
         if let Some(send) = self.slots[conn as usize].send.take() {
@@ -687,7 +727,18 @@ impl UringBackend {
         slot.closing = false;
         self.cpu_vals[conn as usize] = -1;
         self.unreported += 1;
-        self.query_incoming_cpu(conn);
+        // The SO_INCOMING_CPU query and the first receive in one submit, linked so that their
+        // CQEs come in that order (`Accepted` before any `Recv`): a request already queued is
+        // read in the same turn the connection is reported.
+        let query = self.incoming_cpu_query(conn);
+        let generation = self.slots[conn as usize].generation;
+        let first_recv = opcode::Recv::new(types::Fixed(conn), std::ptr::null_mut(), 0)
+            .buf_group(BUF_GROUP)
+            .build()
+            .flags(squeue::Flags::BUFFER_SELECT)
+            .user_data(user_data(KIND_RECV, generation, conn));
+        self.slots[conn as usize].recv = RecvState::First;
+        self.sqe_chain(&[query, first_recv]);
     }
 
     fn on_steal(&mut self, victim: u32, res: i32) {
@@ -722,14 +773,19 @@ impl UringBackend {
                 buf: bid as BufId,
                 len: res as usize,
             });
-            if !more && self.slots[conn as usize].recv == RecvState::Armed {
+            let state = self.slots[conn as usize].recv;
+            if !more && state == RecvState::Armed {
                 self.events.rearms += 1;
                 self.arm_recv(conn);
+            } else if state == RecvState::First {
+                let generation = self.slots[conn as usize].generation;
+                self.slots[conn as usize].recv = RecvState::ArmAtSubmit;
+                self.arm_at_submit.push((conn, generation));
             }
             return;
         }
         let slot = &mut self.slots[conn as usize];
-        let was_armed = slot.recv == RecvState::Armed;
+        let was_armed = matches!(slot.recv, RecvState::Armed | RecvState::First);
         if !more {
             slot.recv = RecvState::Off;
         }
@@ -773,6 +829,27 @@ impl UringBackend {
         }
         send.sent += res as usize;
         self.continue_send(conn);
+    }
+
+    /// Arms multishot receives on connections whose first receive completed and that are
+    /// still open and not paused (see `RecvState::ArmAtSubmit`). While the answer to the
+    /// first request is being sent, arming waits: a one-shot connection closes right after it.
+    fn arm_after_first_recv(&mut self) {
+        let pending = std::mem::take(&mut self.arm_at_submit);
+        let mut waiting = Vec::new();
+        for (conn, generation) in pending {
+            let slot = &self.slots[conn as usize];
+            if slot.generation != generation || slot.recv != RecvState::ArmAtSubmit || slot.closing
+            {
+                continue;
+            }
+            if slot.send.is_some() {
+                waiting.push((conn, generation));
+            } else {
+                self.arm_recv(conn);
+            }
+        }
+        self.arm_at_submit = waiting;
     }
 
     /// Re-arms receives that ran out of buffers, once buffers came back.
@@ -851,6 +928,7 @@ impl Backend for UringBackend {
         if self.bufs.publish() && !self.starved.is_empty() {
             self.feed_starved();
         }
+        self.arm_after_first_recv();
         let count = std::mem::take(&mut self.queued_sqes) as usize;
         if count == 0 {
             return Ok(0);
@@ -920,5 +998,125 @@ impl Backend for UringBackend {
 
     fn take_events(&mut self) -> BackendEvents {
         std::mem::take(&mut self.events)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+    use std::os::fd::AsRawFd;
+
+    fn backend() -> UringBackend {
+        UringBackend::new(UringConfig {
+            sq_entries: 64,
+            files: 16,
+            bufs: 8,
+            buf_bytes: 4096,
+        })
+        .expect("io_uring (this kernel allows it)")
+    }
+
+    /// One submit / wait / reap turn; returns the completions.
+    fn turn(b: &mut UringBackend) -> (usize, Vec<Completion>) {
+        let submitted = b.submit().unwrap();
+        b.wait(Some(Duration::from_millis(20))).unwrap();
+        let mut out = Vec::new();
+        b.reap(&mut out, 64);
+        (submitted, out)
+    }
+
+    /// A one-shot connection: the request is reported in the same reap as the connection
+    /// (SO_INCOMING_CPU query and first receive linked in one submit), and closing it after
+    /// the answer costs one SQE — no multishot receive is left to cancel.
+    #[test]
+    fn a_one_shot_connection_reads_at_once_and_closes_without_a_cancel() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut b = backend();
+        b.push(Op::Accept {
+            listener: 0,
+            fd: listener.as_raw_fd(),
+            exclusive: false,
+            budget: None,
+        });
+        let mut client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        client.write_all(b"ping").unwrap();
+        // `Accepted` waits for the SO_INCOMING_CPU query; the request comes with it.
+        let mut seen = Vec::new();
+        for _ in 0..50 {
+            let (_, out) = turn(&mut b);
+            if !out.is_empty() {
+                seen = out;
+                break;
+            }
+        }
+        let conn = match seen.as_slice() {
+            [Completion::Accepted { conn, .. }, Completion::Recv { conn: c2, buf, len }] => {
+                assert_eq!((conn, *len), (c2, 4));
+                assert_eq!(b.recv_data(*buf, *len), b"ping");
+                b.release(*buf);
+                *conn
+            }
+            other => panic!("expected Accepted then Recv in one reap: {other:?}"),
+        };
+        b.push(Op::Recv { conn }); // what the worker does on Accepted: must not double-arm
+        b.push(Op::Send {
+            conn,
+            buf: b"pong".to_vec(),
+        });
+        let (_, out) = turn(&mut b);
+        assert!(
+            out.iter().any(|c| matches!(c, Completion::Sent { .. })),
+            "{out:?}"
+        );
+        b.push(Op::Close { conn });
+        let (submitted, out) = turn(&mut b);
+        assert_eq!(
+            submitted, 1,
+            "only the close: no receive was armed to cancel"
+        );
+        assert!(
+            matches!(out.as_slice(), [Completion::Closed { .. }]),
+            "{out:?}"
+        );
+        let mut answer = Vec::new();
+        client.read_to_end(&mut answer).unwrap();
+        assert_eq!(answer, b"pong");
+    }
+
+    /// A connection that lives on gets its multishot receive after the first one.
+    #[test]
+    fn a_kept_connection_keeps_receiving() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut b = backend();
+        b.push(Op::Accept {
+            listener: 0,
+            fd: listener.as_raw_fd(),
+            exclusive: false,
+            budget: None,
+        });
+        let mut client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        client.write_all(b"one").unwrap();
+        let mut got = Vec::new();
+        for round in 0..100 {
+            let (_, out) = turn(&mut b);
+            for c in out {
+                if let Completion::Recv { buf, len, .. } = c {
+                    got.extend_from_slice(b.recv_data(buf, len));
+                    b.release(buf);
+                }
+            }
+            if round == 5 {
+                client.write_all(b"two").unwrap();
+            }
+            if round == 10 {
+                client.write_all(b"three").unwrap();
+            }
+            if got == b"onetwothree" {
+                return;
+            }
+        }
+        panic!("received {:?}", String::from_utf8_lossy(&got));
     }
 }
