@@ -402,6 +402,30 @@ mod props {
             let _ = line_overflow(rest, &Limits::default());
         }
 
+        /// Unfinished lines against memcached's rule: past 2048 bytes only a multiget (at
+        /// most 100 leading spaces, then `get `/`gets `) may keep growing, and only up to the
+        /// multiget limit, past which it gets the reply rather than a hangup.
+        #[test]
+        fn unfinished_lines_follow_memcached(
+            spaces in 0usize..130, kind in 0u8..4, len in 0usize..9000,
+            get_max in 500usize..8000,
+        ) {
+            let head: &[u8] = [&b"get "[..], b"gets ", b"gat 1 ", b"set "][kind as usize];
+            let mut buf = vec![b' '; spaces];
+            buf.extend_from_slice(head);
+            buf.resize(buf.len().max(len), b'k');
+            let limits = Limits { get_line_bytes_max: get_max, ..Limits::default() };
+            let is_get = kind < 2 && spaces <= 100;
+            let want = if !is_get && buf.len() > 2048 {
+                Some(Overflow::Hangup)
+            } else if buf.len() > get_max {
+                Some(Overflow::TooLarge)
+            } else {
+                None
+            };
+            prop_assert_eq!(line_overflow(&buf, &limits), want);
+        }
+
         /// Generated storage lines parse back to their fields.
         #[test]
         fn storage_lines_round_trip(
