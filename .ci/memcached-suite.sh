@@ -76,14 +76,13 @@ fetch_source() {
     command -v apt-get >/dev/null || die "apt-get is needed to fetch memcached's source package"
     local apt=$work/apt
     mkdir -p "$apt/lists/partial" "$apt/cache/archives/partial" "$apt/dl"
-    # The machine's own mirror and release (deb822 or one-line format), else Debian's.
-    local mirror suite
+    # The machine's own Debian mirror (deb822 or one-line format), else Debian's; the release
+    # is bookworm whatever the machine runs, since the tests are pinned to its memcached.
+    local mirror suite=${MEMCACHED_SUITE_RELEASE:-bookworm}
     mirror=$(grep -hoE '^(URIs:|deb) +(\[[^]]*\] +)?https?://[^ ]+/debian/?( |$)' \
         /etc/apt/sources.list.d/*.sources /etc/apt/sources.list 2>/dev/null |
         grep -oE 'https?://[^ ]+' | head -n1 || true)
     mirror=${mirror:-http://deb.debian.org/debian}
-    suite=$(. /etc/os-release 2>/dev/null && echo "${VERSION_CODENAME:-}")
-    suite=${suite:-bookworm}
     local keyring=/usr/share/keyrings/debian-archive-keyring.gpg
     local signed=
     [[ -r $keyring ]] && signed="[signed-by=$keyring] "
