@@ -339,7 +339,8 @@ pub struct Common {
     /// Write the markdown summary here (default: next to --json, and always to stdout).
     #[arg(long)]
     pub md: Option<PathBuf>,
-    /// SVG plot prefix (PREFIX-throughput.svg, PREFIX-latency.svg; default: next to --json).
+    /// SVG plot prefix (PREFIX-throughput.svg, PREFIX-latency.svg with the CDF,
+    /// PREFIX-latency-percentiles.svg; default: next to --json).
     #[arg(long)]
     pub svg: Option<PathBuf>,
     /// Progress bar.

@@ -54,6 +54,19 @@ impl Lat {
         }
     }
 
+    /// The percentile spectrum: (quantile, latency µs) at [`spectrum_quantiles`]; empty when
+    /// nothing was recorded. Quantiles past 1 − 1/count all read the maximum.
+    pub fn spectrum(&self) -> Vec<(f64, f64)> {
+        let h = &self.0;
+        if h.is_empty() {
+            return Vec::new();
+        }
+        spectrum_quantiles()
+            .into_iter()
+            .map(|q| (q, h.value_at_quantile(q) as f64 / 1000.0))
+            .collect()
+    }
+
     /// Points of the CDF: (latency µs, fraction ≤), for plotting.
     pub fn cdf(&self) -> Vec<(f64, f64)> {
         let h = &self.0;
@@ -69,6 +82,20 @@ impl Lat {
         }
         pts
     }
+}
+
+/// Decades of 1/(1−p) the percentile spectrum covers: to 99.999%.
+pub const SPECTRUM_DECADES: u32 = 5;
+/// Spectrum points per decade.
+pub const SPECTRUM_STEPS: u32 = 20;
+
+/// The quantiles of the percentile spectrum: 1 − 10^(−i/20) for i = 0..=100, i.e. 0, …, 90%, …,
+/// 99%, …, 99.999%, evenly spaced on the log 1/(1−p) axis the spectrum is drawn on. A fixed grid
+/// (not the histogram's own buckets) lets `compare` take medians point by point across runs.
+pub fn spectrum_quantiles() -> Vec<f64> {
+    (0..=SPECTRUM_DECADES * SPECTRUM_STEPS)
+        .map(|i| 1.0 - 10f64.powf(-(i as f64) / SPECTRUM_STEPS as f64))
+        .collect()
 }
 
 /// Latency percentiles (µs).
@@ -287,6 +314,14 @@ mod tests {
         let cdf = l.cdf();
         assert!((cdf.last().unwrap().1 - 1.0).abs() < 1e-9);
         assert!(cdf.windows(2).all(|w| w[0].0 <= w[1].0 && w[0].1 <= w[1].1));
+        // Merged and corrected histograms (what reports plot) count every sample once: the
+        // CDF ends at exactly 1 and never leaves [0, 1].
+        let mut m = Lat::default();
+        m.record_corrected(400_000, 10_000);
+        m.merge(&l);
+        let cdf = m.cdf();
+        assert_eq!(cdf.last().unwrap().1, 1.0);
+        assert!(cdf.iter().all(|p| (0.0..=1.0).contains(&p.1)), "{cdf:?}");
         assert_eq!(Lat::default().summary(), LatSummary::default());
     }
 

@@ -143,7 +143,7 @@ pub struct CommonArgs {
     #[arg(long, value_parser = ["ebpf", "incoming-cpu", "cbpf"])]
     steering: Option<String>,
     /// The Affinity-Accept balancer (busy tracking, stealing, flow-group migration):
-    /// auto = on in local mode, off otherwise.
+    /// auto = on in local mode with two or more workers, off otherwise.
     #[arg(long, default_value = "auto", value_parser = ["auto", "on", "off"])]
     balance: String,
     /// Balancer: local:remote accept share for non-busy workers (paper: 5:1).
@@ -152,6 +152,10 @@ pub struct CommonArgs {
     /// Balancer: busy above this % of the accept-queue cap; not busy when its EWMA < low %.
     #[arg(long, default_value = "75:10", value_parser = parse_share)]
     busy_watermarks: (u32, u32),
+    /// Balancer: connections a worker takes from its own accept queue per loop turn; the rest
+    /// wait there, where busy detection sees them and idle workers steal them.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=65_536))]
+    accept_batch: u64,
     /// Balancer: how often a non-busy worker moves one flow group to itself.
     #[arg(long, default_value = "100ms", value_parser = parse_duration)]
     migrate_interval: Duration,
@@ -382,6 +386,7 @@ fn server_config(common: &CommonArgs) -> Result<ServerConfig, String> {
     config.limits.idle_timeout = common.idle_timeout.max(Duration::from_millis(1));
     config.limits.drain_timeout = common.drain_timeout;
     config.limits.conns_per_worker_max = common.conns_per_worker as usize;
+    config.limits.accept_batch_max = common.accept_batch as usize;
     config.limits.output_bytes_max = usize::try_from(common.output_limit).unwrap_or(usize::MAX);
     let input_limit = common.input_limit.unwrap_or(INPUT_LIMIT_DEFAULT);
     config.limits.input_bytes_max = usize::try_from(input_limit).unwrap_or(usize::MAX);
@@ -401,7 +406,8 @@ fn server_config(common: &CommonArgs) -> Result<ServerConfig, String> {
     let balance_on = match common.balance.as_str() {
         "on" => true,
         "off" => false,
-        _ => mode == Mode::Local,
+        // One worker has nobody to balance with: pacing its accepts would only cost.
+        _ => mode == Mode::Local && config.listen.worker_cpus.len() > 1,
     };
     if balance_on {
         let mut b = corelocal::balance::BalanceConfig::new(config.listen.worker_cpus.len());

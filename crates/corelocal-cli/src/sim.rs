@@ -13,9 +13,13 @@ pub struct Command {
     /// Number of cores running a CPU hog (cores 0..HOG).
     #[arg(long, default_value_t = 0)]
     hog: usize,
-    /// CPU share (%) the server gets on a hogged core.
+    /// CPU share (%) the server gets on a hogged core (0: none, a starved core).
     #[arg(long, default_value_t = 10)]
     hog_share: u32,
+    /// Who computes busy state: watch (corelocal's runtime: only running servers observe
+    /// queues, non-busy ones also those nobody observed for 1 ms) or packet-path (the paper's).
+    #[arg(long, default_value = "watch", value_parser = ["watch", "packet-path"])]
+    busy_detection: String,
     /// When the hog starts, seconds.
     #[arg(long, default_value_t = 0.0)]
     hog_start: f64,
@@ -63,6 +67,7 @@ fn config(cmd: &Command) -> Result<SimConfig, String> {
     let mode: BalancerMode = cmd.balancer.parse()?;
     let mut c = SimConfig::new(cmd.cores, cmd.hog, mode, cmd.seed);
     c.hog_share_pct = cmd.hog_share;
+    c.busy_detection = cmd.busy_detection.parse()?;
     c.hog_start_ms = seconds_to_ms("--hog-start", cmd.hog_start)?;
     c.hog_end_ms = cmd
         .hog_end

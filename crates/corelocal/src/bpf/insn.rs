@@ -188,6 +188,7 @@ const SRC_K: u8 = 0x00;
 const SRC_X: u8 = 0x08;
 const ALU_ADD: u8 = 0x00;
 const ALU_MUL: u8 = 0x20;
+const ALU_MOD: u8 = 0x90;
 const ALU_AND: u8 = 0x50;
 const ALU_LSH: u8 = 0x60;
 const ALU_RSH: u8 = 0x70;
@@ -260,6 +261,11 @@ pub fn mul32_imm(dst: Reg, imm: i32) -> EbpfInsn {
 /// `w_dst >>= imm` (32-bit logical shift).
 pub fn rsh32_imm(dst: Reg, imm: i32) -> EbpfInsn {
     insn(CLASS_ALU | ALU_RSH | SRC_K, dst, Reg(0), 0, imm)
+}
+
+/// `w_dst %= w_src` (32-bit, unsigned; the verifier makes a zero divisor leave `dst` as is).
+pub fn mod32_reg(dst: Reg, src: Reg) -> EbpfInsn {
+    insn(CLASS_ALU | ALU_MOD | SRC_X, dst, src, 0, 0)
 }
 
 /// `w_dst ^= w_src` (32-bit).

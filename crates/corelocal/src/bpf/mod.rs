@@ -104,10 +104,13 @@ impl ReuseportSelect {
         self.state.update_u32(0, stopping as u32)
     }
 
-    /// Routes SYNs processed on `cpu` to `worker` (or, with `None`, to the kernel's hash).
-    pub fn map_cpu(&self, cpu: u32, worker: Option<u32>) -> Result<(), BpfError> {
-        self.cpu_to_worker
-            .update_u32(cpu, worker.map_or(0, |w| w + 1))
+    /// Routes SYNs processed on `cpu` to its `workers` (the first, and how many consecutive
+    /// ones: spread over them by flow hash), or with `None` to the kernel's hash.
+    pub fn map_cpu(&self, cpu: u32, workers: Option<(u32, u32)>) -> Result<(), BpfError> {
+        let value = workers.map_or(0, |(first, count)| {
+            programs::cpu_workers_value(first, count)
+        });
+        self.cpu_to_worker.update_u32(cpu, value)
     }
 
     /// Moves flow group `group` to `worker`, or back to CPU steering with `None`.
@@ -142,7 +145,8 @@ mod tests {
         assert_eq!(sel.group_override(7).unwrap(), Some(1));
         sel.set_group_override(7, None).unwrap();
         assert_eq!(sel.group_override(7).unwrap(), None);
-        sel.map_cpu(3, Some(0)).unwrap();
+        sel.map_cpu(3, Some((0, 1))).unwrap();
+        sel.map_cpu(4, Some((0, 2))).unwrap();
     }
 
     #[test]

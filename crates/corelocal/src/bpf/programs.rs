@@ -18,12 +18,32 @@ pub const MD_MIGRATING_SK_OFFSET: i16 = 48;
 /// Offset of `hash` in `struct sk_reuseport_md` (4-byte loads only).
 pub const MD_HASH_OFFSET: i16 = 32;
 
+/// A `cpu_to_worker` value: bits 0..16 hold the CPU's first worker + 1 (0 = no worker),
+/// bits 16..32 its number of workers − 1; the CPU's workers are consecutive.
+pub const CPU_WORKERS_SHIFT: u32 = 16;
+/// Mask of the first-worker part of a `cpu_to_worker` value.
+pub const CPU_FIRST_MASK: u32 = 0xffff;
+/// Which hash bits spread a CPU's SYNs over its workers: the high half, independent of the
+/// flow group (the low bits) for up to 65,536 groups.
+pub const CPU_SPREAD_HASH_SHIFT: i32 = 16;
+
+/// The `cpu_to_worker` value for a CPU served by `count` consecutive workers from `first`.
+pub fn cpu_workers_value(first: u32, count: u32) -> u32 {
+    assert!(first < CPU_FIRST_MASK, "worker index out of range");
+    assert!(
+        (1..=1 << 16).contains(&count),
+        "workers per CPU out of range"
+    );
+    (first + 1) | ((count - 1) << CPU_WORKERS_SHIFT)
+}
+
 /// Map descriptors the SK_REUSEPORT select program reads.
 #[derive(Debug, Clone, Copy)]
 pub struct SelectMaps {
     /// ARRAY u32 → u32, `flow_groups` entries: `worker + 1` to override a flow group, 0 = none.
     pub group_override_fd: i32,
-    /// ARRAY u32 → u32 indexed by CPU: `worker + 1`, 0 = no local worker (kernel hash).
+    /// ARRAY u32 → u32 indexed by CPU: the CPU's workers ([`cpu_workers_value`]), 0 = no
+    /// local worker (kernel hash).
     pub cpu_to_worker_fd: i32,
     /// REUSEPORT_SOCKARRAY u32 → u64: slot `worker` = that worker's listener.
     pub sockarray_fd: i32,
@@ -37,7 +57,10 @@ pub const STOP_CHECK_LEN: usize = 14;
 /// The SK_REUSEPORT select program:
 ///
 /// ```text
-/// slot = override[md->hash & (G-1)] ?: cpu_to_worker[smp_processor_id()]
+/// slot = override[md->hash & (G-1)]
+/// if !slot:
+///     (first, count) = cpu_to_worker[smp_processor_id()]   // the CPU's workers
+///     slot = first + (md->hash >> 16) % count              // spread over them by flow
 /// if slot: bpf_sk_select_reuseport(md, sockarray, slot - 1, 0)
 /// return SK_PASS      // no selection (or an empty slot) falls back to the kernel's hash
 /// ```
@@ -99,7 +122,7 @@ fn select_body(maps: SelectMaps, flow_groups: u32) -> Vec<EbpfInsn> {
         /* 8 */ insn::call(HELPER_MAP_LOOKUP_ELEM),
         /* 9 */ insn::jmp_imm(Cond::Eq, R0, 0, 2), // -> 12 (by CPU)
         /* 10 */ insn::ldx_mem(Size::W, R2, R0, 0),
-        /* 11 */ insn::jmp_imm(Cond::Ne, R2, 0, 10), // -> 22 (select)
+        /* 11 */ insn::jmp_imm(Cond::Ne, R2, 0, 19), // -> 31 (select)
         /* 12 */ insn::call(HELPER_GET_SMP_PROCESSOR_ID),
         /* 13 */ insn::stx_mem(Size::W, R10, R0, -4),
         /* 14 */ cpu0,
@@ -107,20 +130,29 @@ fn select_body(maps: SelectMaps, flow_groups: u32) -> Vec<EbpfInsn> {
         /* 16 */ insn::mov64_reg(R2, R10),
         /* 17 */ insn::add64_imm(R2, -4),
         /* 18 */ insn::call(HELPER_MAP_LOOKUP_ELEM),
-        /* 19 */ insn::jmp_imm(Cond::Eq, R0, 0, 11), // -> 31 (pass)
+        /* 19 */ insn::jmp_imm(Cond::Eq, R0, 0, 20), // -> 40 (pass)
         /* 20 */ insn::ldx_mem(Size::W, R2, R0, 0),
-        /* 21 */ insn::jmp_imm(Cond::Eq, R2, 0, 9), // -> 31 (pass)
-        /* 22 */ insn::add64_imm(R2, -1),
-        /* 23 */ insn::stx_mem(Size::W, R10, R2, -8),
-        /* 24 */ insn::mov64_reg(R1, R6),
-        /* 25 */ sa0,
-        /* 26 */ sa1,
-        /* 27 */ insn::mov64_reg(R3, R10),
-        /* 28 */ insn::add64_imm(R3, -8),
-        /* 29 */ insn::mov64_imm(R4, 0),
-        /* 30 */ insn::call(HELPER_SK_SELECT_REUSEPORT),
-        /* 31 */ insn::mov64_imm(R0, SK_PASS),
-        /* 32 */ insn::exit(),
+        /* 21 */ insn::jmp_imm(Cond::Eq, R2, 0, 18), // -> 40 (pass)
+        /* 22 */ insn::mov64_reg(R3, R2),
+        /* 23 */ insn::rsh32_imm(R3, CPU_WORKERS_SHIFT as i32), // count - 1
+        /* 24 */ insn::and32_imm(R2, CPU_FIRST_MASK as i32), // first worker + 1
+        /* 25 */ insn::jmp_imm(Cond::Eq, R3, 0, 5), // -> 31 (one worker: select)
+        /* 26 */ insn::add64_imm(R3, 1),
+        /* 27 */ insn::ldx_mem(Size::W, R4, R6, MD_HASH_OFFSET),
+        /* 28 */ insn::rsh32_imm(R4, CPU_SPREAD_HASH_SHIFT),
+        /* 29 */ insn::mod32_reg(R4, R3),
+        /* 30 */ insn::add64_reg(R2, R4),
+        /* 31 */ insn::add64_imm(R2, -1),
+        /* 32 */ insn::stx_mem(Size::W, R10, R2, -8),
+        /* 33 */ insn::mov64_reg(R1, R6),
+        /* 34 */ sa0,
+        /* 35 */ sa1,
+        /* 36 */ insn::mov64_reg(R3, R10),
+        /* 37 */ insn::add64_imm(R3, -8),
+        /* 38 */ insn::mov64_imm(R4, 0),
+        /* 39 */ insn::call(HELPER_SK_SELECT_REUSEPORT),
+        /* 40 */ insn::mov64_imm(R0, SK_PASS),
+        /* 41 */ insn::exit(),
     ]
 }
 
@@ -180,7 +212,7 @@ mod tests {
         };
         let p = reuseport_select(maps, 4096);
         let k = STOP_CHECK_LEN - 1; // body instruction i sits at i + k
-        assert_eq!(p.len(), 33 + k);
+        assert_eq!(p.len(), 42 + k);
         let target = |i: usize| (i as i64 + 1 + p[i].off as i64) as usize;
         // The stop check: migrations and running servers go to the body; stopping → SK_DROP.
         assert_eq!(p[1].off, MD_MIGRATING_SK_OFFSET);
@@ -189,12 +221,13 @@ mod tests {
         assert_eq!(target(11), STOP_CHECK_LEN);
         assert_eq!(p[12].imm, SK_DROP);
         assert_eq!(target(9 + k), 12 + k);
-        assert_eq!(target(11 + k), 22 + k);
-        assert_eq!(target(19 + k), 31 + k); // pass: r0 = SK_PASS
-        assert_eq!(target(21 + k), 31 + k);
-        assert_eq!(p[31 + k].imm, SK_PASS);
+        assert_eq!(target(11 + k), 31 + k); // override: select
+        assert_eq!(target(19 + k), 40 + k); // pass: r0 = SK_PASS
+        assert_eq!(target(21 + k), 40 + k);
+        assert_eq!(target(25 + k), 31 + k); // one worker on the CPU: select
+        assert_eq!(p[40 + k].imm, SK_PASS);
         assert_eq!(p[2 + k].imm, 4095);
-        assert_eq!(p[30 + k].imm, HELPER_SK_SELECT_REUSEPORT);
+        assert_eq!(p[39 + k].imm, HELPER_SK_SELECT_REUSEPORT);
     }
 
     #[test]

@@ -363,7 +363,13 @@ impl ListenerGroup {
                 g.kernel_order.swap_remove(pos);
             }
             if let Some(sel) = &g.ebpf {
-                sel.map_cpu(self.config.worker_cpus[worker] as u32, None)?;
+                // The CPU's SYNs go to its longest run of live workers (the hash without any).
+                let cpu = self.config.worker_cpus[worker];
+                let live: Vec<bool> = g.listeners.iter().map(Option::is_some).collect();
+                let run = cpu_worker_runs(&self.config.worker_cpus, &live)
+                    .into_iter()
+                    .find(|r| r.cpu == cpu);
+                sel.map_cpu(cpu as u32, run.map(|r| (r.first as u32, r.count as u32)))?;
             }
             if self.steering == ActiveSteering::Local(Steering::Cbpf) {
                 attach_cbpf(g, &self.config.worker_cpus)?;
@@ -519,13 +525,62 @@ fn attach_ebpf(group: &mut AddrGroup, config: &GroupConfig) -> Result<(), Listen
     for (w, fd) in group.listeners.iter().enumerate() {
         let fd = fd.as_ref().expect("fresh group").as_raw_fd();
         adopt::set_listener_patiently(&sel, w as u32, fd)?;
-        sel.map_cpu(config.worker_cpus[w] as u32, Some(w as u32))?;
+    }
+    let live = vec![true; config.worker_cpus.len()];
+    for run in cpu_worker_runs(&config.worker_cpus, &live) {
+        sel.map_cpu(run.cpu as u32, Some((run.first as u32, run.count as u32)))?;
     }
     let first = first_listener(group).expect("fresh group");
     socket::attach_reuseport_ebpf(first, sel.program_fd())
         .map_err(io_context("SO_ATTACH_REUSEPORT_EBPF"))?;
     group.ebpf = Some(sel);
     Ok(())
+}
+
+/// A CPU's workers for CPU steering: `count` consecutive live workers from `first`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CpuWorkers {
+    /// The CPU.
+    pub cpu: usize,
+    /// Its first worker.
+    pub first: usize,
+    /// How many consecutive workers from `first` run on it (≥ 1).
+    pub count: usize,
+}
+
+/// For every CPU with a live worker, its longest run of consecutive live workers (the first
+/// such run on ties). Workers of a CPU are consecutive when built by
+/// `ServerConfig::workers_per_cpu`; a run is what the steering program can spread over.
+pub fn cpu_worker_runs(worker_cpus: &[usize], live: &[bool]) -> Vec<CpuWorkers> {
+    assert_eq!(
+        worker_cpus.len(),
+        live.len(),
+        "one liveness flag per worker"
+    );
+    let mut best: Vec<CpuWorkers> = Vec::new();
+    let mut w = 0;
+    while w < worker_cpus.len() {
+        if !live[w] {
+            w += 1;
+            continue;
+        }
+        let cpu = worker_cpus[w];
+        let count = (w..worker_cpus.len())
+            .take_while(|&i| worker_cpus[i] == cpu && live[i])
+            .count();
+        let run = CpuWorkers {
+            cpu,
+            first: w,
+            count,
+        };
+        match best.iter_mut().find(|r| r.cpu == cpu) {
+            Some(r) if r.count < count => *r = run,
+            Some(_) => {}
+            None => best.push(run),
+        }
+        w += count;
+    }
+    best
 }
 
 fn attach_cbpf(group: &AddrGroup, worker_cpus: &[usize]) -> Result<(), ListenError> {
@@ -568,3 +623,30 @@ pub struct Accepted {
 }
 
 pub use crate::sys::socket::QueueDepth;
+
+#[cfg(test)]
+mod tests {
+    use super::{cpu_worker_runs, CpuWorkers};
+
+    fn run(cpu: usize, first: usize, count: usize) -> CpuWorkers {
+        CpuWorkers { cpu, first, count }
+    }
+
+    #[test]
+    fn each_cpu_gets_its_consecutive_workers() {
+        let cpus = [0, 0, 0, 1, 1, 1];
+        let runs = cpu_worker_runs(&cpus, &[true; 6]);
+        assert_eq!(runs, vec![run(0, 0, 3), run(1, 3, 3)]);
+        let one_each = cpu_worker_runs(&[4, 7], &[true, true]);
+        assert_eq!(one_each, vec![run(4, 0, 1), run(7, 1, 1)]);
+    }
+
+    #[test]
+    fn a_closed_worker_leaves_the_longest_live_run() {
+        let cpus = [0, 0, 0, 1, 1, 1];
+        let runs = cpu_worker_runs(&cpus, &[true, false, true, true, true, false]);
+        assert_eq!(runs, vec![run(0, 0, 1), run(1, 3, 2)]);
+        let none_left = cpu_worker_runs(&cpus, &[false, false, false, true, true, true]);
+        assert_eq!(none_left, vec![run(1, 3, 3)]);
+    }
+}

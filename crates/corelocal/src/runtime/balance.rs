@@ -3,9 +3,18 @@
 //!
 //! Per loop turn of a worker (never per connection):
 //! - at most every [`SAMPLE_INTERVAL`], read its own accept-queue depth (TCP_INFO) and feed
-//!   the [`BusyTracker`]; on becoming busy, or while still busy above the high watermark,
+//!   its [`BusyTracker`]; on becoming busy, or while still busy above the high watermark,
 //!   wake the non-busy workers so they steal before the kernel drops SYNs (it never spills a
 //!   full listener's SYNs to a sibling);
+//! - if not busy, watch the others: any worker whose queue nobody observed for
+//!   [`STALE_AFTER`] — its owner is not turning its loop: asleep, or starved of CPU — is
+//!   observed by this worker instead. Busy state thus never depends on the busy worker
+//!   running (in the paper it is computed on the packet path, which runs whatever the
+//!   scheduler does). The trackers are shared (one lock each, touched per observation, never
+//!   per connection); an observation is claimed with a compare-and-swap on its timestamp, so
+//!   each queue is read at most once per interval whoever reads it;
+//! - a non-busy worker with nothing to do still wakes to watch: after [`WATCH_INTERVAL_MIN`],
+//!   doubling up to [`WATCH_INTERVAL_MAX`] while every queue it watched was empty;
 //! - if not busy and some other worker is, let the [`Balancer`] choose a victim (5:1 share,
 //!   round-robin) and queue one non-blocking accept on the victim's listener (one in flight);
 //! - run the migration tick: every 100 ms a non-busy worker moves one flow group from its top
@@ -31,6 +40,20 @@ use std::time::{Duration, Instant};
 
 /// How often a worker samples its own accept queue.
 pub const SAMPLE_INTERVAL: Duration = Duration::from_micros(200);
+/// A queue nobody observed for this long is observed by the next non-busy worker that looks.
+pub const STALE_AFTER: Duration = Duration::from_millis(1);
+/// An idle non-busy worker wakes this soon to watch the others' queues …
+pub const WATCH_INTERVAL_MIN: Duration = Duration::from_millis(1);
+/// … and at least this often while every queue it watched stayed empty.
+pub const WATCH_INTERVAL_MAX: Duration = Duration::from_millis(32);
+
+/// One worker's busy tracking, shared: whoever observes the worker's queue updates it.
+#[derive(Debug)]
+pub struct WorkerWatch {
+    tracker: Mutex<BusyTracker>,
+    /// When the queue was last observed, in ns since [`BalanceShared::epoch`] (by anyone).
+    observed_ns: AtomicU64,
+}
 
 /// State every worker of a server shares for balancing.
 pub struct BalanceShared {
@@ -52,6 +75,8 @@ pub struct BalanceShared {
     pub xdp: Option<Arc<XdpSteering>>,
     /// Every worker's counters (a migration counts out at the victim).
     pub stats: Vec<Arc<WorkerStats>>,
+    /// Every worker's busy tracking.
+    pub watches: Vec<WorkerWatch>,
 }
 
 impl std::fmt::Debug for BalanceShared {
@@ -87,7 +112,14 @@ impl BalanceShared {
             config.migrate_enabled = false;
         }
         config.validate().map_err(|e| e.to_string())?;
+        let watches = (0..config.workers)
+            .map(|w| WorkerWatch {
+                tracker: Mutex::new(BusyTracker::new(w, &config)),
+                observed_ns: AtomicU64::new(0),
+            })
+            .collect();
         Ok(BalanceShared {
+            watches,
             busy: BusySet::new(config.workers),
             table: Mutex::new(FlowGroupTable::new(config.flow_groups, config.workers)),
             config,
@@ -97,6 +129,43 @@ impl BalanceShared {
             epoch: Instant::now(),
             xdp,
             stats,
+        })
+    }
+
+    fn now_ns(&self, now: Instant) -> u64 {
+        now.saturating_duration_since(self.epoch).as_nanos() as u64
+    }
+
+    /// Observes `worker`'s queue if nobody did for `interval`: feeds its tracker and wakes
+    /// the non-busy workers when it is (still) busy. `None`: not due, claimed by another
+    /// observer, or the queue could not be read.
+    fn observe(&self, worker: usize, now: Instant, interval: Duration) -> Option<QueueGauge> {
+        let watch = &self.watches[worker];
+        let now_ns = self.now_ns(now);
+        let last = watch.observed_ns.load(Ordering::Relaxed);
+        let due = last == 0 || now_ns.saturating_sub(last) >= interval.as_nanos() as u64;
+        if !due {
+            return None;
+        }
+        watch
+            .observed_ns
+            .compare_exchange(last, now_ns.max(1), Ordering::Relaxed, Ordering::Relaxed)
+            .ok()?;
+        let depth = self.group.queue_depth(worker).ok()?;
+        let (change, busy) = {
+            let mut tracker = watch.tracker.lock().unwrap_or_else(|p| p.into_inner());
+            let change = tracker.observe(&self.busy, depth.len, depth.cap);
+            (change, tracker.is_busy())
+        };
+        let high = depth.cap as u64 * self.config.busy_high_pct as u64 / 100;
+        let still_over = busy && depth.len as u64 > high;
+        if change == Some(BusyChange::BecameBusy) || still_over {
+            self.wake_non_busy(worker);
+        }
+        Some(QueueGauge {
+            len: depth.len,
+            cap: depth.cap,
+            busy,
         })
     }
 
@@ -136,9 +205,11 @@ pub struct QueueGauge {
 pub struct WorkerBalance {
     shared: Arc<BalanceShared>,
     worker: usize,
-    tracker: BusyTracker,
     balancer: Balancer,
     last_sample: Option<Instant>,
+    /// When this worker last watched the others, and how long it may sleep before the next.
+    last_watch: Option<Instant>,
+    watch_interval: Duration,
     local_len: u32,
     steal_in_flight: bool,
     /// A victim whose queue was found empty: not retried until it is seen non-empty again.
@@ -149,38 +220,65 @@ impl WorkerBalance {
     /// The balancing state of `worker`.
     pub fn new(shared: Arc<BalanceShared>, worker: usize) -> Self {
         WorkerBalance {
-            tracker: BusyTracker::new(worker, &shared.config),
             balancer: Balancer::new(worker, &shared.config),
             shared,
             worker,
             last_sample: None,
+            last_watch: None,
+            watch_interval: WATCH_INTERVAL_MIN,
             local_len: 0,
             steal_in_flight: false,
             drained_victim: None,
         }
     }
 
-    /// Samples the own queue if due; returns the gauge when it did.
+    /// Samples the own queue if due, then (when not busy) watches the others; returns the own
+    /// gauge when it sampled.
     pub fn sample(&mut self, now: Instant) -> Option<QueueGauge> {
         if self.last_sample.is_some_and(|t| now - t < SAMPLE_INTERVAL) {
             return None;
         }
         self.last_sample = Some(now);
-        let depth = self.shared.group.queue_depth(self.worker).ok()?;
-        self.local_len = depth.len;
-        let change = self
-            .tracker
-            .observe(&self.shared.busy, depth.len, depth.cap);
-        let high = depth.cap as u64 * self.shared.config.busy_high_pct as u64 / 100;
-        let still_over = self.tracker.is_busy() && depth.len as u64 > high;
-        if change == Some(BusyChange::BecameBusy) || still_over {
-            self.shared.wake_non_busy(self.worker);
+        let gauge = self.shared.observe(self.worker, now, SAMPLE_INTERVAL);
+        if let Some(g) = gauge {
+            self.local_len = g.len;
         }
-        Some(QueueGauge {
-            len: depth.len,
-            cap: depth.cap,
-            busy: self.tracker.is_busy(),
-        })
+        if !self.shared.busy.is_busy(self.worker) {
+            self.watch_others(now);
+        }
+        gauge
+    }
+
+    /// Observes every other worker whose queue went unobserved for [`STALE_AFTER`], and
+    /// adapts how long this worker may sleep before watching again.
+    fn watch_others(&mut self, now: Instant) {
+        let workers = self.shared.watches.len();
+        let mut queued = false;
+        for w in (0..workers).filter(|&w| w != self.worker) {
+            if let Some(g) = self.shared.observe(w, now, STALE_AFTER) {
+                queued |= g.len > 0;
+            }
+            queued |= self.shared.busy.is_busy(w);
+        }
+        self.last_watch = Some(now);
+        self.watch_interval = if queued {
+            WATCH_INTERVAL_MIN
+        } else {
+            (self.watch_interval * 2).min(WATCH_INTERVAL_MAX)
+        };
+    }
+
+    /// When this worker must wake to watch the others even with nothing else to do: only
+    /// while it is not busy and has others to watch.
+    pub fn watch_at(&self) -> Option<Instant> {
+        if self.shared.watches.len() < 2 || self.shared.busy.is_busy(self.worker) {
+            return None;
+        }
+        // Never watched yet: due at once.
+        Some(
+            self.last_watch
+                .map_or(self.shared.epoch, |t| t + self.watch_interval),
+        )
     }
 
     /// A steal to queue now, if the policy wants one and none is in flight.

@@ -2,7 +2,10 @@
 //! listener, backend, connections and buffers; nothing connection-related is shared.
 //!
 //! - [`handler`]: the sans-IO application API ([`Service`], [`Handler`], [`Output`]).
-//! - [`balance`]: the Affinity-Accept balancer in the worker loop (sample, wake, steal, migrate).
+//! - `accept`: the worker's accept path (allowances, pacing per loop turn, pauses, steals in
+//!   flight, the accept phase of a graceful stop).
+//! - [`balance`]: the Affinity-Accept balancer in the worker loop (sample, watch, wake, steal,
+//!   migrate).
 //! - [`backend`]: the submit / reap / wait interface every backend implements.
 //! - [`worker`]: the loop that drives a handler over a backend.
 //! - [`server`]: binding, starting, stats, graceful stop.
@@ -10,6 +13,7 @@
 //! - [`upgrade`]: the upgrade socket that hands the listening sockets to a successor process.
 //! - [`netstat`]: the namespace's listen-path counters (SYN cookies, queue overflows).
 
+mod accept;
 pub mod backend;
 pub mod balance;
 pub mod handler;
@@ -41,9 +45,11 @@ pub struct Limits {
     pub output_bytes_max: usize,
     /// Open connections per worker; accepting pauses at the limit.
     pub conns_per_worker_max: usize,
-    /// With the balancer on: connections a worker takes from its queue before answering them;
-    /// the rest stay in the kernel's accept queue (visible to busy detection, stealable).
-    pub unserved_max: usize,
+    /// With the balancer on: connections a worker may take from its own queue per loop turn
+    /// (its allowance is topped up to this once per turn); the rest stay in the kernel's
+    /// accept queue, visible to busy detection and stealable. Paces accepting by how fast the
+    /// worker turns its loop, never by what its connections do (see the worker's accept path).
+    pub accept_batch_max: usize,
     /// A connection with no traffic for this long is closed.
     pub idle_timeout: Duration,
     /// On stop, requests in progress get this long to finish.
@@ -60,7 +66,7 @@ impl Default for Limits {
             input_bytes_max: 64 * 1024,
             output_bytes_max: 1 << 20,
             conns_per_worker_max: 100_000,
-            unserved_max: 64,
+            accept_batch_max: 16,
             idle_timeout: Duration::from_secs(60),
             drain_timeout: Duration::from_secs(5),
             recv_bufs: 256,
@@ -75,8 +81,11 @@ impl Limits {
         if self.input_bytes_max == 0 || self.output_bytes_max == 0 {
             return Err("buffer limits must be positive".into());
         }
-        if self.conns_per_worker_max == 0 || self.unserved_max == 0 {
+        if self.conns_per_worker_max == 0 {
             return Err("connections per worker must be positive".into());
+        }
+        if self.accept_batch_max == 0 {
+            return Err("the accept batch must be positive".into());
         }
         if self.recv_bufs == 0 || self.recv_buf_bytes == 0 {
             return Err("the receive pool must not be empty".into());

@@ -1,6 +1,7 @@
 //! The worker loop: one pinned thread owning its listeners, backend, connections and buffers.
 //! Generic over the [`Backend`] and the [`Service`], so apps never see which backend runs.
 
+use super::accept::{AcceptPath, DRAIN_POLL, DRAIN_QUIESCE};
 use super::backend::{Backend, Completion, ConnId, Op, Origin};
 use super::balance::{BalanceShared, WorkerBalance};
 use super::handler::{Chunk, CloseReason, ConnInfo, Handler, Next, Output, Service};
@@ -20,13 +21,6 @@ const SPARE_BUFS_MAX: usize = 64;
 /// Largest send buffer kept for reuse: spares hold at most 64 × 64 KiB = 4 MiB per worker;
 /// larger buffers (bulk responses, slow readers' queues) go back to the allocator.
 const SPARE_BUF_BYTES_MAX: usize = 64 << 10;
-/// How long accepting pauses after accept() fails (EMFILE and friends).
-const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
-/// On stop, how long a worker keeps accepting before it may stop at an empty queue: time for
-/// handshakes in progress when the SYNs started being refused to land in the queue.
-const DRAIN_QUIESCE: Duration = Duration::from_millis(100);
-/// While draining the accept queue, how often it is checked for emptiness.
-const DRAIN_POLL: Duration = Duration::from_millis(5);
 /// While stopping, how long an idle connection whose protocol announces the close (HTTP
 /// keep-alive) waits for its next request, which is answered with that announcement; at most
 /// half the drain timeout. Longer than typical think times between requests of a session.
@@ -58,15 +52,6 @@ pub struct WorkerSetup<S: Service> {
     pub limits: Limits,
     /// Balancing state shared by the server's workers (`None`: no balancer).
     pub balance: Option<Arc<BalanceShared>>,
-}
-
-/// The accept phase of a graceful stop: keep accepting until the queues are empty (after
-/// [`DRAIN_QUIESCE`]) or `until` (half the drain timeout), whichever comes first.
-#[derive(Debug, Clone, Copy)]
-struct AcceptDrain {
-    quiet_at: Instant,
-    until: Instant,
-    next_check: Instant,
 }
 
 struct Conn<H> {
@@ -106,25 +91,12 @@ pub struct Worker<S: Service, B: Backend> {
     /// connection was active since is re-queued at its real deadline when it comes up.
     idle: VecDeque<(Instant, ConnId, u64)>,
     spare_bufs: Vec<Vec<u8>>,
-    accepting: bool,
-    accept_resume_at: Option<Instant>,
+    /// Allowances, pacing, pauses, the steal in flight and the stop's accept phase.
+    accept: AcceptPath,
     drain_deadline: Option<Instant>,
-    /// While stopping: the accept phase (drain the listener queues by accepting).
-    accept_drain: Option<AcceptDrain>,
-    /// Stopping and the accept queues are drained: never accept again.
-    accept_done: bool,
     /// While stopping: when to close connections that stayed silent (see `sweep_silent`).
     sweep_at: Option<Instant>,
     balance: Option<WorkerBalance>,
-    /// Connections accepted whose first request is not answered yet.
-    unserved: usize,
-    /// Per listener: connections the backend was allowed to accept and the worker has not seen
-    /// yet (accepted in flight, or still to come). `open` + these + a steal in flight never
-    /// exceed the connection limit, so the backend stops by itself at the limit and the rest
-    /// wait in the kernel's accept queue.
-    allowance: Vec<usize>,
-    /// A steal is in flight.
-    steal_pending: bool,
 }
 
 impl<S: Service, B: Backend> Worker<S, B> {
@@ -134,11 +106,15 @@ impl<S: Service, B: Backend> Worker<S, B> {
             .balance
             .clone()
             .map(|shared| WorkerBalance::new(shared, setup.index));
+        let accept = AcceptPath::new(
+            setup.listeners.clone(),
+            setup.shared_listeners,
+            balance.is_some(),
+            setup.limits,
+        );
         Worker {
             balance,
-            unserved: 0,
-            allowance: vec![0; setup.listeners.len()],
-            steal_pending: false,
+            accept,
             setup,
             backend,
             conns: Vec::new(),
@@ -146,18 +122,14 @@ impl<S: Service, B: Backend> Worker<S, B> {
             next_generation: 0,
             idle: VecDeque::new(),
             spare_bufs: Vec::new(),
-            accepting: false,
-            accept_resume_at: None,
             drain_deadline: None,
-            accept_drain: None,
-            accept_done: false,
             sweep_at: None,
         }
     }
 
     /// Runs until a graceful stop completes.
     pub fn run(mut self) -> std::io::Result<()> {
-        self.set_accepting(true);
+        self.accept.set_accepting(&mut self.backend, 0, true);
         let mut completions = Vec::with_capacity(REAP_BATCH_MAX);
         loop {
             let now = Instant::now();
@@ -175,85 +147,11 @@ impl<S: Service, B: Backend> Worker<S, B> {
                 self.handle(c, now);
             }
             self.expire_idle(now);
-            self.maybe_resume_accept(now);
+            self.accept.maybe_resume(&mut self.backend, self.open, now);
             self.balance_turn(now);
+            self.accept.turn(&mut self.backend, self.open);
         }
         self.backend.submit().map(|_| ())
-    }
-
-    fn set_accepting(&mut self, on: bool) {
-        if self.accepting == on {
-            return;
-        }
-        self.accepting = on;
-        if on {
-            self.refill_accepts(true);
-            return;
-        }
-        for (i, &fd) in self.setup.listeners.iter().enumerate() {
-            self.backend.push(Op::AcceptPause {
-                listener: i as u32,
-                fd,
-            });
-        }
-    }
-
-    /// How many connections the worker may have outstanding (allowed, not yet seen): room
-    /// below the connection limit and, with the balancer on, below the unserved budget (the
-    /// rest wait in the kernel queue, where busy detection sees them and idle workers steal
-    /// them: Affinity-Accept accepts only when it can serve).
-    fn accept_target(&self) -> usize {
-        let limits = &self.setup.limits;
-        let taken = self.open + usize::from(self.steal_pending);
-        let room = limits.conns_per_worker_max.saturating_sub(taken);
-        match self.balance {
-            Some(_) => room.min(limits.unserved_max.saturating_sub(self.unserved)),
-            None => room,
-        }
-    }
-
-    /// Tops the listeners' allowances up to the target once they ran low, or at once on
-    /// `resume` (which also re-arms every listener after a pause). Low: a quarter of the
-    /// target left — with the balancer, a quarter of `unserved_max`, so a busy worker takes
-    /// few connections from its queue at a time and the rest stay there to be stolen.
-    fn refill_accepts(&mut self, resume: bool) {
-        if !self.accepting {
-            return;
-        }
-        let target = self.accept_target();
-        let outstanding: usize = self.allowance.iter().sum();
-        let low_mark = match self.balance {
-            Some(_) => self.setup.limits.unserved_max / 4,
-            None => target / 4,
-        };
-        let low = outstanding == 0 || outstanding < low_mark;
-        let extra = if resume || low {
-            target.saturating_sub(outstanding)
-        } else {
-            0
-        };
-        let n = self.allowance.len();
-        for (i, &fd) in self.setup.listeners.iter().enumerate() {
-            let share = (extra / n + usize::from(i < extra % n)).min(u32::MAX as usize);
-            if share == 0 && !resume {
-                continue;
-            }
-            self.allowance[i] += share;
-            self.backend.push(Op::Accept {
-                listener: i as u32,
-                fd,
-                exclusive: self.setup.shared_listeners,
-                budget: Some(share as u32),
-            });
-        }
-    }
-
-    /// A connection stopped waiting for its first answer: the balancer's budget grew.
-    fn served_one(&mut self) {
-        self.unserved = self.unserved.saturating_sub(1);
-        if self.balance.is_some() {
-            self.refill_accepts(false);
-        }
     }
 
     /// Handles the stop flag; returns true when the worker may exit. A stop never drops a
@@ -269,10 +167,10 @@ impl<S: Service, B: Backend> Worker<S, B> {
         if self.drain_deadline.is_none() {
             self.begin_drain(now);
         }
-        self.drain_accept_queue(now);
+        self.accept.drain_step(&mut self.backend, self.open, now);
         self.sweep_silent(now);
         if self.drain_deadline.is_some_and(|d| now >= d) {
-            self.finish_accepting();
+            self.accept.finish(&mut self.backend, self.open);
             let all: Vec<ConnId> = self.live_conn_ids();
             for id in all {
                 self.force_close(id);
@@ -282,7 +180,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
             || self
                 .drain_deadline
                 .is_some_and(|d| now >= d + ACCEPT_SETTLE_MAX);
-        self.accept_done && self.open == 0 && settled
+        self.accept.is_done() && self.open == 0 && settled
     }
 
     fn begin_drain(&mut self, now: Instant) {
@@ -291,16 +189,9 @@ impl<S: Service, B: Backend> Worker<S, B> {
         if self.setup.released.load(Ordering::Acquire) {
             // The listeners belong to a successor now, which accepts from the same queues:
             // stop accepting at once and leave what is queued to it (nothing needs to migrate).
-            self.finish_accepting();
+            self.accept.finish(&mut self.backend, self.open);
         } else {
-            self.accept_drain = Some(AcceptDrain {
-                quiet_at: now + DRAIN_QUIESCE.min(timeout / 4),
-                until: now + timeout / 2,
-                next_check: now,
-            });
-            if !self.accepting && self.accept_resume_at.is_none() {
-                self.set_accepting(true);
-            }
+            self.accept.begin_drain(&mut self.backend, self.open, now);
         }
         for id in self.live_conn_ids() {
             self.signal_drain(id);
@@ -322,21 +213,6 @@ impl<S: Service, B: Backend> Worker<S, B> {
             if conn.closing.is_none() && !conn.drain_signalled {
                 conn.drain_signalled = conn.handler.on_drain();
             }
-        }
-    }
-
-    /// The accept phase of a stop: once the quiesce time passed, stop at an empty queue.
-    fn drain_accept_queue(&mut self, now: Instant) {
-        let Some(mut d) = self.accept_drain else {
-            return;
-        };
-        if now < d.next_check {
-            return;
-        }
-        d.next_check = now + DRAIN_POLL;
-        self.accept_drain = Some(d);
-        if now >= d.until || (now >= d.quiet_at && self.queues_empty()) {
-            self.finish_accepting();
         }
     }
 
@@ -374,23 +250,6 @@ impl<S: Service, B: Backend> Worker<S, B> {
         }
     }
 
-    fn queues_empty(&self) -> bool {
-        self.setup
-            .listeners
-            .iter()
-            .all(|&fd| crate::sys::socket::listen_queue(fd).map_or(true, |q| q.len == 0))
-    }
-
-    fn finish_accepting(&mut self) {
-        if self.accept_done {
-            return;
-        }
-        self.accept_drain = None;
-        self.accept_done = true;
-        self.accept_resume_at = None;
-        self.set_accepting(false);
-    }
-
     fn live_conn_ids(&self) -> Vec<ConnId> {
         (0..self.conns.len())
             .filter(|&i| self.conns[i].as_ref().is_some_and(|c| !c.close_sent))
@@ -416,13 +275,14 @@ impl<S: Service, B: Backend> Worker<S, B> {
 
     fn next_timeout(&self, now: Instant) -> Option<Duration> {
         let mut deadline = self.idle.front().map(|e| e.0);
-        let drain_check = self.accept_drain.map(|d| d.next_check);
-        let sweep = self.sweep_at;
+        let [resume, drain_check] = self.accept.deadlines();
+        let watch = self.balance.as_ref().and_then(|b| b.watch_at());
         for d in [
-            self.accept_resume_at,
+            resume,
             self.drain_deadline,
             drain_check,
-            sweep,
+            self.sweep_at,
+            watch,
         ]
         .into_iter()
         .flatten()
@@ -441,7 +301,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
                 incoming_cpu,
             } => self.on_accepted(origin, conn, peer, incoming_cpu, now),
             Completion::StealFailed { victim, error } => {
-                self.steal_pending = false;
+                self.accept.steal_failed();
                 if error.kind() != std::io::ErrorKind::WouldBlock {
                     self.setup.stats.error(ErrorKind::Accept);
                 }
@@ -451,8 +311,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
             }
             Completion::AcceptFailed { .. } => {
                 self.setup.stats.error(ErrorKind::Accept);
-                self.set_accepting(false);
-                self.accept_resume_at = Some(now + ACCEPT_BACKOFF);
+                self.accept.failed(&mut self.backend, self.open, now);
             }
             Completion::Recv { conn, buf, len } => {
                 self.on_recv(conn, buf, len, now);
@@ -483,14 +342,6 @@ impl<S: Service, B: Backend> Worker<S, B> {
         let local = incoming_cpu == Some(self.setup.cpu);
         let stolen = matches!(origin, Origin::Stolen(_));
         self.setup.stats.accepted(local, stolen);
-        match origin {
-            Origin::Local(l) => {
-                if let Some(a) = self.allowance.get_mut(l as usize) {
-                    *a = a.saturating_sub(1);
-                }
-            }
-            Origin::Stolen(_) => self.steal_pending = false,
-        }
         if let Some(b) = self.balance.as_mut() {
             match origin {
                 Origin::Local(_) => b.accepted_local(),
@@ -527,7 +378,6 @@ impl<S: Service, B: Backend> Worker<S, B> {
             served: false,
             drain_signalled: false,
         });
-        self.unserved += 1;
         self.open += 1;
         self.idle.push_back((
             now + self.setup.limits.idle_timeout,
@@ -535,12 +385,11 @@ impl<S: Service, B: Backend> Worker<S, B> {
             self.next_generation,
         ));
         self.backend.push(Op::Recv { conn });
+        self.accept.accepted(&mut self.backend, origin, self.open);
         if self.open == self.setup.limits.conns_per_worker_max {
             // The allowances are spent: the rest wait in the kernel's accept queue until a
             // connection closes.
             self.setup.stats.conn_limit();
-        } else {
-            self.refill_accepts(false);
         }
         if self.drain_deadline.is_some() {
             // Taken from the queue while stopping: served once, then closed (after_process).
@@ -560,11 +409,8 @@ impl<S: Service, B: Backend> Worker<S, B> {
         conn.last_active = now;
         conn.input
             .extend_from_slice(self.backend.recv_data(buf, len));
-        let (verdict, answered) = process(conn, &self.setup, now);
+        let verdict = process(conn, &self.setup, now);
         let stuck = verdict.is_none() && is_stuck(conn, &self.setup.limits);
-        if answered {
-            self.served_one();
-        }
         if stuck {
             // The buffer is full and the handler still cannot make progress.
             self.setup.stats.error(ErrorKind::TooLarge);
@@ -645,10 +491,10 @@ impl<S: Service, B: Backend> Worker<S, B> {
         let Some(conn) = self.conns.get_mut(id as usize).and_then(Option::as_mut) else {
             return;
         };
-        let (mut verdict, answered) = if conn.closing.is_none() && !conn.input.is_empty() {
+        let mut verdict = if conn.closing.is_none() && !conn.input.is_empty() {
             process(conn, &self.setup, now)
         } else {
-            (None, false)
+            None
         };
         if verdict.is_none() && is_stuck(conn, &limits) {
             verdict = Some(CloseReason::TooLarge);
@@ -659,30 +505,21 @@ impl<S: Service, B: Backend> Worker<S, B> {
                 self.backend.push(Op::Recv { conn: id });
             }
         }
-        if answered {
-            self.served_one();
-        }
         self.after_process(id, verdict);
     }
 
     fn on_closed(&mut self, id: ConnId) {
-        let Some(conn) = self.conns.get_mut(id as usize).and_then(Option::take) else {
+        if self
+            .conns
+            .get_mut(id as usize)
+            .and_then(Option::take)
+            .is_none()
+        {
             return;
-        };
+        }
         self.open -= 1;
         self.setup.stats.closed();
-        if !conn.served {
-            self.served_one();
-        }
-        if !self.accepting
-            && !self.accept_done
-            && self.accept_resume_at.is_none()
-            && self.open < self.setup.limits.conns_per_worker_max
-        {
-            self.set_accepting(true);
-        } else {
-            self.refill_accepts(false);
-        }
+        self.accept.closed(&mut self.backend, self.open);
     }
 
     fn apply_backpressure(&mut self, id: ConnId) {
@@ -784,15 +621,6 @@ impl<S: Service, B: Backend> Worker<S, B> {
         }
     }
 
-    fn maybe_resume_accept(&mut self, now: Instant) {
-        if self.accept_resume_at.is_some_and(|t| now >= t) {
-            self.accept_resume_at = None;
-            if !self.accept_done && self.open < self.setup.limits.conns_per_worker_max {
-                self.set_accepting(true);
-            }
-        }
-    }
-
     /// Samples the queue, steals and migrates (see [`super::balance`]). Not while draining.
     fn balance_turn(&mut self, now: Instant) {
         if self.drain_deadline.is_some() {
@@ -804,16 +632,15 @@ impl<S: Service, B: Backend> Worker<S, B> {
         if let Some(gauge) = b.sample(now) {
             self.setup.stats.queue(gauge.len, gauge.cap, gauge.busy);
         }
-        let outstanding: usize = self.allowance.iter().sum();
-        let room = self.unserved < self.setup.limits.unserved_max
-            && self.open + outstanding < self.setup.limits.conns_per_worker_max;
-        if self.accepting && room && !self.steal_pending {
+        let can_steal = self.accept.is_accepting()
+            && !self.accept.steal_pending()
+            && self.accept.has_room(self.open);
+        if can_steal {
             if let Some(order) = b.steal_order() {
-                self.steal_pending = true;
-                self.backend.push(Op::Steal {
-                    victim: order.victim as u32,
-                    fd: order.fd,
-                });
+                let queued =
+                    self.accept
+                        .try_steal(&mut self.backend, self.open, order.victim, order.fd);
+                debug_assert!(queued, "checked above");
             }
         }
         if b.migrate(now).is_some() {
@@ -842,10 +669,9 @@ fn process<S: Service>(
     conn: &mut Conn<S::Conn>,
     setup: &WorkerSetup<S>,
     now: Instant,
-) -> (Option<CloseReason>, bool) {
+) -> Option<CloseReason> {
     let mut offset = 0;
     let mut verdict = None;
-    let first_answer = !conn.served;
     let limit = setup.limits.output_bytes_max as u64;
     conn.output.set_limit(limit.saturating_sub(conn.in_flight));
     for _ in 0..HANDLER_ROUNDS_MAX {
@@ -873,5 +699,5 @@ fn process<S: Service>(
         }
     }
     conn.input.drain(..offset);
-    (verdict, first_answer && conn.served)
+    verdict
 }

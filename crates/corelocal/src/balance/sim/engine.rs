@@ -1,7 +1,9 @@
 //! The event loop of the simulator (see the module docs of [`super`] for the model).
 
 use super::rng::Pcg32;
-use super::{BalancerMode, Second, SimConfig, SimReport, Summary, BATCHES, CONNS_MAX};
+use super::{
+    BalancerMode, BusyDetection, Second, SimConfig, SimReport, Summary, BATCHES, CONNS_MAX,
+};
 use crate::balance::{AcceptFrom, Balancer, BusyChange, BusySet, BusyTracker, FlowGroupTable};
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
@@ -10,6 +12,14 @@ const NS_PER_MS: u64 = 1_000_000;
 const NS_PER_S: u64 = 1_000_000_000;
 /// Period of the migration / sampling tick.
 const TICK_NS: u64 = 10 * NS_PER_MS;
+/// `watch` busy detection: a running owner samples its own queue at most this often …
+const SAMPLE_NS: u64 = 200_000;
+/// … and a queue nobody observed for this long is observed by a non-busy core that runs.
+const STALE_NS: u64 = NS_PER_MS;
+/// An idle core's watch timer: from this …
+const WATCH_MIN_NS: u64 = NS_PER_MS;
+/// … doubling up to this while every queue it watched was empty.
+const WATCH_MAX_NS: u64 = 32 * NS_PER_MS;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Ev {
@@ -25,6 +35,8 @@ enum Ev {
     Tick,
     /// A hogged core's server may run again (new scheduling window).
     Resume(u32),
+    /// `watch` busy detection: an idle core's timer to watch the other queues.
+    Watch(u32),
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -83,6 +95,11 @@ struct Core {
     server_blocked_until_ns: u64,
     tracker: BusyTracker,
     bal: Balancer,
+    /// `watch`: when this core's queue was last observed, and when this core last watched
+    /// the others and how long until its idle timer fires again.
+    observed_ns: u64,
+    watched_ns: u64,
+    watch_interval_ns: u64,
 }
 
 /// Per-second counters, indexed by second.
@@ -151,6 +168,9 @@ impl Sim {
                 server_blocked_until_ns: 0,
                 tracker: BusyTracker::new(c, &bcfg),
                 bal: Balancer::new(c, &bcfg),
+                observed_ns: 0,
+                watched_ns: 0,
+                watch_interval_ns: WATCH_MIN_NS,
             })
             .collect();
         let timeout_ns = cfg.client_timeout_ms * NS_PER_MS;
@@ -225,6 +245,11 @@ impl Sim {
         let hogged_groups_start = self.hogged_groups();
         self.schedule(0, Ev::Arrival);
         self.schedule(0, Ev::Tick);
+        if self.watching() {
+            for core in 0..self.cfg.cores {
+                self.schedule(WATCH_MIN_NS, Ev::Watch(core as u32));
+            }
+        }
         let events_max = CONNS_MAX * 64;
         while let Some(Reverse((t, _, ev))) = self.heap.pop() {
             if t > self.hard_end_ns {
@@ -240,6 +265,7 @@ impl Sim {
                 Ev::Think(conn) => self.on_think(conn),
                 Ev::Tick => self.on_tick(),
                 Ev::Resume(core) => self.kick(core as usize),
+                Ev::Watch(core) => self.on_watch_timer(core as usize),
             }
             self.drain_kicks();
         }
@@ -387,6 +413,7 @@ impl Sim {
             if !self.server_may_run(core) {
                 return; // the hog runs; a Resume event comes at the next window
             }
+            self.server_turn(core);
             if let AcceptState::Bursting(left) = self.cores[core].accept {
                 match self.try_accept(core) {
                     Some((job, cost, more)) => {
@@ -511,13 +538,76 @@ impl Sim {
         Job::Accept { conn, live }
     }
 
+    fn watching(&self) -> bool {
+        self.cfg.busy_detection == BusyDetection::Watch && self.cfg.balancer != BalancerMode::Off
+    }
+
+    /// `watch`: `core`'s server is about to run a job: it samples its own queue if due and,
+    /// when not busy, watches the others.
+    fn server_turn(&mut self, core: usize) {
+        if !self.watching() {
+            return;
+        }
+        if self.now_ns.saturating_sub(self.cores[core].observed_ns) >= SAMPLE_NS {
+            self.observe(core);
+        }
+        self.watch_others(core);
+    }
+
+    /// `watch`: a non-busy core observes every queue nobody observed for [`STALE_NS`]
+    /// (at most every [`SAMPLE_NS`]); returns whether any watched queue held connections.
+    fn watch_others(&mut self, core: usize) -> bool {
+        if self.busy.is_busy(core) || self.now_ns - self.cores[core].watched_ns < SAMPLE_NS {
+            return false;
+        }
+        self.cores[core].watched_ns = self.now_ns;
+        let mut queued = false;
+        for w in (0..self.cfg.cores).filter(|&w| w != core) {
+            if self.now_ns.saturating_sub(self.cores[w].observed_ns) >= STALE_NS {
+                self.observe(w);
+            }
+            queued |= !self.cores[w].accq.is_empty() || self.busy.is_busy(w);
+        }
+        queued
+    }
+
+    /// `watch`: an idle core's timer. The watch itself needs the core's server to run (a
+    /// hogged core's may not); the interval doubles while every queue it saw was empty.
+    fn on_watch_timer(&mut self, core: usize) {
+        let idle = self.cores[core].current.is_none() && self.cores[core].runq.is_empty();
+        let c = &self.cores[core];
+        let mut interval = c.watch_interval_ns;
+        if idle && self.now_ns - c.watched_ns >= interval && self.server_may_run(core) {
+            let queued = self.watch_others(core);
+            interval = if queued {
+                WATCH_MIN_NS
+            } else {
+                (interval * 2).min(WATCH_MAX_NS)
+            };
+            self.cores[core].watch_interval_ns = interval;
+        }
+        let next = self.now_ns + interval;
+        if next <= self.hard_end_ns {
+            self.schedule(next, Ev::Watch(core as u32));
+        }
+    }
+
     /// One busy-tracker observation of `core`'s queue, and the wakeups it calls for.
     fn observe(&mut self, core: usize) {
+        self.cores[core].observed_ns = self.now_ns;
         let len = self.cores[core].accq.len() as u32;
         let change = self.cores[core]
             .tracker
             .observe(&self.busy, len, self.cfg.queue_cap);
-        if change == Some(BusyChange::BecameBusy) && self.cfg.balancer != BalancerMode::Off {
+        // Under `watch`, as in the runtime, a queue still above the high watermark wakes the
+        // stealers again at each observation (nobody else will: the owner may be starved).
+        let high = u64::from(self.cfg.queue_cap)
+            * u64::from(self.cfg.balance_config().busy_high_pct)
+            / 100;
+        let still_over = self.watching() && self.busy.is_busy(core) && u64::from(len) > high;
+        if (change == Some(BusyChange::BecameBusy) || still_over)
+            && self.cfg.balancer != BalancerMode::Off
+        {
             // Wake every sleeping non-busy accept thread: they may steal now.
             for w in 0..self.cfg.cores {
                 if w != core && !self.busy.is_busy(w) {
@@ -577,7 +667,9 @@ impl Sim {
             // Full queue: the SYN is dropped; the client retransmits after 1 s, 2 s, 4 s...
             self.syn_drops += 1;
             self.s.syn_drops[Self::sec(self.now_ns)] += 1;
-            self.observe(core);
+            if !self.watching() {
+                self.observe(core);
+            }
             let c = &mut self.conns[conn as usize];
             c.syn_tries += 1;
             let backoff = (1u64 << c.syn_tries.min(20)) - 1;
@@ -591,8 +683,11 @@ impl Sim {
             return;
         }
         self.cores[core].accq.push_back(conn);
-        self.observe(core);
         let own_thread_waits = self.wake_accept(core);
+        if self.watching() {
+            return; // the kernel wakes the owner only; busy state is the watchers' business
+        }
+        self.observe(core);
         if !own_thread_waits && self.busy.is_busy(core) && self.cfg.balancer != BalancerMode::Off {
             self.wake_one_stealer(core);
         }

@@ -25,8 +25,12 @@
 //!   (the kernel never spills it to a sibling); the client retransmits after `syn_rto_ms`,
 //!   then 2×, 4×, … (1 s, 3 s, 7 s after the first SYN). A client gives up `client_timeout_ms`
 //!   after its first SYN; a timed-out connection counts with latency = the timeout.
-//! - **Balancer**: the busy tracker observes a queue at each enqueue, dequeue and failed
-//!   steal; a core's accept thread asks [`Balancer::choose_accept`](super::Balancer::choose_accept);
+//! - **Busy state** ([`BusyDetection`]): either on the packet path (the paper: observed at each
+//!   enqueue, dequeue and failed steal) or as corelocal's runtime does it (`watch`, the
+//!   default): only running servers observe — the owner when its server runs, and non-busy
+//!   cores for every queue nobody observed for 1 ms, also from an idle watch timer — so a
+//!   core whose server gets no CPU at all (`hog_share_pct` = 0) is still found busy.
+//! - **Balancer**: a core's accept thread asks [`Balancer::choose_accept`](super::Balancer::choose_accept);
 //!   an idle accept thread sleeps and is woken by a local enqueue, or — when the enqueueing
 //!   core is busy — one sleeping non-busy core is woken (all of them when a core becomes busy);
 //!   every 10 ms each core's [`Balancer::migration_tick`](super::Balancer::migration_tick) runs
@@ -76,6 +80,34 @@ impl std::str::FromStr for BalancerMode {
     }
 }
 
+/// Who computes a core's busy state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum BusyDetection {
+    /// The paper's: on the packet path, at every enqueue (softirq runs whatever the
+    /// scheduler does), and at every dequeue.
+    PacketPath,
+    /// corelocal's runtime: only running servers observe queues — the owner when its server
+    /// runs (at most every 200 µs, and at each accept), and every non-busy core whose server
+    /// runs (or whose watch timer fires when idle: 1 ms, doubling to 32 ms while every queue
+    /// is empty) observes each queue nobody observed for 1 ms. A starved owner never
+    /// observes its own queue; others do it for it.
+    Watch,
+}
+
+impl std::str::FromStr for BusyDetection {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "packet-path" => Ok(BusyDetection::PacketPath),
+            "watch" => Ok(BusyDetection::Watch),
+            _ => Err(format!(
+                "busy detection must be watch or packet-path, not {s:?}"
+            )),
+        }
+    }
+}
+
 /// A simulation's parameters. [`SimConfig::new`] gives the defaults used for §6.5.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SimConfig {
@@ -84,8 +116,10 @@ pub struct SimConfig {
     /// Number of hogged cores (cores `0..hog`).
     pub hog: usize,
     /// CPU share, in percent, the server gets on a hogged core while the hog runs (per
-    /// `hog_period_ms` window).
+    /// `hog_period_ms` window); 0: none at all (a starved core).
     pub hog_share_pct: u32,
+    /// Who computes busy state.
+    pub busy_detection: BusyDetection,
     /// The fair scheduler's window on a hogged core, ms.
     pub hog_period_ms: u64,
     /// When the hog starts, ms.
@@ -145,6 +179,7 @@ impl SimConfig {
             cores,
             hog,
             hog_share_pct: 10,
+            busy_detection: BusyDetection::Watch,
             hog_period_ms: 20,
             hog_start_ms: 0,
             hog_end_ms: None,
@@ -202,8 +237,8 @@ impl SimConfig {
         if self.hog > self.cores {
             return bad("hog must not exceed cores");
         }
-        if self.hog_share_pct == 0 || self.hog_share_pct > 100 {
-            return bad("hog share must be 1..=100 %");
+        if self.hog_share_pct > 100 {
+            return bad("hog share must be 0..=100 %");
         }
         if self.hog_period_ms == 0 || self.hog_period_ms > 1_000 {
             return bad("hog period must be 1..=1000 ms");

@@ -100,3 +100,33 @@ fn unloaded_median_equals_balanced_median() {
     );
     assert!(on.steals * 50 < on.connections, "{on:?}");
 }
+
+/// A starved core, modelled honestly: the hogged cores' servers get no CPU at all, and busy
+/// state is computed only by running servers (the runtime's `watch`), so a hogged core never
+/// reports itself busy. The others find its queue, steal and migrate: the median stays near
+/// the unloaded one, while without the balancer a third of the connections time out.
+#[test]
+fn watchers_rescue_cores_that_never_run() {
+    let starved = |mode| {
+        let mut c = small(4, mode, 11);
+        c.hog_share_pct = 0;
+        c.busy_detection = BusyDetection::Watch;
+        run(&c).unwrap()
+    };
+    let off = starved(BalancerMode::Off).summary;
+    let on = starved(BalancerMode::On);
+    let sn = &on.summary;
+    eprintln!("off: {off:?}\non: {sn:?}");
+    assert!(off.timeout_pct > 30.0, "off: {off:?}");
+    assert!(sn.timeout_pct < 1.0, "on: {sn:?}");
+    assert!(sn.latency_p50_ms < 400.0, "on: {sn:?}");
+    assert!(sn.steals > 0 && sn.migrations > 0, "on: {sn:?}");
+    // Nobody observes on the packet path here: without watchers the hogged cores would never
+    // be found busy. The same run with packet-path detection rescues them as well.
+    let mut paper = small(4, BalancerMode::On, 11);
+    paper.hog_share_pct = 0;
+    paper.busy_detection = BusyDetection::PacketPath;
+    let sp = run(&paper).unwrap().summary;
+    eprintln!("packet path: {sp:?}");
+    assert!(sp.timeout_pct < 1.0, "packet path: {sp:?}");
+}

@@ -1,0 +1,475 @@
+//! Tests of argument building, presets and the summary table.
+
+use super::peers::site;
+use super::*;
+use std::path::Path;
+
+#[test]
+fn spread_and_median() {
+    let s = spread(&[3.0, 1.0, 2.0]).unwrap();
+    assert_eq!((s.median, s.min, s.max, s.n), (2.0, 1.0, 3.0, 3));
+    assert_eq!(s.spread, 1.0);
+    assert_eq!(spread(&[1.0, 2.0, 3.0, 10.0]).unwrap().median, 2.5);
+    assert!(spread(&[]).is_none());
+}
+
+#[test]
+fn ratios_against_the_first_server() {
+    let fig = |us: f64, tp: f64| RunFig {
+        round: 1,
+        txns_per_s: tp,
+        conns_per_s: tp,
+        server_us_per_txn: Some(us),
+        server_us_per_txn_utime: Some(us),
+        server_cores: None,
+        client_us_per_txn: None,
+        p50_us: 0.0,
+        p99_us: 0.0,
+        errors: 0,
+        load: String::new(),
+        json: String::new(),
+        spectrum: vec![],
+    };
+    let sv = |n: &str| ServerDef {
+        name: n.into(),
+        proto: "http".into(),
+        cmd: "x".into(),
+    };
+    let sums = summarize(
+        &[sv("a"), sv("b")],
+        &[
+            vec![fig(10.0, 100.0), fig(12.0, 90.0), fig(11.0, 95.0)],
+            vec![fig(16.5, 80.0), fig(16.5, 80.0)],
+        ],
+        &[vec![], vec!["x".into()]],
+        0,
+    );
+    assert_eq!(sums[0].cpu_ratio_vs_baseline, Some(1.0));
+    assert_eq!(sums[1].cpu_ratio_vs_baseline, Some(1.5));
+    assert_eq!(sums[1].throughput_ratio_vs_baseline, Some(80.0 / 95.0));
+    let md = markdown(
+        &CompareArgs {
+            peer: vec![],
+            server: vec![],
+            workload: CmpWorkload::Crr,
+            rounds: 3,
+            duration: Dur(5_000_000_000),
+            warmup: Dur(1_000_000_000),
+            conns: vec![64],
+            baseline: None,
+            server_cpu: 1,
+            client_cpus: "0".into(),
+            port: 8080,
+            out: "results".into(),
+            corelocal_bin: None,
+            floor_bin: None,
+            no_netns: false,
+            extra: vec![],
+        },
+        &[ConnsSummary {
+            conns: 64,
+            baseline: "a".into(),
+            servers: sums,
+        }],
+        "cmd",
+        "0.1",
+    );
+    assert!(
+        md.contains("| b | 16.50 (16.50–16.50, ±0%)") && md.contains("| 1.500 |"),
+        "{md}"
+    );
+}
+
+#[test]
+fn servers_args_dates() {
+    assert_eq!(
+        parse_server("mine=http:./srv {port} {cpu}").unwrap().cmd,
+        "./srv {port} {cpu}"
+    );
+    assert!(parse_server("mine=ftp:x").is_err());
+    assert!(parse_server("noequals").is_err());
+    assert!(parse_server("a b=http:x").is_err());
+    assert_eq!(utc_date(0), "1970-01-01");
+    assert_eq!(utc_date(1_700_000_000), "2023-11-14");
+    assert_eq!(utc_date(951_782_400), "2000-02-29");
+    let a = CompareArgs {
+        peer: vec![],
+        server: vec![],
+        workload: CmpWorkload::Ka,
+        rounds: 1,
+        duration: Dur(1_000_000_000),
+        warmup: Dur(0),
+        conns: vec![8],
+        baseline: None,
+        server_cpu: 1,
+        client_cpus: "0".into(),
+        port: 9,
+        out: "r".into(),
+        corelocal_bin: None,
+        floor_bin: None,
+        no_netns: true,
+        extra: vec!["--engine".into(), "epoll".into()],
+    };
+    let v = ba(&a, "http", Path::new("x.json")).unwrap();
+    assert_eq!(&v[..5], ["http", "--bursts", "1000", "--think", "0"]);
+    assert!(v
+        .windows(2)
+        .any(|w| w == ["--target", "http://127.0.0.1:9/hello"]));
+    assert_eq!(&v[v.len() - 2..], ["--engine", "epoll"]);
+    assert!(ba(&a, "kv", Path::new("x")).is_err());
+    let v = ba(&a, "sockperf", Path::new("x.json")).unwrap();
+    assert_eq!(
+        &v[..7],
+        [
+            "rpc",
+            "--proto",
+            "sockperf",
+            "--msg-size",
+            "64",
+            "--txns-per-conn",
+            "1000"
+        ]
+    );
+    assert_eq!(value_of(&v, "--target"), Some("127.0.0.1:9"));
+    let mut c = a.clone();
+    c.workload = CmpWorkload::Crr;
+    let v = ba(&c, "sockperf", Path::new("x.json")).unwrap();
+    assert_eq!(&v[..5], ["crr", "--proto", "sockperf", "--msg-size", "64"]);
+    c.workload = CmpWorkload::Kv1;
+    assert!(ba(&c, "sockperf", Path::new("x")).is_err());
+    assert_eq!(
+        parse_server("sp=sockperf:./s {port}").unwrap().proto,
+        "sockperf"
+    );
+    assert!(nginx_conf(Path::new("/t"), 9, None).contains("listen 127.0.0.1:9 reuseport"));
+    assert!(lighttpd_conf(Path::new("/t"), 9, None).contains("server.port = 9"));
+}
+
+fn args(w: CmpWorkload) -> CompareArgs {
+    CompareArgs {
+        peer: vec![],
+        server: vec![],
+        workload: w,
+        rounds: 1,
+        duration: Dur(1_000_000_000),
+        warmup: Dur(0),
+        conns: vec![],
+        baseline: None,
+        server_cpu: 1,
+        client_cpus: "0".into(),
+        port: 9,
+        out: "r".into(),
+        corelocal_bin: None,
+        floor_bin: None,
+        no_netns: true,
+        extra: vec![],
+    }
+}
+
+/// The bench arguments at the comparison's first concurrency.
+fn ba(a: &CompareArgs, proto: &str, json: &Path) -> Result<Vec<String>, String> {
+    bench_args(a, proto, a.conns_list()?[0], json)
+}
+
+fn value_of<'a>(v: &'a [String], flag: &str) -> Option<&'a str> {
+    v.windows(2).find(|w| w[0] == flag).map(|w| w[1].as_str())
+}
+
+#[test]
+fn new_workloads_build_their_bench_arguments() {
+    let j = Path::new("x.json");
+    let a = args(CmpWorkload::File64);
+    let v = ba(&a, "http", j).unwrap();
+    assert_eq!(&v[..5], ["crr", "--proto", "http", "--path", "/64.txt"]);
+    assert_eq!(value_of(&v, "--target"), Some("127.0.0.1:9"));
+    assert_eq!(value_of(&v, "--conns"), Some("64"));
+    assert!(ba(&a, "kv", j).is_err());
+
+    let a = args(CmpWorkload::Sessions);
+    let v = ba(&a, "http", j).unwrap();
+    assert_eq!(v[0], "http");
+    assert_eq!(value_of(&v, "--urls"), Some("paper"));
+    assert_eq!(value_of(&v, "--bursts"), Some("1,2,3"));
+    assert_eq!(value_of(&v, "--think"), Some("100ms"));
+    assert_eq!(value_of(&v, "--target"), Some("http://127.0.0.1:9/"));
+    assert_eq!(v.iter().filter(|x| *x == "--target").count(), 1);
+    assert_eq!(value_of(&v, "--conns"), Some("1000"));
+    let mut b = args(CmpWorkload::Sessions);
+    b.conns = vec![300];
+    assert_eq!(
+        value_of(&ba(&b, "http", j).unwrap(), "--conns"),
+        Some("300")
+    );
+
+    for (w, n) in [(CmpWorkload::Kv1, "1"), (CmpWorkload::Kv100, "100")] {
+        let v = ba(&args(w), "kv", j).unwrap();
+        assert_eq!(v[0], "kv");
+        assert_eq!(value_of(&v, "--txns-per-conn"), Some(n));
+        assert_eq!(value_of(&v, "--get-ratio"), Some("1"));
+        assert_eq!(value_of(&v, "--target"), Some("127.0.0.1:9"));
+        assert!(ba(&args(w), "http", j).is_err());
+    }
+    // The existing kv workload stays keep-alive without a per-connection limit.
+    let v = ba(&args(CmpWorkload::Kv), "kv", j).unwrap();
+    assert_eq!(value_of(&v, "--txns-per-conn"), None);
+    assert_eq!(CmpWorkload::Kv100.name(), "kv100");
+    assert!(CmpWorkload::File64.needs_fileset() && !CmpWorkload::Crr.needs_fileset());
+}
+
+#[test]
+fn file_set_configs_serve_the_generated_root() {
+    let root = Path::new("/tmp/site");
+    let n = nginx_conf(Path::new("/t"), 9, Some(root));
+    assert!(n.contains("root /tmp/site;"), "{n}");
+    assert!(
+        n.contains("location / { }") && n.contains("open_file_cache max=8000"),
+        "{n}"
+    );
+    assert!(!n.contains("/hello"), "{n}");
+    assert_eq!(n.matches('{').count(), n.matches('}').count(), "{n}");
+    let h = nginx_conf(Path::new("/t"), 9, None);
+    assert!(
+        h.contains("location = /hello") && !h.contains("root "),
+        "{h}"
+    );
+    assert_eq!(h.matches('{').count(), h.matches('}').count(), "{h}");
+    let l = lighttpd_conf(Path::new("/t"), 9, Some(root));
+    assert!(l.contains("server.document-root = \"/tmp/site\""), "{l}");
+    assert!(lighttpd_conf(Path::new("/t"), 9, None).contains("server.document-root = \"/t/www\""));
+}
+
+#[test]
+fn presets_pick_the_file_set_for_corelocal_http() {
+    let work = std::env::temp_dir().join(format!("cl-cmp-test-{}", std::process::id()));
+    let mut a = args(CmpWorkload::File64);
+    a.corelocal_bin = Some("/bin/corelocal".into());
+    let d = preset("corelocal-http", &a, &work).unwrap();
+    assert!(!d.cmd.contains("--root"), "{}", d.cmd);
+    a.workload = CmpWorkload::Crr;
+    let d = preset("corelocal-http", &a, &work).unwrap();
+    assert!(d.cmd.contains("--root"), "{}", d.cmd);
+    a.workload = CmpWorkload::Kv1;
+    assert!(preset("corelocal-kv", &a, &work)
+        .unwrap()
+        .cmd
+        .contains("serve kv"));
+    assert!(preset("nope", &a, &work).is_err());
+    let d = preset("corelocal-sockperf", &a, &work).unwrap();
+    assert_eq!(d.proto, "sockperf");
+    assert!(
+        d.cmd
+            .contains("serve sockperf --listen 127.0.0.1:{port} --cpus {cpu}"),
+        "{}",
+        d.cmd
+    );
+    if which("sockperf").is_some() {
+        let d = preset("sockperf", &a, &work).unwrap();
+        assert!(
+            d.cmd.contains(" server -f ") && d.cmd.ends_with("/feed.txt -F epoll --nonblocked"),
+            "{}",
+            d.cmd
+        );
+        let feed = work.join("sockperf/feed.txt");
+        assert_eq!(std::fs::read_to_string(feed).unwrap(), "T:127.0.0.1:9\n");
+    }
+    // No file set for workloads that do not need it; a failing generator is a clear error.
+    assert_eq!(site(&a, &work).unwrap(), None);
+    a.workload = CmpWorkload::Sessions;
+    a.corelocal_bin = Some("/nonexistent/corelocal".into());
+    let e = site(&a, &work).unwrap_err();
+    assert!(e.contains("files gen"), "{e}");
+    let _ = std::fs::remove_dir_all(&work);
+}
+
+fn parse(args: &[&str]) -> Result<CompareArgs, String> {
+    let mut v = vec!["bench".to_string(), "compare".to_string()];
+    v.extend(args.iter().map(|s| s.to_string()));
+    match crate::cli::Standalone::try_parse_args(&v)?.workload {
+        crate::cli::Workload::Compare(a) => Ok(a),
+        w => Err(format!("parsed as {w:?}")),
+    }
+}
+
+#[test]
+fn conns_take_a_list() {
+    let a = parse(&["--peer", "floor", "--conns", "16,64,256,1024"]).unwrap();
+    assert_eq!(a.conns_list().unwrap(), [16, 64, 256, 1024]);
+    // Repeating the flag works too, in the order given.
+    let a = parse(&["--conns", "256", "--conns", "16"]).unwrap();
+    assert_eq!(a.conns_list().unwrap(), [256, 16]);
+    assert_eq!(parse(&[]).unwrap().conns_list().unwrap(), [64]);
+    assert_eq!(
+        parse(&["--workload", "sessions"])
+            .unwrap()
+            .conns_list()
+            .unwrap(),
+        [1000]
+    );
+    assert!(parse(&["--conns", "16,x"]).is_err());
+    for bad in ["0,16", "16,16"] {
+        let e = parse(&["--conns", bad]).unwrap().conns_list().unwrap_err();
+        assert!(e.contains("--conns"), "{e}");
+    }
+    let many: Vec<String> = (1..=17).map(|c| c.to_string()).collect();
+    assert!(parse(&["--conns", &many.join(",")])
+        .unwrap()
+        .conns_list()
+        .is_err());
+    // Each concurrency reaches its runs' bench arguments.
+    let a = parse(&["--conns", "16,1024", "--port", "9"]).unwrap();
+    for c in a.conns_list().unwrap() {
+        let v = bench_args(&a, "http", c, Path::new("x.json")).unwrap();
+        assert_eq!(value_of(&v, "--conns"), Some(c.to_string().as_str()));
+    }
+    // One concurrency keeps the old run file names; several tag each run with its own.
+    assert_eq!(run_name(64, false, 2, "nginx"), "r2-nginx");
+    assert_eq!(run_name(256, true, 2, "nginx"), "c256-r2-nginx");
+}
+
+#[test]
+fn baseline_is_named_or_first() {
+    let sv = |n: &str| ServerDef {
+        name: n.into(),
+        proto: "http".into(),
+        cmd: "x".into(),
+    };
+    let servers = [sv("corelocal"), sv("nginx"), sv("floor")];
+    assert_eq!(parse(&[]).unwrap().baseline_index(&servers), Ok(0));
+    let a = parse(&["--baseline", "floor"]).unwrap();
+    assert_eq!(a.baseline_index(&servers), Ok(2));
+    let e = parse(&["--baseline", "apache"])
+        .unwrap()
+        .baseline_index(&servers)
+        .unwrap_err();
+    assert!(e.contains("apache") && e.contains("nginx"), "{e}");
+}
+
+fn fig(round: usize, us: f64, tp: f64, p99: f64) -> RunFig {
+    RunFig {
+        round,
+        txns_per_s: tp,
+        conns_per_s: tp,
+        server_us_per_txn: Some(us),
+        server_us_per_txn_utime: Some(us),
+        server_cores: None,
+        client_us_per_txn: None,
+        p50_us: p99 / 4.0,
+        p99_us: p99,
+        errors: 0,
+        load: String::new(),
+        json: String::new(),
+        spectrum: vec![(0.0, p99 / 8.0), (0.9, p99 / 2.0), (0.99, p99)],
+    }
+}
+
+#[test]
+fn table_per_concurrency_against_a_named_baseline() {
+    let sv = |n: &str| ServerDef {
+        name: n.into(),
+        proto: "http".into(),
+        cmd: "x".into(),
+    };
+    let servers = [sv("corelocal"), sv("nginx"), sv("floor")];
+    let at = |conns: usize, k: f64| {
+        let runs = vec![
+            vec![fig(1, 10.0 * k, 100.0, 40.0), fig(2, 12.0 * k, 90.0, 50.0)],
+            vec![fig(1, 16.0 * k, 80.0, 80.0), fig(2, 16.0 * k, 80.0, 60.0)],
+            vec![fig(1, 14.0 * k, 85.0, 70.0), fig(2, 15.0 * k, 85.0, 70.0)],
+        ];
+        ConnsSummary {
+            conns,
+            baseline: "floor".into(),
+            servers: summarize(&servers, &runs, &[vec![], vec![], vec![]], 2),
+        }
+    };
+    let by_conns = [at(16, 1.0), at(1024, 2.0)];
+    let s = &by_conns[1].servers;
+    // Ratios against floor (index 2), not against the first server.
+    assert_eq!(s[2].cpu_ratio_vs_baseline, Some(1.0));
+    assert_eq!(s[1].cpu_ratio_vs_baseline, Some(32.0 / 29.0));
+    assert_eq!(s[0].p99_us.unwrap().median, 45.0);
+    let mut a = parse(&["--conns", "16,1024", "--baseline", "floor"]).unwrap();
+    a.rounds = 2;
+    let md = markdown(&a, &by_conns, "cmd", "0.1");
+    // The headline: one row per concurrency, one column per server.
+    assert!(
+        md.contains(
+            "ratio vs floor):\n\n| conns | corelocal | nginx | floor |\n|---|---|---|---|\n"
+        ),
+        "{md}"
+    );
+    assert!(
+        md.contains("| 16 | 11.00 (0.759) | 16.00 (1.103) | 14.50 (1.000) |"),
+        "{md}"
+    );
+    assert!(
+        md.contains("| 1024 | 22.00 (0.759) | 32.00 (1.103) | 29.00 (1.000) |"),
+        "{md}"
+    );
+    // Per concurrency and server: spread, ratio, throughput, p50 and p99.
+    assert!(
+        md.contains(
+            "| 1024 | nginx | 32.00 (32.00–32.00, ±0%) | 32.00 (32.00–32.00, ±0%) | 1.103 | \
+             80 (80–80, ±0%) | 0.941 | 17.5 (15.0–20.0) | 70.0 (60.0–80.0) | 0 |"
+        ),
+        "{md}"
+    );
+    assert!(md.contains("| 16 | corelocal | 2 | 90 |"), "{md}");
+    assert!(
+        md.contains("client on CPU 0 (16, 1024 connections)"),
+        "{md}"
+    );
+    // 2 headline rows + 6 summary rows + 12 runs.
+    assert_eq!(
+        md.lines()
+            .filter(|l| l.starts_with("| 16 |") || l.starts_with("| 1024 |"))
+            .count(),
+        20,
+        "{md}"
+    );
+}
+
+#[test]
+fn percentile_plot_has_one_median_series_per_server() {
+    let runs = [
+        fig(1, 1.0, 1.0, 40.0),
+        fig(2, 1.0, 1.0, 100.0),
+        fig(3, 1.0, 1.0, 60.0),
+    ];
+    let m = median_spectrum(&runs);
+    assert_eq!(m, [(0.0, 7.5), (0.9, 30.0), (0.99, 60.0)]);
+    // A run on another grid (or from before the spectrum existed) is left out, not mixed in.
+    let mut odd = fig(4, 1.0, 1.0, 1000.0);
+    odd.spectrum[1].0 = 0.5;
+    let mut none = fig(5, 1.0, 1.0, 1000.0);
+    none.spectrum.clear();
+    let more = [runs[0].clone(), runs[1].clone(), runs[2].clone(), odd, none];
+    assert_eq!(median_spectrum(&more), m);
+    assert!(median_spectrum(&[]).is_empty());
+    let sv = |n: &str| ServerDef {
+        name: n.into(),
+        proto: "http".into(),
+        cmd: "x".into(),
+    };
+    let c = ConnsSummary {
+        conns: 64,
+        baseline: "a".into(),
+        servers: summarize(
+            &[sv("a"), sv("b")],
+            &[runs.to_vec(), vec![fig(1, 1.0, 1.0, 500.0)]],
+            &[vec![], vec![]],
+            0,
+        ),
+    };
+    let svg = percentile_svg(&args(CmpWorkload::Crr), &c);
+    assert_eq!(svg.matches("<polyline").count(), 2, "{svg}");
+    assert!(
+        svg.contains(">a</text>") && svg.contains(">b</text>"),
+        "{svg}"
+    );
+    assert!(
+        svg.contains("64 connections") && svg.contains(">99.9%<"),
+        "{svg}"
+    );
+    assert!(!svg.contains("NaN") && !svg.contains("inf"), "{svg}");
+}
