@@ -106,6 +106,9 @@ fetch_source() {
 [[ -f $src/t/lib/MemcachedTest.pm ]] || fetch_source
 
 # --- the "build directory": t/, ./memcached-debug and ./timedrun ---------------------------
+# Removed first: after a run against our server it is a link to .ci/memcached-debug, which
+# writing through it would overwrite.
+rm -f "$src/memcached-debug"
 if ((reference)); then
     real=$(command -v memcached || true)
     [[ -n $real ]] || die "--reference needs Debian's memcached (apt-get install memcached)"
@@ -168,5 +171,13 @@ if ((rc != 0)); then
     echo "memcached-suite: FAILED against $label (prove exit $rc; server output: $log)" >&2
     tail -n 20 "$log" >&2 || true
     exit 1
+fi
+# That it was our server that answered: each file started at least one.
+if ((!reference)); then
+    started=$(grep -c "^corelocal serve kv: listening on" "$log" || true)
+    if ((started < ${#files[@]})); then
+        echo "memcached-suite: FAILED: $started corelocal servers started for ${#files[@]} files" >&2
+        exit 1
+    fi
 fi
 echo "memcached-suite: all ${#files[@]} files passed against $label" >&2
