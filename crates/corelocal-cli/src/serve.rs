@@ -12,12 +12,16 @@ use corelocal_apps::http::{AccessLog, HttpConfig, HttpService};
 use corelocal_apps::kv::{KvConfig, KvService};
 use corelocal_apps::rpc::{RpcConfig, RpcService};
 use corelocal_apps::sockperf::{SockperfConfig, SockperfService};
+use corelocal_proto::memcache;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// --input-limit of every server but kv (see `KV_INPUT_LIMIT_DEFAULT`).
+const INPUT_LIMIT_DEFAULT: u64 = 64 << 10;
 
 /// How often the main thread looks whether a successor took the sockets over.
 const HANDOVER_POLL: Duration = Duration::from_millis(50);
@@ -106,7 +110,18 @@ struct KvArgs {
     /// Largest item in bytes (memcached -I).
     #[arg(long, default_value_t = 1_048_576, value_parser = clap::value_parser!(u64).range(1024..=1_073_741_824))]
     item_max: u64,
+    /// Refuse flush_all (memcached -F): `CLIENT_ERROR flush_all not allowed`.
+    #[arg(long)]
+    disable_flush_all: bool,
+    /// Keep no CAS uniques (memcached -C): gets reports 0 and cas of a present item stores.
+    #[arg(long)]
+    disable_cas: bool,
 }
+
+/// kv's default --input-limit: the longest multiget key list (a get line is the only request
+/// kept whole in the input; storage data streams into the item) is one byte less, and above
+/// memcached's own test's 128 KiB.
+const KV_INPUT_LIMIT_DEFAULT: u64 = memcache::GET_LINE_BYTES_MAX_DEFAULT as u64 + 1;
 
 /// Options every server shares.
 #[derive(Debug, Args)]
@@ -162,10 +177,11 @@ pub struct CommonArgs {
     /// is sent: what a slow reader can make the server hold, plus about one response.
     #[arg(long, default_value = "1MiB", value_parser = parse_bytes)]
     output_limit: u64,
-    /// Unconsumed input per connection (e.g. 64KiB): a request that does not fit is closed
-    /// as too large.
-    #[arg(long, default_value = "64KiB", value_parser = parse_bytes)]
-    input_limit: u64,
+    /// Unconsumed input per connection (default 64KiB; kv: 1MiB, its longest multiget line
+    /// plus one byte): a request that does not fit is closed as too large (kv answers
+    /// `SERVER_ERROR out of memory reading request` first, as memcached).
+    #[arg(long, value_parser = parse_bytes)]
+    input_limit: Option<u64>,
     /// Close connections idle this long (e.g. 60s, 500ms).
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     idle_timeout: Duration,
@@ -292,9 +308,23 @@ pub fn run(cmd: Command) -> ExitCode {
         }
         App::Kv(mut args) => {
             default_listen(&mut args.common, "127.0.0.1:11211");
+            let input_limit = *args
+                .common
+                .input_limit
+                .get_or_insert(KV_INPUT_LIMIT_DEFAULT);
+            // One byte under the runtime's limit, so that kv sees an over-long multiget (and
+            // answers it) before the runtime closes the connection silently.
+            let get_line_bytes_max =
+                usize::try_from(input_limit.saturating_sub(1).max(1)).unwrap_or(usize::MAX);
             let config = KvConfig {
                 memory_bytes_max: args.memory_mb << 20,
                 item_bytes_max: args.item_max,
+                limits: memcache::Limits {
+                    get_line_bytes_max,
+                    ..memcache::Limits::default()
+                },
+                flush_enabled: !args.disable_flush_all,
+                cas_enabled: !args.disable_cas,
                 ..KvConfig::default()
             };
             match KvService::new(config) {
@@ -358,7 +388,8 @@ fn server_config(common: &CommonArgs) -> Result<ServerConfig, String> {
     config.limits.conns_per_worker_max = common.conns_per_worker as usize;
     config.limits.accept_batch_max = common.accept_batch as usize;
     config.limits.output_bytes_max = usize::try_from(common.output_limit).unwrap_or(usize::MAX);
-    config.limits.input_bytes_max = usize::try_from(common.input_limit).unwrap_or(usize::MAX);
+    let input_limit = common.input_limit.unwrap_or(INPUT_LIMIT_DEFAULT);
+    config.limits.input_bytes_max = usize::try_from(input_limit).unwrap_or(usize::MAX);
     if let Some(iface) = &common.xdp_iface {
         match corelocal::steer::RssSteering::detect(iface) {
             Err(unsupported) => {

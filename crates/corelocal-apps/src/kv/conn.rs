@@ -7,8 +7,8 @@ use std::time::Instant;
 
 use corelocal::runtime::{CloseReason, Handler, Output, Step};
 use corelocal_proto::memcache::{
-    self, data_chunk_ok, expiry_unix, line_overflows, next_line, parse_line, write_line,
-    write_value, Command, Stats, StoreOp,
+    self, data_chunk_ok, expiry_unix, line_overflow, next_line, parse_line, write_line,
+    write_value, Command, Overflow, Stats, StoreOp,
 };
 
 use super::store::{Arith, Now, Put, Stored};
@@ -85,7 +85,7 @@ impl KvConn {
                 flags: st.flags,
                 exp,
                 data: &after[..chunk_len],
-                cas: st.cas,
+                cas: self.inner.cas_of(st.cas),
             };
             let r = self.inner.store_chunk(put, now);
             reply(out, r, st.noreply);
@@ -98,7 +98,7 @@ impl KvConn {
             key: st.key.to_vec(),
             flags: st.flags,
             exp,
-            cas: st.cas,
+            cas: self.inner.cas_of(st.cas),
             noreply: st.noreply,
             chunk,
             chunk_len,
@@ -188,8 +188,16 @@ impl KvConn {
                 reply(out, if found { "TOUCHED" } else { "NOT_FOUND" }, noreply);
             }
             Command::FlushAll { delay, noreply } => {
-                inner.flush(delay, now);
-                reply(out, "OK", noreply);
+                inner.cmd_flush.fetch_add(1, Ordering::Relaxed);
+                // memcached refuses a disabled flush_all before it looks at the delay.
+                if !inner.config.flush_enabled {
+                    reply(out, memcache::FLUSH_DISABLED, noreply);
+                } else if let Some(delay) = delay {
+                    inner.flush(delay, now);
+                    reply(out, "OK", noreply);
+                } else {
+                    reply(out, memcache::BAD_EXPTIME, noreply);
+                }
             }
             Command::Version => {
                 write_line(out.bytes_mut(), &format!("VERSION {}", memcache::VERSION));
@@ -197,8 +205,16 @@ impl KvConn {
             Command::Verbosity { noreply } => reply(out, "OK", noreply),
             Command::Stats(which) => inner.stats(which, out.bytes_mut(), now),
             Command::MetaNoop => write_line(out.bytes_mut(), "MN"),
-            Command::Quit => {}
+            Command::Quit | Command::CrossProtocol => {}
         }
+    }
+}
+
+fn yes_no(b: bool) -> &'static str {
+    if b {
+        "yes"
+    } else {
+        "no"
     }
 }
 
@@ -237,6 +253,16 @@ impl From<ChunkResult> for &'static str {
 }
 
 impl Inner {
+    /// The unique a `cas` command compares: 0 when CAS is off (memcached `-C` keeps none, so
+    /// the command's number is dropped and compared as 0 against the item's 0).
+    fn cas_of(&self, cas: u64) -> u64 {
+        if self.config.cas_enabled {
+            cas
+        } else {
+            0
+        }
+    }
+
     /// Stores a complete chunk: `put.data` is the data plus its `\r\n`.
     fn store_chunk(&self, mut put: Put<'_>, now: Now) -> ChunkResult {
         if !data_chunk_ok(put.data) {
@@ -247,7 +273,20 @@ impl Inner {
     }
 
     fn flush(&self, delay: i32, now: Now) {
-        self.cmd_flush.fetch_add(1, Ordering::Relaxed);
+        if !self.config.cas_enabled {
+            // memcached -C: items stored in or before the flush's second die once that second
+            // has come; there are no uniques to tell apart those stored just after the flush.
+            let second = if delay <= 0 {
+                now.unix
+            } else {
+                expiry_unix(delay, now.unix, self.started_unix).max(now.unix)
+            };
+            if delay <= 0 {
+                self.store.flush(None);
+            }
+            self.store.flush(Some(self.second_start_ns(second).max(1)));
+            return;
+        }
         if delay <= 0 {
             self.store.flush(None);
             return;
@@ -274,9 +313,11 @@ impl Inner {
                 let _ = write!(
                     out,
                     "STAT maxbytes {}\r\nSTAT item_size_max {}\r\nSTAT evictions on\r\n\
-                     STAT cas_enabled yes\r\nSTAT stripes {}\r\n",
+                     STAT cas_enabled {}\r\nSTAT flush_enabled {}\r\nSTAT stripes {}\r\n",
                     self.store.memory_bytes_max(),
                     self.store.item_bytes_max(),
+                    yes_no(self.config.cas_enabled),
+                    yes_no(self.config.flush_enabled),
                     self.config.stripes,
                 );
             }
@@ -348,11 +389,17 @@ impl Handler for KvConn {
                 return Step::read(consumed, requests);
             }
             let Some((line, n)) = next_line(rest) else {
-                if line_overflows(rest, &limits) {
-                    // memcached closes without a reply too.
-                    return Step::close(input.len(), requests, CloseReason::TooLarge);
+                match line_overflow(rest, &limits) {
+                    None => return Step::read(consumed, requests),
+                    // A line that cannot be a command: memcached closes without a reply too.
+                    Some(Overflow::Hangup) => {}
+                    // A multiget over our limit (memcached's is its memory): say so, as
+                    // memcached does when its read buffer cannot grow, rather than vanish.
+                    Some(Overflow::TooLarge) => {
+                        write_line(out.bytes_mut(), memcache::READ_TOO_LARGE)
+                    }
                 }
-                return Step::read(consumed, requests);
+                return Step::close(input.len(), requests, CloseReason::TooLarge);
             };
             consumed += n;
             requests += 1;
@@ -364,6 +411,9 @@ impl Handler for KvConn {
                 }
                 Ok(Command::Quit) => {
                     return Step::close(input.len(), requests, CloseReason::Done);
+                }
+                Ok(Command::CrossProtocol) => {
+                    return Step::close(input.len(), requests, CloseReason::BadRequest);
                 }
                 Ok(Command::Store(st)) => {
                     consumed += self.begin_store(&st, &input[consumed..], out, now);

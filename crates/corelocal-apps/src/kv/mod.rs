@@ -41,6 +41,13 @@ pub struct KvConfig {
     /// Largest reply to one get (many large values): beyond it the get is answered
     /// `SERVER_ERROR out of memory writing get response`.
     pub get_response_bytes_max: u64,
+    /// `flush_all` allowed (memcached `-F` turns it off: `CLIENT_ERROR flush_all not
+    /// allowed`), so that a client cannot empty a cache others share.
+    pub flush_enabled: bool,
+    /// CAS uniques kept (memcached `-C` turns them off: `gets` reports 0, `cas` of a present
+    /// item always stores, and `flush_all` can only tell items apart by the second they were
+    /// stored in, so an item stored in the same second as a flush is flushed too).
+    pub cas_enabled: bool,
 }
 
 impl Default for KvConfig {
@@ -52,6 +59,8 @@ impl Default for KvConfig {
             limits: Limits::default(),
             output_bytes_max: 4 << 20,
             get_response_bytes_max: 64 << 20,
+            flush_enabled: true,
+            cas_enabled: true,
         }
     }
 }
@@ -73,10 +82,19 @@ struct Inner {
 impl Inner {
     fn now(&self, now: Instant) -> Now {
         let since = now.saturating_duration_since(self.instant_base);
+        // Counted from the start of the wall-clock second the store was created in, so that
+        // wall seconds begin at multiples of 1e9 (flush_all without CAS works by seconds).
+        let since_second = since + Duration::from_nanos(self.wall_base.subsec_nanos().into());
         Now {
             unix: (self.wall_base + since).as_secs(),
-            ns: u64::try_from(since.as_nanos()).unwrap_or(u64::MAX),
+            ns: u64::try_from(since_second.as_nanos()).unwrap_or(u64::MAX),
         }
+    }
+
+    /// [`Now::ns`] at the start of wall-clock second `unix` (not before the store's first).
+    fn second_start_ns(&self, unix: u64) -> u64 {
+        unix.saturating_sub(self.wall_base.as_secs())
+            .saturating_mul(1_000_000_000)
     }
 }
 
@@ -125,7 +143,8 @@ impl KvService {
             config.memory_bytes_max,
             config.item_bytes_max,
             config.stripes,
-        );
+        )
+        .with_cas(config.cas_enabled);
         Ok(KvService {
             inner: Arc::new(Inner {
                 config,

@@ -185,6 +185,8 @@ struct Stripe {
     cas_seq: u64,
     cas_low: u64,
     cas_shift: u32,
+    /// memcached `-C`: every unique is 0.
+    cas_enabled: bool,
     counters: Counters,
 }
 
@@ -200,6 +202,10 @@ pub struct Store {
     /// Delayed flush_all deadline (ns since base; 0 = none): items stored before it are dead
     /// once it has passed.
     flush_at_ns: AtomicU64,
+    /// Items stored less than this long after a flush's deadline die with it too: 0 with CAS;
+    /// one second without (memcached then compares whole seconds, see [`Store::with_cas`]).
+    flush_slack_ns: u64,
+    cas_enabled: bool,
     item_bytes_max: u64,
     memory_bytes_max: u64,
 }
@@ -232,6 +238,7 @@ impl Store {
                     cas_seq: 0,
                     cas_low: i as u64,
                     cas_shift: bits,
+                    cas_enabled: true,
                     counters: Counters::default(),
                 }))
             })
@@ -241,9 +248,29 @@ impl Store {
             mask: (1u64 << bits) - 1,
             hasher: BuildHasherDefault::default(),
             flush_at_ns: AtomicU64::new(0),
+            flush_slack_ns: 0,
+            cas_enabled: true,
             item_bytes_max,
             memory_bytes_max,
         }
+    }
+
+    /// With `enabled` false, the store keeps no CAS uniques (memcached `-C`): every unique is
+    /// 0, so `cas` of a present item stores whatever unique it names, and a flush kills every
+    /// item stored up to the end of the second its deadline falls in (memcached without CAS
+    /// has only an item's store second to compare; pass deadlines at a second's start).
+    pub fn with_cas(mut self, enabled: bool) -> Store {
+        self.cas_enabled = enabled;
+        self.flush_slack_ns = if enabled { 0 } else { 1_000_000_000 };
+        for p in self.stripes.iter_mut() {
+            p.0.get_mut().unwrap_or_else(|e| e.into_inner()).cas_enabled = enabled;
+        }
+        self
+    }
+
+    /// Whether CAS uniques are kept.
+    pub fn cas_enabled(&self) -> bool {
+        self.cas_enabled
     }
 
     /// The configured memory limit.
@@ -287,7 +314,7 @@ impl Store {
         if touch_exp.is_some() {
             s.counters.cmd_touch += 1;
         }
-        let Some(i) = s.live(key, now, flush, true) else {
+        let Some(i) = s.live(key, now, flush, self.flush_slack_ns, true) else {
             s.counters.get_misses += 1;
             if touch_exp.is_some() {
                 s.counters.touch_misses += 1;
@@ -321,7 +348,7 @@ impl Store {
         let item_max = self.item_bytes_max;
         let mut s = self.stripe(key);
         s.counters.cmd_set += 1;
-        let present = s.live(key, now, flush, false);
+        let present = s.live(key, now, flush, self.flush_slack_ns, false);
         let value = match (op, present) {
             (StoreOp::Set, _) => data.to_vec(),
             (StoreOp::Add, Some(i)) => {
@@ -355,7 +382,9 @@ impl Store {
                 s.counters.cas_misses += 1;
                 return Stored::NotFound;
             }
-            (StoreOp::Cas, Some(i)) if s.slots[i as usize].cas != cas => {
+            // Without CAS the item's unique is 0 and so is the command's (memcached stores it
+            // in an item that has no room for one): always equal.
+            (StoreOp::Cas, Some(i)) if s.cas_enabled && s.slots[i as usize].cas != cas => {
                 s.counters.cas_badval += 1;
                 return Stored::Exists;
             }
@@ -371,7 +400,7 @@ impl Store {
     pub fn delete(&self, key: &[u8], now: Now) -> bool {
         let flush = self.flush_at();
         let mut s = self.stripe(key);
-        match s.live(key, now, flush, false) {
+        match s.live(key, now, flush, self.flush_slack_ns, false) {
             Some(i) => {
                 s.counters.delete_hits += 1;
                 s.remove(i);
@@ -389,7 +418,7 @@ impl Store {
     pub fn arith(&self, key: &[u8], incr: bool, delta: u64, now: Now) -> Arith {
         let flush = self.flush_at();
         let mut s = self.stripe(key);
-        let Some(i) = s.live(key, now, flush, false) else {
+        let Some(i) = s.live(key, now, flush, self.flush_slack_ns, false) else {
             if incr {
                 s.counters.incr_misses += 1;
             } else {
@@ -424,7 +453,7 @@ impl Store {
         let flush = self.flush_at();
         let mut s = self.stripe(key);
         s.counters.cmd_touch += 1;
-        match s.live(key, now, flush, false) {
+        match s.live(key, now, flush, self.flush_slack_ns, false) {
             Some(i) => {
                 s.counters.touch_hits += 1;
                 s.slots[i as usize].exp = exp;
@@ -473,11 +502,20 @@ impl Store {
 
 impl Stripe {
     /// The slot of a live `key`; a dead one (expired, flushed) is removed on the way.
-    fn live(&mut self, key: &[u8], now: Now, flush_at: u64, count: bool) -> Option<u32> {
+    fn live(
+        &mut self,
+        key: &[u8],
+        now: Now,
+        flush_at: u64,
+        flush_slack_ns: u64,
+        count: bool,
+    ) -> Option<u32> {
         let i = *self.map.get(key)?;
         let slot = &self.slots[i as usize];
         let expired = slot.exp != 0 && slot.exp <= now.unix;
-        let flushed = flush_at != 0 && flush_at <= now.ns && slot.stored_ns < flush_at;
+        let flushed = flush_at != 0
+            && flush_at <= now.ns
+            && slot.stored_ns < flush_at.saturating_add(flush_slack_ns);
         if !expired && !flushed {
             return Some(i);
         }
@@ -493,6 +531,9 @@ impl Stripe {
     }
 
     fn next_cas(&mut self) -> u64 {
+        if !self.cas_enabled {
+            return 0;
+        }
         self.cas_seq += 1;
         (self.cas_seq << self.cas_shift) | self.cas_low
     }

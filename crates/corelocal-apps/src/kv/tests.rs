@@ -186,6 +186,11 @@ const MEMCACHED_CASES: &[(&[u8], &[u8])] = &[
     (b"set k 0 0 1\r\nv\r\nget k k\r\n", b"STORED\r\nVALUE k 0 1\r\nv\r\nVALUE k 0 1\r\nv\r\nEND\r\n"),
     (b"set k\x01\x7f\xff 0 0 1\r\nv\r\nget k\x01\x7f\xff\r\n", b"STORED\r\nVALUE k\x01\x7f\xff 0 1\r\nv\r\nEND\r\n"),
     (b"mn\r\n", b"MN\r\n"),
+    // An unknown command ending like an HTTP request line: hung up on, nothing after it read.
+    (b"GET / HTTP/1.0\r\nversion\r\n", b""),
+    (b"DELETE HTTP/1.1\r\n", b""),
+    (b"set k 0 0 1\r\nv\r\nPUT /a/b HTTP/1.1\r\nget k\r\n", b"STORED\r\n"),
+    (b"set HTTP/1.1\r\ngex / HTTP/1.1\r\nGET / HTTP\r\n", b"ERROR\r\nERROR\r\nERROR\r\n"),
 ];
 
 /// Long-key cases (built at run time).
@@ -390,9 +395,169 @@ fn quit_and_overlong_lines_close() {
         base,
     );
     assert_eq!(out, b"END\r\n");
-    let huge = [b"get ".to_vec(), b"k ".repeat(200_000)].concat();
-    let (_, next) = feed(&mut conn(&svc, base), &huge, &[], base);
+    // Past the multiget limit: memcached's reply when it cannot buffer a request, then close.
+    let huge = [b"get ".to_vec(), b"k ".repeat(600_000)].concat();
+    let (out, next) = feed(&mut conn(&svc, base), &huge, &[], base);
+    assert_eq!(text(&out), format!("{}\r\n", memcache::READ_TOO_LARGE));
     assert_eq!(next, Next::Close(CloseReason::TooLarge));
+}
+
+/// memcached's t/getset.t: a 128 KiB key list (18,725 keys), arriving in 16 KiB reads, gets
+/// every key answered; one byte over a (lowered) limit gets the error reply, never silence.
+#[test]
+fn large_multigets_up_to_the_limit() {
+    let (svc, base) = service(KvConfig::default());
+    let mut c = conn(&svc, base);
+    feed(&mut c, b"set foobarbaz 0 0 2\r\nhi\r\n", &[], base);
+    let line = [
+        b"get ".to_vec(),
+        b"foobarbaz ".repeat(18_725),
+        b"\r\n".to_vec(),
+    ]
+    .concat();
+    let cuts: Vec<usize> = (1..line.len() / 16_384).map(|i| i * 16_384).collect();
+    let (out, next) = feed(&mut c, &line, &cuts, base);
+    assert_eq!(next, Next::Read);
+    let want = [
+        b"VALUE foobarbaz 0 2\r\nhi\r\n".repeat(18_725),
+        b"END\r\n".to_vec(),
+    ]
+    .concat();
+    assert!(out == want, "{} bytes, want {}", out.len(), want.len());
+
+    let limits = memcache::Limits {
+        get_line_bytes_max: 8192,
+        ..memcache::Limits::default()
+    };
+    let (svc, base) = service(KvConfig {
+        limits,
+        ..KvConfig::default()
+    });
+    let fits = [b"get ".to_vec(), vec![b'k'; 200], b" ".repeat(7988)].concat();
+    assert_eq!(fits.len(), 8192);
+    let (out, next) = feed(&mut conn(&svc, base), &fits, &[4096], base);
+    assert_eq!((out.len(), next), (0, Next::Read));
+    let (out, next) = feed(
+        &mut conn(&svc, base),
+        &[fits, b"\r\n".to_vec()].concat(),
+        &[],
+        base,
+    );
+    assert_eq!((text(&out).as_str(), next), ("END\r\n", Next::Read));
+    let over = [b"get ".to_vec(), vec![b'k'; 200], b" ".repeat(7989)].concat();
+    let (out, next) = feed(&mut conn(&svc, base), &over, &[4096], base);
+    assert_eq!(text(&out), format!("{}\r\n", memcache::READ_TOO_LARGE));
+    assert_eq!(next, Next::Close(CloseReason::TooLarge));
+}
+
+#[test]
+fn http_request_lines_are_hung_up_on() {
+    let (svc, base) = service(KvConfig::default());
+    for line in [
+        &b"GET / HTTP/1.0\r\n"[..],
+        b"PUT /asdf/asd/fasdfasdf/sadf HTTP/1.1\r\n",
+        b"DELETE HTTP/1.1\r\n",
+    ] {
+        let (out, next) = feed(&mut conn(&svc, base), line, &[], base);
+        assert_eq!((out.len(), next), (0, Next::Close(CloseReason::BadRequest)));
+    }
+}
+
+/// memcached -F (t/flush-all.t): flush_all is refused before its argument is looked at, and
+/// the items stay; noreply silences the refusal.
+#[test]
+fn flush_all_can_be_disabled() {
+    let (svc, base) = service(KvConfig {
+        flush_enabled: false,
+        ..KvConfig::default()
+    });
+    let out = run(
+        &svc,
+        b"set foo 0 0 7\r\nfooval2\r\nflush_all\r\nflush_all invalid\r\nflush_all 0 noreply\r\n\
+          get foo\r\nstats settings\r\n",
+        base,
+    );
+    let out = text(&out);
+    assert!(
+        out.starts_with(
+            "STORED\r\nCLIENT_ERROR flush_all not allowed\r\n\
+             CLIENT_ERROR flush_all not allowed\r\nVALUE foo 0 7\r\nfooval2\r\nEND\r\n"
+        ),
+        "{out}"
+    );
+    assert!(out.contains("STAT flush_enabled no\r\n"), "{out}");
+    let stats = text(&run(&svc, b"stats\r\n", base));
+    assert!(
+        stats.contains("STAT cmd_flush 3\r\n"),
+        "refusals are counted: {stats}"
+    );
+    // Enabled (the default): the same commands flush.
+    let (svc, base) = service(KvConfig::default());
+    assert_eq!(
+        run(
+            &svc,
+            b"set foo 0 0 1\r\nx\r\nflush_all\r\nget foo\r\n",
+            base
+        ),
+        b"STORED\r\nOK\r\nEND\r\n"
+    );
+}
+
+/// memcached -C (t/flush-all.t): no uniques, so a cas of a present item always stores, and a
+/// flush_all kills what is stored in the rest of its second too.
+#[test]
+fn without_cas() {
+    let (svc, base) = service(KvConfig {
+        cas_enabled: false,
+        ..KvConfig::default()
+    });
+    let ms = |m: u64| base + Duration::from_millis(m);
+    assert_eq!(
+        run(
+            &svc,
+            b"set k 0 0 1\r\na\r\ngets k\r\ncas k 0 0 1 12345\r\nb\r\ngets k\r\n",
+            base
+        ),
+        b"STORED\r\nVALUE k 0 1 0\r\na\r\nEND\r\nSTORED\r\nVALUE k 0 1 0\r\nb\r\nEND\r\n"
+    );
+    assert_eq!(
+        run(&svc, b"cas nokey 0 0 1 0\r\nx\r\n", base),
+        b"NOT_FOUND\r\n"
+    );
+    // flush_all at 1.2 s: an item set at 1.9 s is gone, one set at 2.0 s stays.
+    assert_eq!(
+        run(
+            &svc,
+            b"flush_all 0\r\nset foo 0 0 3\r\nnew\r\nget foo\r\n",
+            ms(1200)
+        ),
+        b"OK\r\nSTORED\r\nEND\r\n"
+    );
+    assert_eq!(
+        run(&svc, b"set a 0 0 1\r\na\r\nget a\r\n", ms(1900)),
+        b"STORED\r\nEND\r\n"
+    );
+    assert_eq!(
+        run(&svc, b"set b 0 0 1\r\nb\r\nget b\r\n", ms(2000)),
+        b"STORED\r\nVALUE b 0 1\r\nb\r\nEND\r\n"
+    );
+    // Delayed: flush_all 3 at 2.5 s (deadline second 5): items stored up to 5.999 s die at 5 s.
+    run(&svc, b"flush_all 3\r\n", ms(2500));
+    run(&svc, b"set c 0 0 1\r\nc\r\n", ms(4000));
+    assert_eq!(
+        run(&svc, b"get b c\r\n", ms(4999)),
+        b"VALUE b 0 1\r\nb\r\nVALUE c 0 1\r\nc\r\nEND\r\n"
+    );
+    assert_eq!(run(&svc, b"get b c\r\n", ms(5000)), b"END\r\n");
+    run(&svc, b"set d 0 0 1\r\nd\r\n", ms(5500));
+    assert_eq!(run(&svc, b"get d\r\n", ms(5600)), b"END\r\n");
+    run(&svc, b"set e 0 0 1\r\ne\r\n", ms(6000));
+    assert_eq!(
+        run(&svc, b"get e\r\n", ms(6000)),
+        b"VALUE e 0 1\r\ne\r\nEND\r\n"
+    );
+    let settings = text(&run(&svc, b"stats settings\r\n", base));
+    assert!(settings.contains("STAT cas_enabled no\r\n"), "{settings}");
 }
 
 #[test]

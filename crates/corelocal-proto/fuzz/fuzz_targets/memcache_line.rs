@@ -3,7 +3,7 @@
 #![no_main]
 
 use corelocal_proto::memcache::{
-    line_overflows, next_line, parse_line, safe_strtol, safe_strtoull, value_number, Command,
+    line_overflow, next_line, parse_line, safe_strtol, safe_strtoull, value_number, Command,
     Limits, KEY_BYTES_MAX,
 };
 use libfuzzer_sys::fuzz_target;
@@ -28,6 +28,6 @@ fuzz_target!(|data: &[u8]| {
         }
         rest = &rest[n..];
     }
-    let _ = line_overflows(rest, &limits);
+    let _ = line_overflow(rest, &limits);
     let _ = (safe_strtoull(data), safe_strtol(data), value_number(data));
 });

@@ -15,6 +15,11 @@
 //! - A storage command refused before its data is read (bad number, key too long) does not
 //!   skip the data: the data line is then read as a command (usually `ERROR`), as memcached.
 //! - Meta commands (`mg`, `ms`, ...) other than `mn` are answered `ERROR`.
+//! - An unknown command whose last token starts with `HTTP/` is hung up on without a reply
+//!   ([`Command::CrossProtocol`]), so that a browser cannot be used to talk to the server.
+//! - A line without `\n` longer than 2048 bytes is hung up on, unless it is a `get`/`gets`
+//!   (a large multiget); a `get` line longer than [`Limits::get_line_bytes_max`] is answered
+//!   with memcached's reply when it cannot buffer a request, [`READ_TOO_LARGE`], and closed.
 
 mod numbers;
 #[cfg(test)]
@@ -37,15 +42,21 @@ pub struct Limits {
     /// A line without `\n` longer than this closes the connection, unless it is a `get`/`gets`
     /// (memcached: 2048).
     pub line_bytes_max: usize,
-    /// Limit for `get`/`gets` lines (many keys), which memcached leaves unbounded.
+    /// Limit for `get`/`gets` lines (the key list of a multiget), which memcached bounds only
+    /// by the memory it can allocate: beyond it the reply is [`READ_TOO_LARGE`] and the
+    /// connection closes, as memcached does when its read buffer cannot grow. The default
+    /// holds 8 times the 128 KiB key list of memcached's own test (t/getset.t).
     pub get_line_bytes_max: usize,
 }
+
+/// Default of [`Limits::get_line_bytes_max`].
+pub const GET_LINE_BYTES_MAX_DEFAULT: usize = 1 << 20;
 
 impl Default for Limits {
     fn default() -> Limits {
         Limits {
             line_bytes_max: 2048,
-            get_line_bytes_max: 256 * 1024,
+            get_line_bytes_max: GET_LINE_BYTES_MAX_DEFAULT,
         }
     }
 }
@@ -62,15 +73,35 @@ pub fn next_line(buf: &[u8]) -> Option<(&[u8], usize)> {
     Some((line, nl + 1))
 }
 
-/// Whether `buf` (no `\n` in it) has grown past the line limit: the connection must close.
-pub fn line_overflows(buf: &[u8], limits: &Limits) -> bool {
-    if buf.len() <= limits.line_bytes_max {
-        return false;
+/// What to do with an unfinished line that has grown past a limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Overflow {
+    /// Close without a reply (memcached: a line over 2048 bytes that is not a multiget is
+    /// garbage).
+    Hangup,
+    /// Reply [`READ_TOO_LARGE`], then close (a multiget over [`Limits::get_line_bytes_max`]).
+    TooLarge,
+}
+
+/// Whether `buf` (no `\n` in it) has grown past a line limit, and what to do then; `None`:
+/// keep reading.
+pub fn line_overflow(buf: &[u8], limits: &Limits) -> Option<Overflow> {
+    if buf.len() <= limits.line_bytes_max.min(limits.get_line_bytes_max) {
+        return None;
     }
+    // memcached's test: at most 100 leading spaces, then "get " or "gets ".
     let spaces = buf.iter().take_while(|&&b| b == b' ').count();
     let rest = &buf[spaces..];
-    let is_get = rest.starts_with(b"get ") || rest.starts_with(b"gets ");
-    spaces > 100 || !is_get || buf.len() > limits.get_line_bytes_max
+    let is_get = spaces <= 100 && (rest.starts_with(b"get ") || rest.starts_with(b"gets "));
+    if !is_get && buf.len() > limits.line_bytes_max {
+        Some(Overflow::Hangup)
+    } else if buf.len() > limits.get_line_bytes_max {
+        // Also a short line when the multiget limit is set below memcached's 2048: it is
+        // the only request our server cannot take, so it gets the reply.
+        Some(Overflow::TooLarge)
+    } else {
+        None
+    }
 }
 
 /// A storage command's operation.
@@ -179,8 +210,9 @@ pub enum Command<'a> {
     },
     /// `flush_all [delay] [noreply]`.
     FlushAll {
-        /// Delay (≤ 0: now), same units as an expiry.
-        delay: i32,
+        /// Delay (≤ 0: now), same units as an expiry; `None`: not a number, answered
+        /// [`BAD_EXPTIME`] — unless flush_all is disabled, which memcached checks first.
+        delay: Option<i32>,
         /// Suppress the reply.
         noreply: bool,
     },
@@ -197,6 +229,10 @@ pub enum Command<'a> {
     Quit,
     /// `mn` (meta no-op): answered `MN`.
     MetaNoop,
+    /// An unknown command that ends like an HTTP request line (`GET / HTTP/1.1`): close
+    /// without a reply, as memcached does, so that a web page cannot make a browser speak to
+    /// the server (cross-protocol requests).
+    CrossProtocol,
 }
 
 /// A line that is answered with a fixed reply (no CRLF in `reply`).
@@ -228,6 +264,10 @@ pub const TOO_LARGE: &str = "SERVER_ERROR object too large for cache";
 pub const OUT_OF_MEMORY: &str = "SERVER_ERROR out of memory storing object";
 /// A get response over the response size limit.
 pub const GET_TOO_LARGE: &str = "SERVER_ERROR out of memory writing get response";
+/// A request line over the limit (memcached: its read buffer could not grow); then close.
+pub const READ_TOO_LARGE: &str = "SERVER_ERROR out of memory reading request";
+/// `flush_all` when it is disabled (memcached `-F`).
+pub const FLUSH_DISABLED: &str = "CLIENT_ERROR flush_all not allowed";
 
 fn error() -> Reject {
     Reject {
@@ -300,8 +340,53 @@ pub fn parse_line(line: &[u8]) -> Result<Command<'_>, Reject> {
             }
         }
         b"stats" => parse_stats(&t, n),
+        name if !is_memcached_command(name) && looks_like_http(line) => Ok(Command::CrossProtocol),
         _ => Err(error()),
     }
+}
+
+/// Whether memcached 1.6.18 dispatches on this command name (whether or not we implement it,
+/// and whatever its token count): its HTTP check is reached only by names it does not know.
+/// It dispatches on the first byte for `g`, `s`, `a`, `c`, `i`, `d`, `t` (any other word with
+/// those initials is `ERROR`), and on two-byte `m?` meta commands.
+fn is_memcached_command(name: &[u8]) -> bool {
+    match name {
+        [b'm', _] => true,
+        [b'g' | b's' | b'a' | b'c' | b'i' | b'd' | b't', ..] => true,
+        _ => matches!(
+            name,
+            b"replace"
+                | b"prepend"
+                | b"bget"
+                | b"flush_all"
+                | b"version"
+                | b"quit"
+                | b"lru_crawler"
+                | b"watch"
+                | b"verbosity"
+                | b"lru"
+                | b"misbehave"
+                | b"extstore"
+                | b"refresh_certs"
+        ),
+    }
+}
+
+/// memcached's test for an HTTP request line: the last token starts with `HTTP/`. Its
+/// tokenizer keeps at most 23 tokens (the rest of a longer line is one unparsed remainder),
+/// so for a longer line the 23rd token is the one looked at.
+fn looks_like_http(line: &[u8]) -> bool {
+    const TOKENS_MAX: usize = 23;
+    let mut last: &[u8] = &[];
+    let mut rest = line;
+    for _ in 0..TOKENS_MAX {
+        let Some((tok, r)) = split_token(rest) else {
+            break;
+        };
+        last = tok;
+        rest = r;
+    }
+    last.starts_with(b"HTTP/")
 }
 
 fn parse_get<'a>(cmd: &[u8], line: &'a [u8]) -> Result<Command<'a>, Reject> {
@@ -412,9 +497,9 @@ fn parse_touch<'a>(t: &[&'a [u8]; 8], n: usize) -> Result<Command<'a>, Reject> {
 fn parse_flush<'a>(t: &[&'a [u8]; 8], n: usize) -> Result<Command<'a>, Reject> {
     let nr = noreply(t, n);
     let delay = if n != if nr { 2 } else { 1 } {
-        safe_strtol(t[1]).ok_or(reject(BAD_EXPTIME, nr))?
+        safe_strtol(t[1])
     } else {
-        0
+        Some(0)
     };
     Ok(Command::FlushAll { delay, noreply: nr })
 }

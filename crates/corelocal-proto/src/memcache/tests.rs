@@ -23,17 +23,83 @@ fn lines_are_framed_like_memcached() {
 #[test]
 fn long_lines_close_unless_get() {
     let l = Limits::default();
-    assert!(!line_overflows(&[b'x'; 2048], &l));
-    assert!(line_overflows(&[b'x'; 2049], &l));
+    assert_eq!(line_overflow(&[b'x'; 2048], &l), None);
+    assert_eq!(line_overflow(&[b'x'; 2049], &l), Some(Overflow::Hangup));
     let get = [b"get ".to_vec(), vec![b'k'; 3000]].concat();
-    assert!(!line_overflows(&get, &l));
+    assert_eq!(line_overflow(&get, &l), None);
     let gat = [b"gat 1 ".to_vec(), vec![b'k'; 3000]].concat();
-    assert!(
-        line_overflows(&gat, &l),
+    assert_eq!(
+        line_overflow(&gat, &l),
+        Some(Overflow::Hangup),
         "memcached closes long gat lines too"
     );
-    let huge = [b"gets ".to_vec(), vec![b'k'; l.get_line_bytes_max]].concat();
-    assert!(line_overflows(&huge, &l));
+    let spaced = [vec![b' '; 101], b"get ".to_vec(), vec![b'k'; 3000]].concat();
+    assert_eq!(line_overflow(&spaced, &l), Some(Overflow::Hangup));
+    let spaced = [vec![b' '; 100], b"get ".to_vec(), vec![b'k'; 3000]].concat();
+    assert_eq!(line_overflow(&spaced, &l), None);
+}
+
+/// memcached's t/getset.t sends a 128 KiB key list (18,725 keys) and expects every one
+/// answered; a longer one than the limit gets memcached's out-of-memory reply, not a hangup.
+#[test]
+fn multiget_key_lists_up_to_the_limit() {
+    let l = Limits::default();
+    let suite = [b"get ".to_vec(), b"foobarbaz ".repeat(18_725)].concat();
+    assert_eq!(line_overflow(&suite, &l), None);
+    let Ok(Command::Get { keys, .. }) = parse_line(&suite) else {
+        panic!("the suite's multiget does not parse")
+    };
+    assert_eq!(keys.count(), 18_725);
+    let at = [b"gets ".to_vec(), vec![b'k'; l.get_line_bytes_max - 5]].concat();
+    assert_eq!(line_overflow(&at, &l), None);
+    let over = [b"gets ".to_vec(), vec![b'k'; l.get_line_bytes_max - 4]].concat();
+    assert_eq!(line_overflow(&over, &l), Some(Overflow::TooLarge));
+    let small = Limits {
+        get_line_bytes_max: 4096,
+        ..l
+    };
+    let over = [b"get ".to_vec(), vec![b'k'; 4093]].concat();
+    assert_eq!(line_overflow(&over, &small), Some(Overflow::TooLarge));
+    // A limit below memcached's 2048: the line is refused with the reply, whatever it is.
+    let tiny = Limits {
+        get_line_bytes_max: 1000,
+        ..l
+    };
+    assert_eq!(line_overflow(&[b'x'; 1000], &tiny), None);
+    assert_eq!(
+        line_overflow(&[b'x'; 1001], &tiny),
+        Some(Overflow::TooLarge)
+    );
+    assert_eq!(line_overflow(&[b'x'; 2049], &tiny), Some(Overflow::Hangup));
+}
+
+/// memcached hangs up on an unknown command whose last token (of at most 23) starts with
+/// `HTTP/` (t/malicious-commands.t); a command it knows is answered as usual.
+#[test]
+fn http_request_lines_are_hung_up_on() {
+    for line in [
+        "GET / HTTP/1.0",
+        "PUT /asdf/asd/fasdfasdf/sadf HTTP/1.1",
+        "DELETE HTTP/1.1",
+        "POST /x HTTP/2",
+        "HTTP/1.1",
+    ] {
+        assert_eq!(ok(line), Command::CrossProtocol, "{line}");
+    }
+    let long = format!("GET {}HTTP/1.1", "a ".repeat(21));
+    assert_eq!(ok(&long), Command::CrossProtocol, "the 23rd token");
+    let longer = format!("GET {}HTTP/1.1", "a ".repeat(22));
+    assert_eq!(rej(&longer), (ERROR, false), "past memcached's 23 tokens");
+    assert_eq!(rej("GET / HTTP"), (ERROR, false));
+    assert_eq!(rej("GET HTTP/1.1 x"), (ERROR, false));
+    // Names memcached dispatches on are never taken for HTTP.
+    assert_eq!(rej("set HTTP/1.1"), (ERROR, false));
+    assert_eq!(rej("gXt / HTTP/1.1"), (ERROR, false));
+    assert_eq!(rej("dump / HTTP/1.1"), (ERROR, false));
+    assert_eq!(rej("mz HTTP/1.1"), (ERROR, false));
+    assert_eq!(rej("lru HTTP/1.1"), (ERROR, false));
+    assert_eq!(ok("version HTTP/1.1"), Command::Version);
+    assert!(matches!(ok("get / HTTP/1.1"), Command::Get { .. }));
 }
 
 #[test]
@@ -188,33 +254,46 @@ fn other_commands() {
     assert_eq!(
         ok("flush_all"),
         Command::FlushAll {
-            delay: 0,
+            delay: Some(0),
             noreply: false
         }
     );
     assert_eq!(
         ok("flush_all 10"),
         Command::FlushAll {
-            delay: 10,
+            delay: Some(10),
             noreply: false
         }
     );
     assert_eq!(
         ok("flush_all noreply"),
         Command::FlushAll {
-            delay: 0,
+            delay: Some(0),
             noreply: true
         }
     );
     assert_eq!(
         ok("flush_all 1 2"),
         Command::FlushAll {
-            delay: 1,
+            delay: Some(1),
             noreply: false
         }
     );
-    assert_eq!(rej("flush_all abc"), (BAD_EXPTIME, false));
-    assert_eq!(rej("flush_all noreply x"), (BAD_EXPTIME, false));
+    // A bad delay is answered by the server: memcached checks `-F` before the argument.
+    assert_eq!(
+        ok("flush_all abc"),
+        Command::FlushAll {
+            delay: None,
+            noreply: false
+        }
+    );
+    assert_eq!(
+        ok("flush_all noreply x"),
+        Command::FlushAll {
+            delay: None,
+            noreply: false
+        }
+    );
     assert_eq!(ok("version x"), Command::Version);
     assert_eq!(ok("quit"), Command::Quit);
     assert_eq!(ok("mn"), Command::MetaNoop);
@@ -320,7 +399,31 @@ mod props {
                 }
                 rest = &rest[n..];
             }
-            let _ = line_overflows(rest, &Limits::default());
+            let _ = line_overflow(rest, &Limits::default());
+        }
+
+        /// Unfinished lines against memcached's rule: past 2048 bytes only a multiget (at
+        /// most 100 leading spaces, then `get `/`gets `) may keep growing, and only up to the
+        /// multiget limit, past which it gets the reply rather than a hangup.
+        #[test]
+        fn unfinished_lines_follow_memcached(
+            spaces in 0usize..130, kind in 0u8..4, len in 0usize..9000,
+            get_max in 500usize..8000,
+        ) {
+            let head: &[u8] = [&b"get "[..], b"gets ", b"gat 1 ", b"set "][kind as usize];
+            let mut buf = vec![b' '; spaces];
+            buf.extend_from_slice(head);
+            buf.resize(buf.len().max(len), b'k');
+            let limits = Limits { get_line_bytes_max: get_max, ..Limits::default() };
+            let is_get = kind < 2 && spaces <= 100;
+            let want = if !is_get && buf.len() > 2048 {
+                Some(Overflow::Hangup)
+            } else if buf.len() > get_max {
+                Some(Overflow::TooLarge)
+            } else {
+                None
+            };
+            prop_assert_eq!(line_overflow(&buf, &limits), want);
         }
 
         /// Generated storage lines parse back to their fields.
