@@ -71,6 +71,11 @@ pub enum Op {
         conn: ConnId,
         /// Owned by the backend until [`Completion::Sent`] returns it.
         buf: Vec<u8>,
+        /// This is the connection's last output: close it once everything is sent (or the
+        /// send failed). [`Completion::Sent`] then [`Completion::Closed`] follow, and no
+        /// [`Op::Close`] is needed. The backend may put the FIN in the data's last segment
+        /// and hand send and close to the kernel together.
+        close_after: bool,
     },
     /// Send a file region without copying through user space.
     SendFile {

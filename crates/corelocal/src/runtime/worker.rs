@@ -66,6 +66,9 @@ struct Conn<H> {
     eof: bool,
     closing: Option<CloseReason>,
     close_sent: bool,
+    /// The close went to the backend with the last send (`Op::Send::close_after`): no
+    /// `Op::Close` follows, unless the send must be aborted (idle timeout, stop deadline).
+    close_with_send: bool,
     last_active: Instant,
     /// Whether a request of this connection completed (or it closed): not waiting any more.
     served: bool,
@@ -374,6 +377,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
             eof: false,
             closing: None,
             close_sent: false,
+            close_with_send: false,
             last_active: now,
             served: false,
             drain_signalled: false,
@@ -541,7 +545,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
         let Some(conn) = self.conns.get_mut(id as usize).and_then(Option::as_mut) else {
             return;
         };
-        if conn.sending || conn.close_sent {
+        if conn.sending || conn.close_sent || conn.close_with_send {
             return;
         }
         let spare = self.spare_bufs.pop().unwrap_or_default();
@@ -549,7 +553,15 @@ impl<S: Service, B: Backend> Worker<S, B> {
             Some(Chunk::Bytes(buf)) => {
                 conn.sending = true;
                 conn.in_flight = buf.len() as u64;
-                self.backend.push(Op::Send { conn: id, buf });
+                // The last output of a closing connection: the backend closes after it (one
+                // turn and, on loopback, one packet fewer than send, then close).
+                let close_after = conn.closing.is_some() && conn.output.is_empty();
+                conn.close_with_send = close_after;
+                self.backend.push(Op::Send {
+                    conn: id,
+                    buf,
+                    close_after,
+                });
             }
             Some(Chunk::File(region)) => {
                 conn.sending = true;
@@ -584,12 +596,13 @@ impl<S: Service, B: Backend> Worker<S, B> {
         self.flush(id);
     }
 
-    /// Closes now, dropping pending output.
+    /// Closes now, dropping pending output (a last send still waiting with its close is
+    /// aborted; once it completed, its close is on its way anyway).
     fn force_close(&mut self, id: ConnId) {
         let Some(conn) = self.conns.get_mut(id as usize).and_then(Option::as_mut) else {
             return;
         };
-        if conn.close_sent {
+        if conn.close_sent || (conn.close_with_send && !conn.sending) {
             return;
         }
         conn.closing = Some(CloseReason::Done);

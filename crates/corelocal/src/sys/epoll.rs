@@ -62,6 +62,8 @@ struct ConnIo {
     registered: bool,
     interest: u32,
     pending: Option<PendingSend>,
+    /// Close once the pending send is done (its last output; see `Op::Send::close_after`).
+    close_after: bool,
     /// Its interest may have changed since it was last registered (see `interest_dirty`).
     dirty: bool,
 }
@@ -236,7 +238,16 @@ impl EpollBackend {
                 }
                 self.update_interest(conn)?;
             }
-            Op::Send { conn, buf } => self.start_send(conn, PendingSend::Bytes { buf, sent: 0 })?,
+            Op::Send {
+                conn,
+                buf,
+                close_after,
+            } => {
+                if let Some(c) = self.conn_mut(conn) {
+                    c.close_after = close_after;
+                }
+                self.start_send(conn, PendingSend::Bytes { buf, sent: 0 })?
+            }
             Op::SendFile { conn, region } => {
                 self.start_send(conn, PendingSend::File { region, sent: 0 })?
             }
@@ -266,10 +277,11 @@ impl EpollBackend {
             return Ok(());
         };
         let fd = c.fd.as_raw_fd();
+        let close_after = c.close_after;
         let Some(mut pending) = c.pending.take() else {
             return Ok(());
         };
-        let outcome = drive_send(fd, &mut pending);
+        let outcome = drive_send(fd, &mut pending, close_after);
         match outcome {
             Err(e) if would_block(&e) => {
                 c.pending = Some(pending);
@@ -282,6 +294,15 @@ impl EpollBackend {
                 },
                 PendingSend::File { .. } => Completion::SentFile { conn, result },
             }),
+        }
+        let done = self.conn_mut(conn).is_some_and(|c| c.pending.is_none());
+        if close_after && done {
+            // Dropping the descriptor closes it; the FIN follows the data (MSG_MORE).
+            if let Some(slot) = self.conns.get_mut(conn as usize) {
+                slot.take();
+            }
+            self.ready.push_back(Completion::Closed { conn });
+            return Ok(());
         }
         self.update_interest(conn)
     }
@@ -354,6 +375,7 @@ impl EpollBackend {
             interest: 0,
             dirty: false,
             pending: None,
+            close_after: false,
         });
         self.ready.push_back(Completion::Accepted {
             origin,
@@ -436,14 +458,18 @@ impl EpollBackend {
     }
 }
 
-fn drive_send(fd: RawFd, pending: &mut PendingSend) -> io::Result<u64> {
+fn drive_send(fd: RawFd, pending: &mut PendingSend, last: bool) -> io::Result<u64> {
     loop {
         match pending {
             PendingSend::Bytes { buf, sent } => {
                 if *sent == buf.len() {
                     return Ok(*sent as u64);
                 }
-                *sent += socket::send(fd, &buf[*sent..])?;
+                *sent += if last {
+                    socket::send_more(fd, &buf[*sent..])?
+                } else {
+                    socket::send(fd, &buf[*sent..])?
+                };
             }
             PendingSend::File { region, sent } => {
                 if *sent == region.len {
@@ -610,5 +636,50 @@ mod tests {
         b.submit().unwrap();
         b.wait(Some(Duration::ZERO)).unwrap();
         assert_eq!(b.ctl_calls() - before, 1, "only the connection's ADD");
+    }
+
+    /// The last answer with its close: `Sent` then `Closed` without an `Op::Close`, and the
+    /// peer reads the data, then EOF.
+    #[test]
+    fn the_last_send_takes_the_close_with_it() {
+        use std::io::Read;
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let mut b = EpollBackend::new(PoolConfig {
+            bufs: 4,
+            buf_bytes: 4096,
+        })
+        .unwrap();
+        b.push(Op::Accept {
+            listener: 0,
+            fd: listener.as_raw_fd(),
+            exclusive: false,
+            budget: None,
+        });
+        let mut client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let Completion::Accepted { conn, .. } =
+            next(&mut b, |c| matches!(c, Completion::Accepted { .. }))
+        else {
+            unreachable!()
+        };
+        b.push(Op::Send {
+            conn,
+            buf: b"pong".to_vec(),
+            close_after: true,
+        });
+        b.submit().unwrap();
+        b.wait(Some(Duration::ZERO)).unwrap();
+        let mut out = Vec::new();
+        b.reap(&mut out, 64);
+        assert!(
+            matches!(
+                out.as_slice(),
+                [Completion::Sent { result: Ok(4), .. }, Completion::Closed { .. }]
+            ),
+            "{out:?}"
+        );
+        let mut answer = Vec::new();
+        client.read_to_end(&mut answer).unwrap();
+        assert_eq!(answer, b"pong");
     }
 }

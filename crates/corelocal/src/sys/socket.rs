@@ -221,13 +221,23 @@ pub fn recv(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
 
 /// `send` of `buf` without SIGPIPE.
 pub fn send(fd: RawFd, buf: &[u8]) -> io::Result<usize> {
+    send_flags(fd, buf, 0)
+}
+
+/// `send` with `MSG_MORE`: the data waits for more (here: the close's FIN, which then rides in
+/// the same segment).
+pub fn send_more(fd: RawFd, buf: &[u8]) -> io::Result<usize> {
+    send_flags(fd, buf, libc::MSG_MORE)
+}
+
+fn send_flags(fd: RawFd, buf: &[u8], flags: libc::c_int) -> io::Result<usize> {
     // SAFETY: `buf` is readable for its length.
     cvt_size(unsafe {
         libc::send(
             fd,
             buf.as_ptr() as *const libc::c_void,
             buf.len(),
-            libc::MSG_NOSIGNAL,
+            libc::MSG_NOSIGNAL | flags,
         )
     })
 }

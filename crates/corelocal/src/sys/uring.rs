@@ -47,6 +47,8 @@ const BUF_GROUP: u16 = 0;
 const FILE_CHUNK_BYTES: usize = 256 * 1024;
 /// Completions taken from the CQ per reap call before returning to the worker.
 const CQE_BATCH_MAX: usize = 1024;
+/// `IORING_ENTER_GETEVENTS` (the crate keeps its `sys` constants private).
+const IORING_ENTER_GETEVENTS: u32 = 1;
 /// `SOCKET_URING_OP_GETSOCKOPT`.
 const SOCKET_URING_OP_GETSOCKOPT: u32 = 2;
 
@@ -91,6 +93,8 @@ enum RecvState {
 struct SendState {
     buf: Vec<u8>,
     sent: usize,
+    /// The connection's last output: its close goes out linked behind the send.
+    close_after: bool,
     /// For a file region: what is left to read after the bytes in `buf`, and the total.
     file: Option<(FileRegion, u64)>,
 }
@@ -102,6 +106,9 @@ struct Slot {
     recv: RecvState,
     send: Option<SendState>,
     closing: bool,
+    /// A close is linked behind the send in flight (see `send_next`): if the link breaks
+    /// (the send failed or was cut short), its CQE is ECANCELED and the close is reissued.
+    close_linked: bool,
 }
 
 /// A listener's multishot accept.
@@ -280,6 +287,7 @@ impl UringBackend {
                     recv: RecvState::Off,
                     send: None,
                     closing: false,
+                    close_linked: false,
                 })
                 .collect(),
             listeners: Vec::new(),
@@ -505,15 +513,37 @@ impl UringBackend {
             return;
         };
         let remaining = &send.buf[send.sent..];
+        let last = send.close_after && send.file.is_none();
+        // The last output goes whole (MSG_WAITALL: a short send breaks the link) and waits for
+        // the close (MSG_MORE), whose FIN then rides in the data's last segment.
+        let flags = if last {
+            libc::MSG_NOSIGNAL | libc::MSG_WAITALL | libc::MSG_MORE
+        } else {
+            libc::MSG_NOSIGNAL
+        };
         let entry = opcode::Send::new(
             types::Fixed(conn),
             remaining.as_ptr(),
             remaining.len().min(u32::MAX as usize) as u32,
         )
-        .flags(libc::MSG_NOSIGNAL)
+        .flags(flags)
         .build()
         .user_data(user_data(KIND_SEND, generation, conn));
-        self.sqe(entry);
+        if !last {
+            self.sqe(entry);
+            return;
+        }
+        let recv_in_flight = matches!(slot.recv, RecvState::Armed | RecvState::First);
+        slot.recv = RecvState::Off;
+        slot.closing = true;
+        slot.close_linked = true;
+        if recv_in_flight {
+            self.cancel(user_data(KIND_RECV, generation, conn));
+        }
+        let close = opcode::Close::new(types::Fixed(conn))
+            .build()
+            .user_data(user_data(KIND_CLOSE, generation, conn));
+        self.sqe_chain(&[entry, close]);
     }
 
     fn run(&mut self, op: Op) {
@@ -541,19 +571,34 @@ impl UringBackend {
                 }
                 self.slots[conn as usize].recv = RecvState::Off;
             }
-            Op::Send { conn, buf } => self.start_send(conn, buf, None),
+            Op::Send {
+                conn,
+                buf,
+                close_after,
+            } => self.start_send(conn, buf, None, close_after),
             Op::SendFile { conn, region } => {
                 let total = region.len;
-                self.start_send(conn, Vec::new(), Some((region, total)));
+                self.start_send(conn, Vec::new(), Some((region, total)), false);
             }
             Op::Close { conn } => self.close(conn),
         }
     }
 
-    fn start_send(&mut self, conn: ConnId, buf: Vec<u8>, file: Option<(FileRegion, u64)>) {
+    fn start_send(
+        &mut self,
+        conn: ConnId,
+        buf: Vec<u8>,
+        file: Option<(FileRegion, u64)>,
+        close_after: bool,
+    ) {
         let slot = &mut self.slots[conn as usize];
         assert!(slot.send.is_none(), "one send at a time per connection");
-        slot.send = Some(SendState { buf, sent: 0, file });
+        slot.send = Some(SendState {
+            buf,
+            sent: 0,
+            file,
+            close_after,
+        });
         self.continue_send(conn);
     }
 
@@ -610,6 +655,17 @@ impl UringBackend {
     fn close(&mut self, conn: ConnId) {
         let slot = &mut self.slots[conn as usize];
         let generation = slot.generation;
+        if slot.close_linked {
+            // The close is already on its way behind the send: abort a send that waits (a slow
+            // reader); the broken link then reissues the close (see `on_close`). Never a second
+            // close here: the slot may already be free and taken by a new connection.
+            if let Some(send) = slot.send.take() {
+                let ud = user_data(KIND_SEND, generation, conn);
+                self.cancel(ud);
+                self.graveyard.push((ud, send.buf));
+            }
+            return;
+        }
         slot.closing = true;
         let in_flight = matches!(slot.recv, RecvState::Armed | RecvState::First);
         slot.recv = RecvState::Off;
@@ -656,11 +712,29 @@ impl UringBackend {
                     KIND_SOCKOPT => self.on_sockopt(id, res),
                     KIND_RECV => self.on_recv(id, res, flags),
                     KIND_SEND => self.on_send(id, res),
-                    KIND_CLOSE => self.ready.push_back(Completion::Closed { conn: id }),
+                    KIND_CLOSE => self.on_close(id, res),
                     _ => {}
                 }
             }
         }
+    }
+
+    /// A close completed — or, linked behind a send whose link broke, was cancelled: then it
+    /// is reissued once the send is over (a send cut short is re-sent with its close again).
+    fn on_close(&mut self, conn: ConnId, res: i32) {
+        let slot = &mut self.slots[conn as usize];
+        if res == -libc::ECANCELED && slot.close_linked {
+            if slot.send.is_none() {
+                slot.close_linked = false;
+                let entry = opcode::Close::new(types::Fixed(conn))
+                    .build()
+                    .user_data(user_data(KIND_CLOSE, slot.generation, conn));
+                self.sqe(entry);
+            }
+            return;
+        }
+        slot.close_linked = false;
+        self.ready.push_back(Completion::Closed { conn });
     }
 
     fn on_accept_one(&mut self, listener: u32, res: i32) {
@@ -725,6 +799,7 @@ impl UringBackend {
         slot.recv = RecvState::Off;
         slot.send = None;
         slot.closing = false;
+        slot.close_linked = false;
         self.cpu_vals[conn as usize] = -1;
         self.unreported += 1;
         // The SO_INCOMING_CPU query and the first receive in one submit, linked so that their
@@ -933,7 +1008,20 @@ impl Backend for UringBackend {
         if count == 0 {
             return Ok(0);
         }
-        match self.ring.submit() {
+        let to_submit = self.ring.submission().len() as u32;
+        // GETEVENTS without waiting: under DEFER_TASKRUN the task work of what was just
+        // submitted runs now — e.g. the close linked behind a send that completed inline — so
+        // its completion is reaped this turn instead of after the next wait.
+        // SAFETY: no argument is passed (null pointer, size of an unused sigset type).
+        let entered = unsafe {
+            self.ring.submitter().enter::<libc::sigset_t>(
+                to_submit,
+                0,
+                IORING_ENTER_GETEVENTS,
+                None,
+            )
+        };
+        match entered {
             Ok(_) => Ok(count),
             Err(e) if e.raw_os_error() == Some(libc::EBUSY) => Ok(count), // CQ full: reap first
             Err(e) => Err(e),
@@ -1064,6 +1152,7 @@ mod tests {
         b.push(Op::Send {
             conn,
             buf: b"pong".to_vec(),
+            close_after: false,
         });
         let (_, out) = turn(&mut b);
         assert!(
@@ -1118,5 +1207,108 @@ mod tests {
             }
         }
         panic!("received {:?}", String::from_utf8_lossy(&got));
+    }
+
+    /// The last answer with its close: two linked SQEs (send, close) in one submit, both
+    /// completions in one reap, the peer gets the data then EOF.
+    #[test]
+    fn the_last_send_takes_the_close_with_it() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut b = backend();
+        b.push(Op::Accept {
+            listener: 0,
+            fd: listener.as_raw_fd(),
+            exclusive: false,
+            budget: None,
+        });
+        let mut client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        client.write_all(b"ping").unwrap();
+        let mut conn = None;
+        for _ in 0..50 {
+            let (_, out) = turn(&mut b);
+            for c in out {
+                match c {
+                    Completion::Accepted { conn: id, .. } => conn = Some(id),
+                    Completion::Recv { buf, .. } => b.release(buf),
+                    _ => {}
+                }
+            }
+            if conn.is_some() {
+                break;
+            }
+        }
+        let conn = conn.expect("accepted");
+        b.push(Op::Send {
+            conn,
+            buf: b"pong".to_vec(),
+            close_after: true,
+        });
+        let (_, out) = turn(&mut b);
+        assert!(
+            matches!(
+                out.as_slice(),
+                [
+                    Completion::Sent { result: Ok(4), .. },
+                    Completion::Closed { .. }
+                ]
+            ),
+            "{out:?}"
+        );
+        let mut answer = Vec::new();
+        client.read_to_end(&mut answer).unwrap();
+        assert_eq!(answer, b"pong");
+    }
+
+    /// A last send stuck behind a peer that does not read is aborted by a close (idle
+    /// timeout): the close is reissued once, and the connection reported closed once.
+    #[test]
+    fn a_stuck_last_send_is_aborted_by_close() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut b = backend();
+        b.push(Op::Accept {
+            listener: 0,
+            fd: listener.as_raw_fd(),
+            exclusive: false,
+            budget: None,
+        });
+        let mut client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        client.write_all(b"ping").unwrap();
+        let mut conn = None;
+        for _ in 0..50 {
+            let (_, out) = turn(&mut b);
+            for c in out {
+                match c {
+                    Completion::Accepted { conn: id, .. } => conn = Some(id),
+                    Completion::Recv { buf, .. } => b.release(buf),
+                    _ => {}
+                }
+            }
+            if conn.is_some() {
+                break;
+            }
+        }
+        let conn = conn.expect("accepted");
+        // Far more than the socket buffers hold: the send waits for the reader.
+        b.push(Op::Send {
+            conn,
+            buf: vec![b'x'; 64 << 20],
+            close_after: true,
+        });
+        let (_, out) = turn(&mut b);
+        assert!(
+            out.is_empty(),
+            "nothing completes while the peer does not read: {out:?}"
+        );
+        b.push(Op::Close { conn });
+        let mut closed = 0;
+        for _ in 0..20 {
+            let (_, out) = turn(&mut b);
+            closed += out
+                .iter()
+                .filter(|c| matches!(c, Completion::Closed { .. }))
+                .count();
+        }
+        assert_eq!(closed, 1);
+        drop(client);
     }
 }
