@@ -674,7 +674,10 @@ mod tests {
         assert!(
             matches!(
                 out.as_slice(),
-                [Completion::Sent { result: Ok(4), .. }, Completion::Closed { .. }]
+                [
+                    Completion::Sent { result: Ok(4), .. },
+                    Completion::Closed { .. }
+                ]
             ),
             "{out:?}"
         );

@@ -1106,6 +1106,36 @@ mod tests {
         .expect("io_uring (this kernel allows it)")
     }
 
+    /// A backend accepting on a fresh listener, a client that connected and sent "ping", and
+    /// the connection once accepted (its first bytes released).
+    fn accepted_after_ping() -> (UringBackend, TcpListener, TcpStream, ConnId) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut b = backend();
+        b.push(Op::Accept {
+            listener: 0,
+            fd: listener.as_raw_fd(),
+            exclusive: false,
+            budget: None,
+        });
+        let mut client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        client.write_all(b"ping").unwrap();
+        for _ in 0..50 {
+            let (_, out) = turn(&mut b);
+            let mut conn = None;
+            for c in out {
+                match c {
+                    Completion::Accepted { conn: id, .. } => conn = Some(id),
+                    Completion::Recv { buf, .. } => b.release(buf),
+                    _ => {}
+                }
+            }
+            if let Some(conn) = conn {
+                return (b, listener, client, conn);
+            }
+        }
+        panic!("no connection accepted");
+    }
+
     /// One submit / wait / reap turn; returns the completions.
     fn turn(b: &mut UringBackend) -> (usize, Vec<Completion>) {
         let submitted = b.submit().unwrap();
@@ -1213,31 +1243,7 @@ mod tests {
     /// completions in one reap, the peer gets the data then EOF.
     #[test]
     fn the_last_send_takes_the_close_with_it() {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let mut b = backend();
-        b.push(Op::Accept {
-            listener: 0,
-            fd: listener.as_raw_fd(),
-            exclusive: false,
-            budget: None,
-        });
-        let mut client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-        client.write_all(b"ping").unwrap();
-        let mut conn = None;
-        for _ in 0..50 {
-            let (_, out) = turn(&mut b);
-            for c in out {
-                match c {
-                    Completion::Accepted { conn: id, .. } => conn = Some(id),
-                    Completion::Recv { buf, .. } => b.release(buf),
-                    _ => {}
-                }
-            }
-            if conn.is_some() {
-                break;
-            }
-        }
-        let conn = conn.expect("accepted");
+        let (mut b, _listener, mut client, conn) = accepted_after_ping();
         b.push(Op::Send {
             conn,
             buf: b"pong".to_vec(),
@@ -1263,31 +1269,7 @@ mod tests {
     /// timeout): the close is reissued once, and the connection reported closed once.
     #[test]
     fn a_stuck_last_send_is_aborted_by_close() {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let mut b = backend();
-        b.push(Op::Accept {
-            listener: 0,
-            fd: listener.as_raw_fd(),
-            exclusive: false,
-            budget: None,
-        });
-        let mut client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-        client.write_all(b"ping").unwrap();
-        let mut conn = None;
-        for _ in 0..50 {
-            let (_, out) = turn(&mut b);
-            for c in out {
-                match c {
-                    Completion::Accepted { conn: id, .. } => conn = Some(id),
-                    Completion::Recv { buf, .. } => b.release(buf),
-                    _ => {}
-                }
-            }
-            if conn.is_some() {
-                break;
-            }
-        }
-        let conn = conn.expect("accepted");
+        let (mut b, _listener, client, conn) = accepted_after_ping();
         // Far more than the socket buffers hold: the send waits for the reader.
         b.push(Op::Send {
             conn,
