@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Where a one-shot HTTP connection's server CPU goes (issue 15): perf (software cpu-clock
+# samples; this VM has no hardware counters) on the server process while `corelocal bench crr`
+# drives 64 connections, for corelocal (io_uring and epoll), nginx and the C epoll floor server;
+# and strace -c syscall counts per connection. Server on CPU 1, client on CPU 0, each in a fresh
+# network namespace. usage: bench/oneshot-profile.sh [SECONDS] → results/oneshot-profile.md
+set -euo pipefail
+cd "$(dirname "$0")/.."
+secs=${1:-4}
+cargo build --release -q -p corelocal-cli
+bin=$PWD/target/release/corelocal
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+mkdir -p "$tmp/www" "$tmp/nginx/tmp" && printf 'hello\n' >"$tmp/www/hello"
+cat >"$tmp/nginx/nginx.conf" <<CONF
+worker_processes 1; worker_cpu_affinity 10; daemon off; error_log /dev/null; pid $tmp/nginx/pid;
+events { worker_connections 20000; use epoll; multi_accept on; }
+http { access_log off; client_body_temp_path $tmp/nginx/tmp; proxy_temp_path $tmp/nginx/tmp;
+  fastcgi_temp_path $tmp/nginx/tmp; uwsgi_temp_path $tmp/nginx/tmp; scgi_temp_path $tmp/nginx/tmp;
+  server { listen 127.0.0.1:8080 reuseport backlog=4096; location = /hello { return 200 "hello\n"; } } }
+CONF
+gcc -O2 -o "$tmp/floor" ../shared/tools/floor_server.c
+declare -A servers=(
+  [corelocal-uring]="$bin serve http --listen 127.0.0.1:8080 --cpus 1 --stats-interval 0 --root $tmp/www --backend uring"
+  [corelocal-epoll]="$bin serve http --listen 127.0.0.1:8080 --cpus 1 --stats-interval 0 --root $tmp/www --backend epoll"
+  [nginx]="/usr/sbin/nginx -p $tmp/nginx -c $tmp/nginx/nginx.conf"
+  [floor]="$tmp/floor 8080 1 1"
+)
+md=results/oneshot-profile.md
+{
+  echo "# One-shot HTTP: where the server's CPU goes"
+  echo
+  echo "\`bench/oneshot-profile.sh $secs\` — 2-core VM, Linux $(uname -r). Server on CPU 1, \`corelocal bench crr --conns 64\` on CPU 0, fresh netns per server; \`perf record -e cpu-clock\` on the server process for ${secs} s (software clock: no hardware counters here), then \`strace -c -f\` for ${secs} s (its overhead slows the run; counts per connection are what matter)."
+} >"$md"
+for name in corelocal-uring corelocal-epoll nginx floor; do
+  unshare -n bash -euo pipefail -c '
+    ip link set lo up
+    name=$1; cmd=$2; bin=$3; secs=$4; tmp=$5
+    $cmd >/dev/null 2>&1 &
+    server=$!
+    for _ in $(seq 100); do ss -ltn | grep -q ":8080 " && break; sleep 0.05; done
+    # nginx: profile the worker, not the master.
+    target=$server
+    if [ "$name" = nginx ]; then target=$(pgrep -P $server | head -1); fi
+    "$bin" bench crr --target http://127.0.0.1:8080/hello --cpus 0 --conns 64 \
+        --duration $((2 * secs + 3))s --warmup 0 --progress never --json "$tmp/$name-bench.json" \
+        >/dev/null 2>&1 &
+    client=$!
+    sleep 1
+    perf record -q -e cpu-clock -F 4999 -g -p "$target" -o "$tmp/$name.data" -- sleep "$secs" >/dev/null 2>&1
+    timeout "$secs" strace -c -f -p "$target" -o "$tmp/$name.strace" >/dev/null 2>&1 || true
+    wait $client || true
+    kill -TERM $server 2>/dev/null; wait $server 2>/dev/null || true
+  ' _ "$name" "${servers[$name]}" "$bin" "$secs" "$tmp"
+  conns=$(python3 -c "import json;print(json.load(open('$tmp/$name-bench.json'))['throughput']['units'])")
+  {
+    echo
+    echo "## $name"
+    echo
+    echo "Top symbols by self time (perf report --no-children --sort sym):"
+    echo
+    echo '```'
+    perf report -q -i "$tmp/$name.data" --no-children --sort sym --stdio -g none 2>/dev/null | grep -v '^$' | head -25
+    echo '```'
+    echo
+    echo "Syscalls (strace -c, whole ${secs} s window; the bench ran $conns connections over $((2 * secs + 3)) s):"
+    echo
+    echo '```'
+    head -25 "$tmp/$name.strace"
+    echo '```'
+  } >>"$md"
+done
+cat "$md"
