@@ -9,6 +9,8 @@
 //! - [`ethtool`]: interface index by name; the ethtool ioctl (driver, RX queues, RSS table).
 //! - [`signal`]: SIGINT/SIGTERM blocked everywhere and awaited in one place.
 //! - [`process`]: uid and resource limits.
+//! - [`pidfd`]: another process's descriptors (`pidfd_getfd`) and CPU affinity, for
+//!   `corelocal steer`.
 //! - [`scm`]: unix `SOCK_SEQPACKET` sockets and descriptor passing (`SCM_RIGHTS`) for handing
 //!   listening sockets to a successor process.
 //! - [`epoll`]: the epoll [`Backend`](crate::runtime::Backend).
@@ -25,6 +27,7 @@ pub mod bpf;
 pub mod epoll;
 pub mod ethtool;
 mod eventfd;
+pub mod pidfd;
 pub mod process;
 pub mod scm;
 pub mod signal;

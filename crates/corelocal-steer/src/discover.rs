@@ -1,0 +1,239 @@
+//! Reads a server's process tree from `/proc` into a [`Snapshot`]: its processes and threads
+//! (with CPU affinity and, for multi-threaded processes, what each thread is blocked in), the
+//! sockets and epoll instances each holds, and the listening TCP sockets of its network
+//! namespace. Bounded: at most [`PROCS_MAX`] processes, [`FDS_MAX`] descriptors and
+//! [`TASKS_MAX`] threads per process.
+
+use crate::procscan::{self, EpollTarget, FdKind, ListenEntry, Waits};
+use corelocal::cpu::CpuSet;
+use corelocal::procfs::read_text;
+use corelocal::sys::pidfd;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::Path;
+
+/// Most processes in one server tree.
+pub const PROCS_MAX: usize = 4096;
+/// Most descriptors read per process.
+pub const FDS_MAX: usize = 65_536;
+/// Most threads read per process.
+pub const TASKS_MAX: usize = 1024;
+/// Most processes on the host scanned to find children.
+pub const HOST_PROCS_MAX: usize = 1 << 20;
+
+/// One thread.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Task {
+    /// Thread id.
+    pub tid: u32,
+    /// CPUs it may run on.
+    pub affinity: CpuSet,
+    /// What it was blocked in when sampled (multi-threaded processes only).
+    pub waits: Option<Waits>,
+}
+
+/// One process of the server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Proc {
+    /// Process id.
+    pub pid: u32,
+    /// Parent process id.
+    pub ppid: u32,
+    /// Command name.
+    pub comm: String,
+    /// Start time (clock ticks since boot): tells a respawned process from the old one.
+    pub start_ticks: u64,
+    /// Its threads (the main thread first).
+    pub tasks: Vec<Task>,
+    /// Socket descriptors: (fd, inode).
+    pub sockets: Vec<(i32, u64)>,
+    /// Epoll descriptors and their interest lists.
+    pub epolls: Vec<(i32, Vec<EpollTarget>)>,
+}
+
+impl Proc {
+    /// Affinity of the main thread (or, if it is gone, the union of all threads').
+    pub fn affinity(&self) -> CpuSet {
+        self.tasks
+            .iter()
+            .find(|t| t.tid == self.pid)
+            .map(|t| t.affinity.clone())
+            .unwrap_or_else(|| {
+                self.tasks
+                    .iter()
+                    .fold(CpuSet::new(), |a, t| a.union(&t.affinity))
+            })
+    }
+}
+
+/// A server's process tree and the listeners of its network namespace.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Snapshot {
+    /// The PID given on the command line.
+    pub root: u32,
+    /// The root and its descendants, root first.
+    pub procs: Vec<Proc>,
+    /// Listening TCP sockets (v4 and v6) of the root's network namespace.
+    pub listeners: Vec<ListenEntry>,
+}
+
+/// Discovery failed.
+#[derive(Debug)]
+pub struct DiscoverError(pub String);
+
+impl fmt::Display for DiscoverError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for DiscoverError {}
+
+/// Reads the tree rooted at `root` from `/proc`.
+pub fn snapshot(root: u32) -> Result<Snapshot, DiscoverError> {
+    let proc = Path::new("/proc");
+    let stat = read_text(&proc.join(root.to_string()).join("stat"))
+        .map_err(|e| DiscoverError(format!("process {root}: {e}")))?;
+    let Some((_, _)) = procscan::parse_stat_parent(&stat) else {
+        return Err(DiscoverError(format!("process {root}: unreadable stat")));
+    };
+    let pids = tree(root)?;
+    let mut procs = Vec::new();
+    for pid in pids {
+        // A process can exit while we read it: skip it.
+        if let Some(p) = read_proc(pid) {
+            procs.push(p);
+        }
+    }
+    let mut listeners = Vec::new();
+    for (file, v6) in [("tcp", false), ("tcp6", true)] {
+        let path = proc.join(root.to_string()).join("net").join(file);
+        if let Ok(text) = read_text(&path) {
+            listeners.extend(procscan::parse_net_tcp(&text, v6));
+        }
+    }
+    Ok(Snapshot {
+        root,
+        procs,
+        listeners,
+    })
+}
+
+/// `root` and its descendants (breadth first), from every process's parent.
+fn tree(root: u32) -> Result<Vec<u32>, DiscoverError> {
+    let mut children: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+    let dir = std::fs::read_dir("/proc").map_err(|e| DiscoverError(format!("/proc: {e}")))?;
+    for entry in dir.flatten().take(HOST_PROCS_MAX) {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(text) = read_text(&entry.path().join("stat")) else {
+            continue;
+        };
+        if let Some((ppid, _)) = procscan::parse_stat_parent(&text) {
+            children.entry(ppid).or_default().push(pid);
+        }
+    }
+    let mut out = vec![root];
+    let mut i = 0;
+    while i < out.len() && out.len() < PROCS_MAX {
+        if let Some(kids) = children.get(&out[i]) {
+            out.extend(kids.iter().copied().take(PROCS_MAX - out.len()));
+        }
+        i += 1;
+    }
+    Ok(out)
+}
+
+fn read_proc(pid: u32) -> Option<Proc> {
+    let base = Path::new("/proc").join(pid.to_string());
+    let stat = read_text(&base.join("stat")).ok()?;
+    let (ppid, comm) = procscan::parse_stat_parent(&stat)?;
+    let start_ticks = procscan::parse_stat_start_ticks(&stat).unwrap_or(0);
+    let mut tids: Vec<u32> = std::fs::read_dir(base.join("task"))
+        .ok()?
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .take(TASKS_MAX)
+        .collect();
+    tids.sort_by_key(|&t| (t != pid, t));
+    let threaded = tids.len() > 1;
+    let tasks = tids
+        .into_iter()
+        .filter_map(|tid| {
+            let affinity = pidfd::affinity_of(tid).ok()?;
+            let waits = if threaded {
+                read_text(&base.join("task").join(tid.to_string()).join("syscall"))
+                    .ok()
+                    .and_then(|t| procscan::parse_syscall(&t))
+                    .and_then(procscan::waits_on)
+            } else {
+                None
+            };
+            Some(Task {
+                tid,
+                affinity,
+                waits,
+            })
+        })
+        .collect();
+    let mut sockets = Vec::new();
+    let mut epolls = Vec::new();
+    if let Ok(dir) = std::fs::read_dir(base.join("fd")) {
+        for entry in dir.flatten().take(FDS_MAX) {
+            let Some(fd) = entry
+                .file_name()
+                .to_str()
+                .and_then(|s| s.parse::<i32>().ok())
+            else {
+                continue;
+            };
+            let Ok(link) = std::fs::read_link(entry.path()) else {
+                continue;
+            };
+            match procscan::parse_fd_link(&link.to_string_lossy()) {
+                FdKind::Socket(inode) => sockets.push((fd, inode)),
+                FdKind::Epoll => {
+                    let info =
+                        read_text(&base.join("fdinfo").join(fd.to_string())).unwrap_or_default();
+                    epolls.push((fd, procscan::parse_epoll_fdinfo(&info)));
+                }
+                FdKind::Other => {}
+            }
+        }
+    }
+    sockets.sort_unstable();
+    epolls.sort_by_key(|e| e.0);
+    Some(Proc {
+        pid,
+        ppid,
+        comm,
+        start_ticks,
+        tasks,
+        sockets,
+        epolls,
+    })
+}
+
+/// The CPUs that are online (`/sys/devices/system/cpu/online`), or the calling thread's
+/// affinity if that cannot be read.
+pub fn online_cpus() -> CpuSet {
+    read_text(Path::new("/sys/devices/system/cpu/online"))
+        .ok()
+        .and_then(|t| CpuSet::parse_list(t.trim()).ok())
+        .or_else(|| corelocal::sys::affinity::get_current().ok())
+        .unwrap_or_else(|| CpuSet::single(0))
+}
+
+/// Number of possible CPUs (per-CPU map values come in this many copies).
+pub fn possible_cpus() -> usize {
+    read_text(Path::new("/sys/devices/system/cpu/possible"))
+        .ok()
+        .and_then(|t| CpuSet::parse_list(t.trim()).ok())
+        .and_then(|s| s.max())
+        .map_or(1, |m| m + 1)
+}

@@ -1,0 +1,402 @@
+//! `corelocal steer`: CPU-local accept for process-per-core servers we did not write.
+//!
+//! nginx with `listen … reuseport` and `worker_cpu_affinity` has one listener per pinned
+//! worker in one SO_REUSEPORT group, but the kernel picks the listener by a hash of the
+//! 4-tuple, so on N workers (N−1)/N of the connections are accepted on a CPU other than the
+//! one that processed the SYN. `steer attach --pid PID` finds the server's reuseport groups
+//! and which worker polls which listener ([`discover`], [`plan`]: `/proc/PID/fd`, the epoll
+//! instances' `fdinfo` `tfd:`/`ino:` lines, `/proc/PID/net/tcp[6]`, `sched_getaffinity`),
+//! takes duplicates of the listeners with `pidfd_getfd(2)`, fills a REUSEPORT_SOCKARRAY keyed
+//! so that the SYN's CPU picks the listener of the worker pinned there, attaches the
+//! `cl_cpu_pick` SK_REUSEPORT program (`corelocal::bpf::cpu_pick`) to the group and closes
+//! the duplicates ([`apply`]). Without CAP_BPF it sets SO_INCOMING_CPU on each listener
+//! instead (Linux ≥ 6.2). `status` reads it back (per-CPU counts of SYNs steered vs fallen
+//! back), `watch` re-syncs across reloads, respawns and affinity changes, `detach` restores
+//! the kernel's hash.
+
+pub mod apply;
+pub mod discover;
+pub mod plan;
+pub mod procscan;
+
+use apply::{Method, SteerError};
+use clap::{Args, Subcommand};
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+/// `corelocal steer`.
+#[derive(Debug, Args)]
+pub struct Command {
+    #[command(subcommand)]
+    action: Action,
+}
+
+#[derive(Debug, Args)]
+struct Target {
+    /// The server's PID (its master); its children are found from /proc.
+    #[arg(long)]
+    pid: u32,
+    /// Only these groups: ADDR:PORT, or PORT for every address (repeatable).
+    #[arg(long = "listen")]
+    listen: Vec<String>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Action {
+    /// Steer each SYN to the listener of the worker pinned to the CPU that processed it.
+    Attach {
+        #[command(flatten)]
+        target: Target,
+        /// ebpf (CAP_BPF), incoming-cpu (unprivileged, Linux ≥ 6.2) or auto.
+        #[arg(long, value_enum, default_value = "auto")]
+        method: Method,
+        /// Print the result as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Per group: listeners, worker PID → CPU, method, per-CPU steered vs fallback counts.
+    Status {
+        /// The server's PID; without it, every loaded cl_cpu_pick program is listed.
+        #[arg(long)]
+        pid: Option<u32>,
+        /// Only these groups: ADDR:PORT or PORT (repeatable).
+        #[arg(long = "listen")]
+        listen: Vec<String>,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Restore the kernel's hash (removes only what steer attached).
+    Detach {
+        #[command(flatten)]
+        target: Target,
+    },
+    /// Attach, then keep the mapping right across reloads, respawns and affinity changes.
+    Watch {
+        #[command(flatten)]
+        target: Target,
+        /// ebpf, incoming-cpu or auto.
+        #[arg(long, value_enum, default_value = "auto")]
+        method: Method,
+        /// Re-scan period in milliseconds (10..=60000).
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(10..=60_000))]
+        interval_ms: u64,
+        /// Stop after this many seconds (default: until the server exits).
+        #[arg(long)]
+        duration_s: Option<u64>,
+    },
+}
+
+/// Runs `corelocal steer`.
+pub fn run(cmd: Command) -> ExitCode {
+    let result = match cmd.action {
+        Action::Attach {
+            target,
+            method,
+            json,
+        } => attach_cmd(&target, method, json),
+        Action::Status { pid, listen, json } => status_cmd(pid, &listen, json),
+        Action::Detach { target } => detach_cmd(&target),
+        Action::Watch {
+            target,
+            method,
+            interval_ms,
+            duration_s,
+        } => watch_cmd(&target, method, interval_ms, duration_s),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("corelocal steer: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn log_line(msg: String) {
+    eprintln!("{msg}");
+}
+
+fn attach_cmd(t: &Target, method: Method, json: bool) -> Result<(), SteerError> {
+    let (plan, dups) = apply::discover(t.pid, &t.listen)?;
+    let done = apply::attach(&plan, &dups, method, &mut log_line)?;
+    drop(dups);
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({"plan": plan, "attached": done}))
+                .expect("serialisable")
+        );
+        return Ok(());
+    }
+    for (a, g) in done.iter().zip(&plan.groups) {
+        let how = match a.prog_id {
+            Some(id) if a.updated => format!("ebpf, updated program {id}"),
+            Some(id) => format!("ebpf, program {id} attached"),
+            None => "incoming-cpu (SO_INCOMING_CPU on each listener)".to_string(),
+        };
+        println!("{}: {how}; {}", a.addr, describe_map(g));
+        for n in &g.notes {
+            println!("  note: {n}");
+        }
+    }
+    Ok(())
+}
+
+fn describe_map(g: &plan::GroupPlan) -> String {
+    g.cpu_map
+        .iter()
+        .map(|(cpu, &i)| {
+            let l = &g.listeners[i];
+            let who = l
+                .workers
+                .first()
+                .map_or(String::new(), |w| format!(" (pid {} {})", w.pid, w.comm));
+            format!("cpu {cpu} → listener {}{who}", l.inode)
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn status_cmd(pid: Option<u32>, listen: &[String], json: bool) -> Result<(), SteerError> {
+    let Some(pid) = pid else {
+        let progs = apply::programs()?;
+        if json {
+            let v: Vec<_> = progs
+                .iter()
+                .map(|(id, cookies, counts)| {
+                    serde_json::json!({
+                        "prog_id": id,
+                        "listener_cookies": cookies,
+                        "steered": counts.iter().map(|c| c.steered).sum::<u64>(),
+                        "fallback": counts.iter().map(|c| c.fallback()).sum::<u64>(),
+                    })
+                })
+                .collect();
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&v).expect("serialisable")
+            );
+        } else if progs.is_empty() {
+            println!("no cl_cpu_pick program is loaded (nothing attached by corelocal steer)");
+        } else {
+            for (id, cookies, counts) in progs {
+                println!(
+                    "program {id}: {} listeners, {} SYNs steered, {} fell back (give --pid \
+                     for the server's view)",
+                    cookies.len(),
+                    counts.iter().map(|c| c.steered).sum::<u64>(),
+                    counts.iter().map(|c| c.fallback()).sum::<u64>()
+                );
+            }
+        }
+        return Ok(());
+    };
+    let (plan, dups) = apply::discover(pid, listen)?;
+    let st = apply::status(&plan, &dups)?;
+    drop(dups);
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&st).expect("serialisable")
+        );
+        return Ok(());
+    }
+    if st.is_empty() {
+        println!("pid {pid}: no listening TCP socket in its process tree");
+    }
+    for s in &st {
+        print_status(s);
+    }
+    Ok(())
+}
+
+fn print_status(s: &apply::GroupStatus) {
+    let g = &s.group;
+    let method = match (s.method, s.prog_id) {
+        ("ebpf", Some(id)) => format!("ebpf (cl_cpu_pick, program {id})"),
+        ("incoming-cpu", _) => "incoming-cpu (SO_INCOMING_CPU, unprivileged)".to_string(),
+        _ => "kernel hash (nothing attached by steer)".to_string(),
+    };
+    println!(
+        "group {}: {} listeners, method {method}",
+        g.addr,
+        g.listeners.len()
+    );
+    for l in &g.listeners {
+        let workers: Vec<String> = l
+            .workers
+            .iter()
+            .map(|w| {
+                let tid = w.tid.map_or(String::new(), |t| format!(" thread {t}"));
+                match w.cpu {
+                    Some(c) => format!("pid {}{tid} ({}) → cpu {c}", w.pid, w.comm),
+                    None => format!(
+                        "pid {}{tid} ({}) → not pinned (cpus {})",
+                        w.pid, w.comm, w.affinity
+                    ),
+                }
+            })
+            .collect();
+        println!(
+            "  listener inode {} (fd {} of pid {}): {}",
+            l.inode,
+            l.holder_fd,
+            l.holder_pid,
+            if workers.is_empty() {
+                "no worker polls it".to_string()
+            } else {
+                workers.join(", ")
+            }
+        );
+    }
+    if !g.cpus_without_worker.is_empty() {
+        println!(
+            "  cpus {} fall back to the kernel's hash (no pinned worker)",
+            g.cpus_without_worker
+        );
+    }
+    for n in &g.notes {
+        println!("  note: {n}");
+    }
+    if let Some(r) = &g.refusal {
+        println!("  cannot steer: {r}");
+    }
+    for c in &s.counts {
+        println!(
+            "  cpu {}: {} SYNs steered, {} fell back to the hash ({} no worker, {} listener \
+             gone)",
+            c.cpu, c.steered, c.fallback, c.no_worker, c.listener_gone
+        );
+    }
+    for d in &s.stale_detail {
+        println!("  stale: {d}");
+    }
+}
+
+fn detach_cmd(t: &Target) -> Result<(), SteerError> {
+    let (plan, dups) = apply::discover(t.pid, &t.listen)?;
+    let done = apply::detach(&plan, &dups)?;
+    drop(dups);
+    for d in done {
+        match d.removed {
+            "nothing" => println!(
+                "{}: nothing attached by steer (the kernel's hash already picks)",
+                d.addr
+            ),
+            what => println!("{}: removed {what}; the kernel's hash picks again", d.addr),
+        }
+    }
+    Ok(())
+}
+
+fn now() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis());
+    let ms = secs % 1000;
+    let s = secs / 1000;
+    format!(
+        "{:02}:{:02}:{:02}.{ms:03}",
+        (s / 3600) % 24,
+        (s / 60) % 60,
+        s % 60
+    )
+}
+
+fn watch_cmd(
+    t: &Target,
+    method: Method,
+    interval_ms: u64,
+    duration_s: Option<u64>,
+) -> Result<(), SteerError> {
+    let start = Instant::now();
+    let mut log = |m: String| eprintln!("{} {m}", now());
+    // Per group: the CPU → cookie map last installed, or the refusal last logged.
+    let mut applied: BTreeMap<SocketAddr, BTreeMap<usize, u64>> = BTreeMap::new();
+    let mut refused: BTreeMap<SocketAddr, String> = BTreeMap::new();
+    let mut first = true;
+    loop {
+        if duration_s.is_some_and(|d| start.elapsed() >= Duration::from_secs(d)) {
+            log("watch: duration reached, leaving the steering in place".into());
+            return Ok(());
+        }
+        if !std::path::Path::new(&format!("/proc/{}", t.pid)).exists() {
+            log(format!("watch: pid {} exited; stopping", t.pid));
+            return Ok(());
+        }
+        let (plan, dups) = match apply::discover(t.pid, &t.listen) {
+            Ok(x) => x,
+            Err(e) if first => return Err(e),
+            Err(e) => {
+                log(format!("watch: scan failed ({e}); retrying"));
+                std::thread::sleep(Duration::from_millis(interval_ms));
+                continue;
+            }
+        };
+        if first && plan.groups.is_empty() {
+            return Err(SteerError(format!(
+                "pid {}: no listening TCP socket (matching --listen) in its process tree",
+                t.pid
+            )));
+        }
+        for g in &plan.groups {
+            if let Some(r) = &g.refusal {
+                if first {
+                    return Err(SteerError(format!(
+                        "refused, nothing changed:\n  {}: {r}",
+                        g.addr
+                    )));
+                }
+                if refused.get(&g.addr) != Some(r) {
+                    log(format!(
+                        "{}: cannot steer now, leaving it as is: {r}",
+                        g.addr
+                    ));
+                    refused.insert(g.addr, r.clone());
+                }
+                continue;
+            }
+            refused.remove(&g.addr);
+            let want = apply::wanted_map(g);
+            if applied.get(&g.addr) == Some(&want) {
+                continue;
+            }
+            let one = plan::Plan {
+                pid: plan.pid,
+                groups: vec![g.clone()],
+            };
+            match apply::attach(&one, &dups, method, &mut log) {
+                Ok(done) => {
+                    let how = match done[0].prog_id {
+                        Some(id) if done[0].updated => format!("program {id} updated"),
+                        Some(id) => format!("program {id} attached"),
+                        None => "SO_INCOMING_CPU set".to_string(),
+                    };
+                    let why = if applied.contains_key(&g.addr) {
+                        "workers or listeners changed"
+                    } else {
+                        "steering"
+                    };
+                    log(format!(
+                        "{}: {why}: {} ({how}, {} writes)",
+                        g.addr,
+                        describe_map(g),
+                        done[0].writes
+                    ));
+                    for n in &g.notes {
+                        log(format!("{}: note: {n}", g.addr));
+                    }
+                    applied.insert(g.addr, want);
+                }
+                Err(e) if first => return Err(e),
+                Err(e) => log(format!("{}: re-sync failed: {e}", g.addr)),
+            }
+        }
+        drop(dups);
+        first = false;
+        std::thread::sleep(Duration::from_millis(interval_ms));
+    }
+}
