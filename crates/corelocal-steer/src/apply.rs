@@ -138,6 +138,12 @@ pub fn discover(pid: u32, filters: &[String]) -> Result<(Plan, Dups), SteerError
         let snap = discover::snapshot(pid).map_err(|e| SteerError(e.to_string()))?;
         let (dups, facts) = dup_listeners(&snap, filters)?;
         let plan = plan::plan(&snap, &facts, &online, filters);
+        if plan.groups.is_empty() && !snap.unreadable.is_empty() {
+            return Err(no_ptrace(
+                snap.unreadable[0],
+                &std::io::Error::from_raw_os_error(libc::EACCES),
+            ));
+        }
         let unresolved = plan.groups.iter().any(|g| {
             g.refusal
                 .as_deref()
@@ -418,11 +424,9 @@ pub fn detach(plan: &Plan, dups: &Dups) -> Result<Vec<Detached>, SteerError> {
     let mut out = Vec::new();
     for g in &plan.groups {
         let mut removed = "nothing";
-        let ours = if corelocal::sys::process::is_root() {
-            find_attached(g)?
-        } else {
-            None
-        };
+        // Without CAP_SYS_ADMIN our program cannot be found again: then only the
+        // unprivileged path can be undone.
+        let ours = find_attached(g).unwrap_or(None);
         if let Some(pick) = ours {
             let fd = g
                 .listeners
@@ -504,12 +508,13 @@ pub struct GroupStatus {
     pub stale: bool,
     /// What differs, when stale.
     pub stale_detail: Vec<String>,
+    /// Why an eBPF attachment could not be looked for (no CAP_SYS_ADMIN).
+    pub ebpf_unreadable: Option<String>,
 }
 
 /// Reads back what is attached to each group of the plan.
 pub fn status(plan: &Plan, dups: &Dups) -> Result<Vec<GroupStatus>, SteerError> {
     let mut out = Vec::new();
-    let root = corelocal::sys::process::is_root();
     for g in &plan.groups {
         let want = wanted_map(g);
         let cookie_inode: BTreeMap<u64, u64> =
@@ -527,7 +532,10 @@ pub fn status(plan: &Plan, dups: &Dups) -> Result<Vec<GroupStatus>, SteerError> 
                 .collect::<Vec<_>>()
                 .join(", ")
         };
-        let pick = if root { find_attached(g)? } else { None };
+        let (pick, unreadable) = match find_attached(g) {
+            Ok(p) => (p, None),
+            Err(e) => (None, Some(e.0)),
+        };
         let mut st = GroupStatus {
             group: g.clone(),
             method: "hash",
@@ -535,6 +543,7 @@ pub fn status(plan: &Plan, dups: &Dups) -> Result<Vec<GroupStatus>, SteerError> 
             counts: Vec::new(),
             stale: false,
             stale_detail: Vec::new(),
+            ebpf_unreadable: unreadable,
         };
         if let Some(pick) = pick {
             st.method = "ebpf";
@@ -600,6 +609,96 @@ pub fn programs() -> Result<Vec<(u32, Vec<u64>, Vec<PickCounts>)>, SteerError> {
             .counts(discover::possible_cpus())
             .map_err(|e| SteerError(e.to_string()))?;
         out.push((id, cookies, counts));
+    }
+    Ok(out)
+}
+
+/// Most connections inspected by one [`connection_locality`] call.
+pub const CONNS_INSPECTED_MAX: usize = 20_000;
+
+/// Locality of one worker's established connections.
+#[derive(Debug, Clone, Serialize)]
+pub struct ConnLocality {
+    /// Worker process.
+    pub pid: u32,
+    /// The CPU it is pinned to.
+    pub cpu: usize,
+    /// Its established TCP connections inspected.
+    pub conns: u64,
+    /// Of those, processed on its CPU (`SO_INCOMING_CPU` of the connection = the worker's CPU).
+    pub local: u64,
+}
+
+/// For each pinned process-level worker of the plan: how many of its open TCP connections
+/// have their packets processed on the worker's CPU (`SO_INCOMING_CPU` of a duplicate). With
+/// loopback or RPS the CPU that processed a connection's packets is the one that processed
+/// its SYN, so this is the locality of accept, measured on the live server. Bounded by
+/// [`CONNS_INSPECTED_MAX`].
+pub fn connection_locality(plan: &Plan) -> Result<Vec<ConnLocality>, SteerError> {
+    let listeners: std::collections::BTreeSet<u64> = plan
+        .groups
+        .iter()
+        .flat_map(|g| g.listeners.iter().map(|l| l.inode))
+        .collect();
+    let mut workers: BTreeMap<u32, usize> = BTreeMap::new();
+    for g in &plan.groups {
+        for l in &g.listeners {
+            for w in &l.workers {
+                if let (None, Some(cpu)) = (w.tid, w.cpu) {
+                    workers.insert(w.pid, cpu);
+                }
+            }
+        }
+    }
+    let mut budget = CONNS_INSPECTED_MAX;
+    let mut out = Vec::new();
+    for (pid, cpu) in workers {
+        let Ok(pfd) = pidfd::pidfd_open(pid) else {
+            continue;
+        };
+        let mut row = ConnLocality {
+            pid,
+            cpu,
+            conns: 0,
+            local: 0,
+        };
+        let dir = match std::fs::read_dir(format!("/proc/{pid}/fd")) {
+            Ok(d) => d,
+            Err(_) => continue,
+        };
+        for entry in dir.flatten() {
+            if budget == 0 {
+                break;
+            }
+            let Some(fd) = entry.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+                continue;
+            };
+            let Ok(link) = std::fs::read_link(entry.path()) else {
+                continue;
+            };
+            let crate::procscan::FdKind::Socket(inode) =
+                crate::procscan::parse_fd_link(&link.to_string_lossy())
+            else {
+                continue;
+            };
+            if listeners.contains(&inode) {
+                continue;
+            }
+            let dup = match pidfd::pidfd_getfd(&pfd, fd) {
+                Ok(d) => d,
+                Err(e) if e.raw_os_error() == Some(libc::EPERM) => return Err(no_ptrace(pid, &e)),
+                Err(_) => continue,
+            };
+            budget -= 1;
+            // Only TCP connections (not listeners, not unix sockets).
+            if pidfd::is_tcp_connection(dup.as_raw_fd()) {
+                if let Ok(c) = socket::incoming_cpu(dup.as_raw_fd()) {
+                    row.conns += 1;
+                    row.local += u64::from(c >= 0 && c as usize == cpu);
+                }
+            }
+        }
+        out.push(row);
     }
     Ok(out)
 }

@@ -75,6 +75,8 @@ pub struct Snapshot {
     pub procs: Vec<Proc>,
     /// Listening TCP sockets (v4 and v6) of the root's network namespace.
     pub listeners: Vec<ListenEntry>,
+    /// Processes whose descriptors could not be read (no ptrace access).
+    pub unreadable: Vec<u32>,
 }
 
 /// Discovery failed.
@@ -99,9 +101,13 @@ pub fn snapshot(root: u32) -> Result<Snapshot, DiscoverError> {
     };
     let pids = tree(root)?;
     let mut procs = Vec::new();
+    let mut unreadable = Vec::new();
     for pid in pids {
         // A process can exit while we read it: skip it.
-        if let Some(p) = read_proc(pid) {
+        if let Some((p, readable)) = read_proc(pid) {
+            if !readable {
+                unreadable.push(pid);
+            }
             procs.push(p);
         }
     }
@@ -116,6 +122,7 @@ pub fn snapshot(root: u32) -> Result<Snapshot, DiscoverError> {
         root,
         procs,
         listeners,
+        unreadable,
     })
 }
 
@@ -149,7 +156,8 @@ fn tree(root: u32) -> Result<Vec<u32>, DiscoverError> {
     Ok(out)
 }
 
-fn read_proc(pid: u32) -> Option<Proc> {
+/// The process, and whether its descriptors were readable.
+fn read_proc(pid: u32) -> Option<(Proc, bool)> {
     let base = Path::new("/proc").join(pid.to_string());
     let stat = read_text(&base.join("stat")).ok()?;
     let (ppid, comm) = procscan::parse_stat_parent(&stat)?;
@@ -183,7 +191,9 @@ fn read_proc(pid: u32) -> Option<Proc> {
         .collect();
     let mut sockets = Vec::new();
     let mut epolls = Vec::new();
-    if let Ok(dir) = std::fs::read_dir(base.join("fd")) {
+    let fd_dir = std::fs::read_dir(base.join("fd"));
+    let readable = !matches!(&fd_dir, Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied);
+    if let Ok(dir) = fd_dir {
         for entry in dir.flatten().take(FDS_MAX) {
             let Some(fd) = entry
                 .file_name()
@@ -208,15 +218,18 @@ fn read_proc(pid: u32) -> Option<Proc> {
     }
     sockets.sort_unstable();
     epolls.sort_by_key(|e| e.0);
-    Some(Proc {
-        pid,
-        ppid,
-        comm,
-        start_ticks,
-        tasks,
-        sockets,
-        epolls,
-    })
+    Some((
+        Proc {
+            pid,
+            ppid,
+            comm,
+            start_ticks,
+            tasks,
+            sockets,
+            epolls,
+        },
+        readable,
+    ))
 }
 
 /// The CPUs that are online (`/sys/devices/system/cpu/online`), or the calling thread's

@@ -67,6 +67,10 @@ enum Action {
         /// JSON output.
         #[arg(long)]
         json: bool,
+        /// Also inspect the workers' open connections: how many were processed on the
+        /// worker's CPU (SO_INCOMING_CPU of a duplicate; at most 20,000).
+        #[arg(long)]
+        connections: bool,
     },
     /// Restore the kernel's hash (removes only what steer attached).
     Detach {
@@ -97,7 +101,12 @@ pub fn run(cmd: Command) -> ExitCode {
             method,
             json,
         } => attach_cmd(&target, method, json),
-        Action::Status { pid, listen, json } => status_cmd(pid, &listen, json),
+        Action::Status {
+            pid,
+            listen,
+            json,
+            connections,
+        } => status_cmd(pid, &listen, json, connections),
         Action::Detach { target } => detach_cmd(&target),
         Action::Watch {
             target,
@@ -160,7 +169,12 @@ fn describe_map(g: &plan::GroupPlan) -> String {
         .join(", ")
 }
 
-fn status_cmd(pid: Option<u32>, listen: &[String], json: bool) -> Result<(), SteerError> {
+fn status_cmd(
+    pid: Option<u32>,
+    listen: &[String],
+    json: bool,
+    connections: bool,
+) -> Result<(), SteerError> {
     let Some(pid) = pid else {
         let progs = apply::programs()?;
         if json {
@@ -197,11 +211,14 @@ fn status_cmd(pid: Option<u32>, listen: &[String], json: bool) -> Result<(), Ste
     let (plan, dups) = apply::discover(pid, listen)?;
     let st = apply::status(&plan, &dups)?;
     drop(dups);
+    let conns = if connections {
+        Some(apply::connection_locality(&plan)?)
+    } else {
+        None
+    };
     if json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&st).expect("serialisable")
-        );
+        let v = serde_json::json!({"groups": st, "connections": conns});
+        println!("{}", serde_json::to_string_pretty(&v).expect("serialisable"));
         return Ok(());
     }
     if st.is_empty() {
@@ -209,6 +226,12 @@ fn status_cmd(pid: Option<u32>, listen: &[String], json: bool) -> Result<(), Ste
     }
     for s in &st {
         print_status(s);
+    }
+    for c in conns.unwrap_or_default() {
+        println!(
+            "worker pid {} (cpu {}): {} of {} open connections processed on its CPU",
+            c.pid, c.cpu, c.local, c.conns
+        );
     }
     Ok(())
 }
@@ -270,6 +293,9 @@ fn print_status(s: &apply::GroupStatus) {
              gone)",
             c.cpu, c.steered, c.fallback, c.no_worker, c.listener_gone
         );
+    }
+    if let Some(u) = &s.ebpf_unreadable {
+        println!("  eBPF state unknown: {u}");
     }
     for d in &s.stale_detail {
         println!("  stale: {d}");

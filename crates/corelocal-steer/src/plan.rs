@@ -192,6 +192,16 @@ fn plan_group(
         let mut polled: BTreeSet<u64> = per_epoll.values().flatten().copied().collect();
         polled.extend(accepting.keys().copied());
         if polled.is_empty() {
+            // Threads waiting where the descriptor is not visible (io_uring, poll) while the
+            // process holds listeners of the group: its workers cannot be known.
+            let held = p.sockets.iter().filter(|(_, i)| members.contains(i)).count();
+            let opaque = p.tasks.iter().filter(|t| t.waits == Some(Waits::Opaque)).count();
+            if held > 0 && opaque > 0 && p.tasks.len() > 1 && refusal.is_none() {
+                refusal = Some(format!(
+                    "threaded server: pid {} ({}) holds {held} listeners of the group and {opaque}                      of its threads wait in io_uring, poll or select, where the descriptor they                      accept on is not visible, so the thread of each listener cannot be known;                      {SHARED_POLLER_HINT} (corelocal serve: `--backend epoll`)",
+                    p.pid, p.comm
+                ));
+            }
             continue;
         }
         if polled.len() == 1 || p.tasks.len() <= 1 {
@@ -411,6 +421,7 @@ mod tests {
                     addr: "0.0.0.0:22".parse().unwrap(),
                 },
             ],
+            unreadable: vec![],
         };
         let facts = [100, 101]
             .into_iter()
@@ -545,5 +556,24 @@ mod tests {
         snap.procs = vec![p];
         let r = plan(&snap, &facts, &CpuSet::first_n(2), &[]).refusals();
         assert!(r[0].contains("cannot be known"), "{r:?}");
+    }
+
+    #[test]
+    fn threads_waiting_in_io_uring_are_refused() {
+        // corelocal serve --backend uring: listeners in rings, threads in io_uring_enter.
+        let p = proc_(
+            40,
+            1,
+            vec![
+                task(40, "0-1", Some(Waits::Other)),
+                task(41, "0", Some(Waits::Opaque)),
+                task(42, "1", Some(Waits::Opaque)),
+            ],
+            &[(3, 100), (5, 101)],
+        );
+        let (mut snap, facts) = nginx(true, ["0", "1"]);
+        snap.procs = vec![p];
+        let r = plan(&snap, &facts, &CpuSet::first_n(2), &[]).refusals();
+        assert!(r[0].contains("io_uring"), "{r:?}");
     }
 }

@@ -115,6 +115,28 @@ pub fn set_incoming_cpu(fd: RawFd, cpu: i32) -> io::Result<()> {
     .map(|_| ())
 }
 
+fn getsockopt_int(fd: RawFd, name: libc::c_int) -> io::Result<libc::c_int> {
+    let mut value: libc::c_int = 0;
+    let mut len = size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: `value` and `len` are live and `len` holds value's size.
+    cvt(unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            name,
+            &mut value as *mut libc::c_int as *mut libc::c_void,
+            &mut len,
+        )
+    })?;
+    Ok(value)
+}
+
+/// Whether `fd` is a TCP socket that is not listening (a connection, or one being made).
+pub fn is_tcp_connection(fd: RawFd) -> bool {
+    getsockopt_int(fd, libc::SO_PROTOCOL).ok() == Some(libc::IPPROTO_TCP)
+        && getsockopt_int(fd, libc::SO_ACCEPTCONN).ok() == Some(0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -144,5 +166,8 @@ mod tests {
         assert_eq!(socket::incoming_cpu(l.as_raw_fd()).unwrap(), -1);
         let me = affinity_of(std::process::id()).unwrap();
         assert!(!me.is_empty());
+        assert!(!is_tcp_connection(l.as_raw_fd()), "a listener");
+        let c = std::net::TcpStream::connect(socket::local_addr(l.as_raw_fd()).unwrap()).unwrap();
+        assert!(is_tcp_connection(c.as_raw_fd()));
     }
 }
