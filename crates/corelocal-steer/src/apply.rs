@@ -93,10 +93,10 @@ fn dup_listeners(
             if fds.contains_key(&inode) || !plan::matches_filter(addr, filters) {
                 continue;
             }
-            if !pidfds.contains_key(&p.pid) {
+            if let std::collections::btree_map::Entry::Vacant(slot) = pidfds.entry(p.pid) {
                 match pidfd::pidfd_open(p.pid) {
                     Ok(pfd) => {
-                        pidfds.insert(p.pid, pfd);
+                        slot.insert(pfd);
                     }
                     Err(e) if e.raw_os_error() == Some(libc::ESRCH) => continue,
                     Err(e) => return Err(no_ptrace(p.pid, &e)),
@@ -593,9 +593,13 @@ pub fn status(plan: &Plan, dups: &Dups) -> Result<Vec<GroupStatus>, SteerError> 
     Ok(out)
 }
 
+/// A loaded `cl_cpu_pick` program: (program id, cookies of the listeners in its sockarray,
+/// per-CPU counters).
+pub type LoadedProgram = (u32, Vec<u64>, Vec<PickCounts>);
+
 /// All `cl_cpu_pick` programs loaded on the host with their counters (for `status` without
 /// `--pid`).
-pub fn programs() -> Result<Vec<(u32, Vec<u64>, Vec<PickCounts>)>, SteerError> {
+pub fn programs() -> Result<Vec<LoadedProgram>, SteerError> {
     let ids = CpuPick::find().map_err(|e| SteerError(format!("listing programs: {e}")))?;
     let mut out = Vec::new();
     for id in ids {
@@ -670,7 +674,11 @@ pub fn connection_locality(plan: &Plan) -> Result<Vec<ConnLocality>, SteerError>
             if budget == 0 {
                 break;
             }
-            let Some(fd) = entry.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            let Some(fd) = entry
+                .file_name()
+                .to_str()
+                .and_then(|s| s.parse::<i32>().ok())
+            else {
                 continue;
             };
             let Ok(link) = std::fs::read_link(entry.path()) else {

@@ -18,11 +18,10 @@ pub mod apply;
 pub mod discover;
 pub mod plan;
 pub mod procscan;
+pub mod watch;
 
 use apply::{Method, SteerError};
 use clap::{Args, Subcommand};
-use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -154,7 +153,7 @@ fn attach_cmd(t: &Target, method: Method, json: bool) -> Result<(), SteerError> 
     Ok(())
 }
 
-fn describe_map(g: &plan::GroupPlan) -> String {
+pub(crate) fn describe_map(g: &plan::GroupPlan) -> String {
     g.cpu_map
         .iter()
         .map(|(cpu, &i)| {
@@ -218,7 +217,10 @@ fn status_cmd(
     };
     if json {
         let v = serde_json::json!({"groups": st, "connections": conns});
-        println!("{}", serde_json::to_string_pretty(&v).expect("serialisable"));
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&v).expect("serialisable")
+        );
         return Ok(());
     }
     if st.is_empty() {
@@ -318,20 +320,6 @@ fn detach_cmd(t: &Target) -> Result<(), SteerError> {
     Ok(())
 }
 
-fn now() -> String {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis());
-    let ms = secs % 1000;
-    let s = secs / 1000;
-    format!(
-        "{:02}:{:02}:{:02}.{ms:03}",
-        (s / 3600) % 24,
-        (s / 60) % 60,
-        s % 60
-    )
-}
-
 fn watch_cmd(
     t: &Target,
     method: Method,
@@ -339,90 +327,13 @@ fn watch_cmd(
     duration_s: Option<u64>,
 ) -> Result<(), SteerError> {
     let start = Instant::now();
-    let mut log = |m: String| eprintln!("{} {m}", now());
-    // Per group: the CPU → cookie map last installed, or the refusal last logged.
-    let mut applied: BTreeMap<SocketAddr, BTreeMap<usize, u64>> = BTreeMap::new();
-    let mut refused: BTreeMap<SocketAddr, String> = BTreeMap::new();
-    let mut first = true;
-    loop {
-        if duration_s.is_some_and(|d| start.elapsed() >= Duration::from_secs(d)) {
-            log("watch: duration reached, leaving the steering in place".into());
-            return Ok(());
-        }
-        if !std::path::Path::new(&format!("/proc/{}", t.pid)).exists() {
-            log(format!("watch: pid {} exited; stopping", t.pid));
-            return Ok(());
-        }
-        let (plan, dups) = match apply::discover(t.pid, &t.listen) {
-            Ok(x) => x,
-            Err(e) if first => return Err(e),
-            Err(e) => {
-                log(format!("watch: scan failed ({e}); retrying"));
-                std::thread::sleep(Duration::from_millis(interval_ms));
-                continue;
-            }
-        };
-        if first && plan.groups.is_empty() {
-            return Err(SteerError(format!(
-                "pid {}: no listening TCP socket (matching --listen) in its process tree",
-                t.pid
-            )));
-        }
-        for g in &plan.groups {
-            if let Some(r) = &g.refusal {
-                if first {
-                    return Err(SteerError(format!(
-                        "refused, nothing changed:\n  {}: {r}",
-                        g.addr
-                    )));
-                }
-                if refused.get(&g.addr) != Some(r) {
-                    log(format!(
-                        "{}: cannot steer now, leaving it as is: {r}",
-                        g.addr
-                    ));
-                    refused.insert(g.addr, r.clone());
-                }
-                continue;
-            }
-            refused.remove(&g.addr);
-            let want = apply::wanted_map(g);
-            if applied.get(&g.addr) == Some(&want) {
-                continue;
-            }
-            let one = plan::Plan {
-                pid: plan.pid,
-                groups: vec![g.clone()],
-            };
-            match apply::attach(&one, &dups, method, &mut log) {
-                Ok(done) => {
-                    let how = match done[0].prog_id {
-                        Some(id) if done[0].updated => format!("program {id} updated"),
-                        Some(id) => format!("program {id} attached"),
-                        None => "SO_INCOMING_CPU set".to_string(),
-                    };
-                    let why = if applied.contains_key(&g.addr) {
-                        "workers or listeners changed"
-                    } else {
-                        "steering"
-                    };
-                    log(format!(
-                        "{}: {why}: {} ({how}, {} writes)",
-                        g.addr,
-                        describe_map(g),
-                        done[0].writes
-                    ));
-                    for n in &g.notes {
-                        log(format!("{}: note: {n}", g.addr));
-                    }
-                    applied.insert(g.addr, want);
-                }
-                Err(e) if first => return Err(e),
-                Err(e) => log(format!("{}: re-sync failed: {e}", g.addr)),
-            }
-        }
-        drop(dups);
-        first = false;
-        std::thread::sleep(Duration::from_millis(interval_ms));
-    }
+    let stop = || duration_s.is_some_and(|d| start.elapsed() >= Duration::from_secs(d));
+    watch::watch(
+        t.pid,
+        &t.listen,
+        method,
+        Duration::from_millis(interval_ms),
+        &stop,
+        &mut |m| eprintln!("{} {m}", watch::clock()),
+    )
 }

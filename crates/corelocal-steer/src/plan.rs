@@ -119,7 +119,7 @@ pub fn plan(
         }
     }
     let mut by_addr: BTreeMap<SocketAddr, Vec<u64>> = BTreeMap::new();
-    for (&inode, _) in &holder {
+    for &inode in holder.keys() {
         let addr = addr_of[&inode];
         if matches_filter(&addr, filters) {
             by_addr.entry(addr).or_default().push(inode);
@@ -194,8 +194,16 @@ fn plan_group(
         if polled.is_empty() {
             // Threads waiting where the descriptor is not visible (io_uring, poll) while the
             // process holds listeners of the group: its workers cannot be known.
-            let held = p.sockets.iter().filter(|(_, i)| members.contains(i)).count();
-            let opaque = p.tasks.iter().filter(|t| t.waits == Some(Waits::Opaque)).count();
+            let held = p
+                .sockets
+                .iter()
+                .filter(|(_, i)| members.contains(i))
+                .count();
+            let opaque = p
+                .tasks
+                .iter()
+                .filter(|t| t.waits == Some(Waits::Opaque))
+                .count();
             if held > 0 && opaque > 0 && p.tasks.len() > 1 && refusal.is_none() {
                 refusal = Some(format!(
                     "threaded server: pid {} ({}) holds {held} listeners of the group and {opaque}                      of its threads wait in io_uring, poll or select, where the descriptor they                      accept on is not visible, so the thread of each listener cannot be known;                      {SHARED_POLLER_HINT} (corelocal serve: `--backend epoll`)",
