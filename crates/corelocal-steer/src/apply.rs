@@ -132,10 +132,19 @@ fn dup_listeners(
 /// Discovers the server and plans. Retries while a threaded server's threads cannot be
 /// placed yet.
 pub fn discover(pid: u32, filters: &[String]) -> Result<(Plan, Dups), SteerError> {
+    discover_cached(pid, filters, &mut discover::ParentCache::default())
+}
+
+/// [`discover`] with a parent cache kept across calls (`watch`).
+pub fn discover_cached(
+    pid: u32,
+    filters: &[String],
+    cache: &mut discover::ParentCache,
+) -> Result<(Plan, Dups), SteerError> {
     let online = discover::online_cpus();
     let mut tries = 0;
     loop {
-        let snap = discover::snapshot(pid).map_err(|e| SteerError(e.to_string()))?;
+        let snap = discover::snapshot_cached(pid, cache).map_err(|e| SteerError(e.to_string()))?;
         let (dups, facts) = dup_listeners(&snap, filters)?;
         let plan = plan::plan(&snap, &facts, &online, filters);
         if plan.groups.is_empty() && !snap.unreadable.is_empty() {

@@ -91,15 +91,28 @@ impl fmt::Display for DiscoverError {
 
 impl std::error::Error for DiscoverError {}
 
+/// Parents of the host's processes, kept between scans (`watch`): each scan lists `/proc` and
+/// reads `stat` only for processes it has not seen, so a re-scan costs a directory listing
+/// plus the server's own processes.
+#[derive(Debug, Default)]
+pub struct ParentCache {
+    ppid: BTreeMap<u32, u32>,
+}
+
 /// Reads the tree rooted at `root` from `/proc`.
 pub fn snapshot(root: u32) -> Result<Snapshot, DiscoverError> {
+    snapshot_cached(root, &mut ParentCache::default())
+}
+
+/// [`snapshot`] with a [`ParentCache`] kept by the caller.
+pub fn snapshot_cached(root: u32, cache: &mut ParentCache) -> Result<Snapshot, DiscoverError> {
     let proc = Path::new("/proc");
     let stat = read_text(&proc.join(root.to_string()).join("stat"))
         .map_err(|e| DiscoverError(format!("process {root}: {e}")))?;
     let Some((_, _)) = procscan::parse_stat_parent(&stat) else {
         return Err(DiscoverError(format!("process {root}: unreadable stat")));
     };
-    let pids = tree(root)?;
+    let pids = tree(root, cache)?;
     let mut procs = Vec::new();
     let mut unreadable = Vec::new();
     for pid in pids {
@@ -111,13 +124,7 @@ pub fn snapshot(root: u32) -> Result<Snapshot, DiscoverError> {
             procs.push(p);
         }
     }
-    let mut listeners = Vec::new();
-    for (file, v6) in [("tcp", false), ("tcp6", true)] {
-        let path = proc.join(root.to_string()).join("net").join(file);
-        if let Ok(text) = read_text(&path) {
-            listeners.extend(procscan::parse_net_tcp(&text, v6));
-        }
-    }
+    let listeners = listeners_of(root);
     Ok(Snapshot {
         root,
         procs,
@@ -126,10 +133,41 @@ pub fn snapshot(root: u32) -> Result<Snapshot, DiscoverError> {
     })
 }
 
+/// Listening TCP sockets of `pid`'s network namespace: by sock_diag when it is ours (cheap),
+/// else from `/proc/PID/net/tcp[6]` (which walks the whole established hash).
+fn listeners_of(pid: u32) -> Vec<ListenEntry> {
+    use std::os::unix::fs::MetadataExt;
+    let ns = |p: &str| std::fs::metadata(p).map(|m| (m.dev(), m.ino())).ok();
+    let same_netns = ns("/proc/self/ns/net").is_some()
+        && ns("/proc/self/ns/net") == ns(&format!("/proc/{pid}/ns/net"));
+    if same_netns {
+        if let Ok(found) = corelocal::sys::sockdiag::tcp_listeners() {
+            return found
+                .into_iter()
+                .map(|d| ListenEntry {
+                    inode: d.inode,
+                    addr: d.addr,
+                })
+                .collect();
+        }
+    }
+    let mut listeners = Vec::new();
+    for (file, v6) in [("tcp", false), ("tcp6", true)] {
+        let path = Path::new("/proc")
+            .join(pid.to_string())
+            .join("net")
+            .join(file);
+        if let Ok(text) = read_text(&path) {
+            listeners.extend(procscan::parse_net_tcp(&text, v6));
+        }
+    }
+    listeners
+}
+
 /// `root` and its descendants (breadth first), from every process's parent.
-fn tree(root: u32) -> Result<Vec<u32>, DiscoverError> {
-    let mut children: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+fn tree(root: u32, cache: &mut ParentCache) -> Result<Vec<u32>, DiscoverError> {
     let dir = std::fs::read_dir("/proc").map_err(|e| DiscoverError(format!("/proc: {e}")))?;
+    let mut seen = BTreeMap::new();
     for entry in dir.flatten().take(HOST_PROCS_MAX) {
         let Some(pid) = entry
             .file_name()
@@ -138,12 +176,27 @@ fn tree(root: u32) -> Result<Vec<u32>, DiscoverError> {
         else {
             continue;
         };
-        let Ok(text) = read_text(&entry.path().join("stat")) else {
-            continue;
+        let ppid = match cache.ppid.get(&pid) {
+            Some(&p) => p,
+            None => {
+                let Ok(text) = read_text(&entry.path().join("stat")) else {
+                    continue;
+                };
+                let Some((ppid, _)) = procscan::parse_stat_parent(&text) else {
+                    continue;
+                };
+                ppid
+            }
         };
-        if let Some((ppid, _)) = procscan::parse_stat_parent(&text) {
-            children.entry(ppid).or_default().push(pid);
-        }
+        seen.insert(pid, ppid);
+    }
+    // Processes that exited leave the cache (a reused PID is read afresh next time it shows
+    // up as new; one reused within a single interval is caught by the start-time check in
+    // `watch`, which compares whole snapshots).
+    cache.ppid = seen;
+    let mut children: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+    for (&pid, &ppid) in &cache.ppid {
+        children.entry(ppid).or_default().push(pid);
     }
     let mut out = vec![root];
     let mut i = 0;
@@ -230,6 +283,38 @@ fn read_proc(pid: u32) -> Option<(Proc, bool)> {
         },
         readable,
     ))
+}
+
+/// What a server tree looks like cheaply: each process (PID, start time) and each of its
+/// threads' affinity. Reloads, respawns and affinity changes all change it; `watch` runs a
+/// full discovery only then (and every few seconds regardless).
+pub type Fingerprint = Vec<(u32, u64, Vec<(u32, CpuSet)>)>;
+
+/// The tree's [`Fingerprint`]: a `/proc` listing plus `stat` and `sched_getaffinity` of the
+/// server's own processes and threads.
+pub fn fingerprint(root: u32, cache: &mut ParentCache) -> Result<Fingerprint, DiscoverError> {
+    let mut out = Vec::new();
+    for pid in tree(root, cache)? {
+        let base = Path::new("/proc").join(pid.to_string());
+        let Some(start) = read_text(&base.join("stat"))
+            .ok()
+            .and_then(|t| procscan::parse_stat_start_ticks(&t))
+        else {
+            continue;
+        };
+        let mut tasks: Vec<(u32, CpuSet)> = std::fs::read_dir(base.join("task"))
+            .map(|d| {
+                d.flatten()
+                    .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+                    .take(TASKS_MAX)
+                    .filter_map(|tid| Some((tid, pidfd::affinity_of(tid).ok()?)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        tasks.sort_by_key(|t| t.0);
+        out.push((pid, start, tasks));
+    }
+    Ok(out)
 }
 
 /// The CPUs that are online (`/sys/devices/system/cpu/online`), or the calling thread's

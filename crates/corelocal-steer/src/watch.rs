@@ -4,7 +4,13 @@ use crate::apply::{self, Method, SteerError};
 use crate::plan;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+/// A full discovery runs at least this often, even when no process changed (catches new
+/// listeners opened by a running process, and workers that stopped or started polling one).
+pub const FULL_SCAN_EVERY: Duration = Duration::from_secs(2);
+/// After the processes changed, every tick runs a full discovery for this long.
+pub const SETTLE: Duration = Duration::from_secs(1);
 
 /// Wall-clock time of day (UTC) with milliseconds, for log lines.
 pub fn clock() -> String {
@@ -23,8 +29,10 @@ pub fn clock() -> String {
 
 /// Attaches, then re-scans every `interval` and re-syncs each group whose CPU → listener map
 /// changed (reload, worker respawn, affinity change, new listeners), until `stop()` says so or
-/// the server exits. Work per scan is one discovery (bounded, see [`crate::discover`]); maps
-/// are written only when something changed, and every change is one log line.
+/// the server exits. Each tick lists `/proc` and reads the server's own processes' start times
+/// and thread affinities ([`crate::discover::fingerprint`]); a full discovery (bounded, see
+/// [`crate::discover`]) runs only when that changed, or every [`FULL_SCAN_EVERY`]. Maps are
+/// written only when something changed, and every change is one log line.
 pub fn watch(
     pid: u32,
     filters: &[String],
@@ -37,6 +45,10 @@ pub fn watch(
     let mut applied: BTreeMap<SocketAddr, BTreeMap<usize, u64>> = BTreeMap::new();
     let mut refused: BTreeMap<SocketAddr, String> = BTreeMap::new();
     let mut first = true;
+    let mut cache = crate::discover::ParentCache::default();
+    let mut last_print = None;
+    let mut last_full = Instant::now();
+    let mut settle_until = Instant::now();
     loop {
         if stop() {
             log("watch: stopping, leaving the steering in place".into());
@@ -46,7 +58,26 @@ pub fn watch(
             log(format!("watch: pid {} exited; stopping", pid));
             return Ok(());
         }
-        let (plan, dups) = match apply::discover(pid, filters) {
+        // Cheap check first: nothing about the processes changed and the last full scan is
+        // recent → nothing to do this tick.
+        let print = crate::discover::fingerprint(pid, &mut cache).ok();
+        let changed = print != last_print;
+        if changed {
+            // New workers take a moment to open their epoll and register their listener:
+            // keep scanning fully while they settle.
+            settle_until = Instant::now() + SETTLE;
+        }
+        if !first
+            && !changed
+            && last_full.elapsed() < FULL_SCAN_EVERY
+            && Instant::now() >= settle_until
+        {
+            std::thread::sleep(interval);
+            continue;
+        }
+        last_print = print;
+        last_full = Instant::now();
+        let (plan, dups) = match apply::discover_cached(pid, filters, &mut cache) {
             Ok(x) => x,
             Err(e) if first => return Err(e),
             Err(e) => {
