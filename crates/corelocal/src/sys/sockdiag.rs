@@ -102,11 +102,11 @@ fn dump(family: u8, out: &mut Vec<DiagListener>) -> io::Result<()> {
                     let errno = i32::from_ne_bytes([h[16], h[17], h[18], h[19]]);
                     return Err(io::Error::from_raw_os_error(-errno));
                 }
-                SOCK_DIAG_BY_FAMILY if len >= NLMSG_HDR_BYTES + DIAG_MSG_BYTES => {
-                    if out.len() < LISTENERS_MAX * 2 {
-                        if let Some(l) = parse_diag_msg(&h[NLMSG_HDR_BYTES..len]) {
-                            out.push(l);
-                        }
+                SOCK_DIAG_BY_FAMILY
+                    if len >= NLMSG_HDR_BYTES + DIAG_MSG_BYTES && out.len() < LISTENERS_MAX * 2 =>
+                {
+                    if let Some(l) = parse_diag_msg(&h[NLMSG_HDR_BYTES..len]) {
+                        out.push(l);
                     }
                 }
                 _ => {}
