@@ -100,7 +100,9 @@ pub fn watch(
                         g.addr
                     )));
                 }
-                if refused.get(&g.addr) != Some(r) {
+                // While new workers settle (forked, not yet pinned or polling) a refusal is
+                // expected and passes: say so only if it outlasts the settle period.
+                if refused.get(&g.addr) != Some(r) && Instant::now() >= settle_until {
                     log(format!(
                         "{}: cannot steer now, leaving it as is: {r}",
                         g.addr

@@ -406,6 +406,18 @@ fn nginx_reload_that_moves_workers_needs_watch() {
     sh(&format!("kill -9 {victim}"));
     std::thread::sleep(Duration::from_secs(1));
     in_range("after respawn", nginx.locality(c0), 0.99, 1.0);
+    // An operator moves the running workers with taskset.
+    for w in nginx.workers() {
+        let on = pidfd::affinity_of(w).unwrap();
+        let other = if on == CpuSet::single(c0) { c1 } else { c0 };
+        sh(&format!("taskset -pc {other} {w}"));
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    let l = [nginx.locality(c0), nginx.locality(c1)];
+    eprintln!("1 s after taskset swapped the workers under watch: {l:?}");
+    for x in l {
+        in_range("after taskset", x, 0.99, 1.0);
+    }
     stop.store(true, Ordering::Relaxed);
     watcher.join().unwrap().unwrap();
 }
