@@ -10,7 +10,7 @@
 
 use crate::discover::{self, Snapshot};
 use crate::plan::{self, GroupPlan, Plan, SockFacts};
-use corelocal::bpf::cpu_pick::{CpuPick, PickCounts};
+use corelocal::bpf::cpu_pick::{CpuPick, PickCounts, WORKERS_PER_CPU_MAX};
 use corelocal::sys::{pidfd, socket};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -191,25 +191,36 @@ fn find_attached(group: &GroupPlan) -> Result<Option<CpuPick>, SteerError> {
     Ok(None)
 }
 
-/// The CPU → listener map a program holds, as CPU → cookie.
-fn installed_map(pick: &CpuPick) -> BTreeMap<usize, u64> {
+/// The CPU → listeners map a program holds, as CPU → cookies.
+fn installed_map(pick: &CpuPick) -> BTreeMap<usize, Vec<u64>> {
     let mut out = BTreeMap::new();
     for cpu in 0..pick.cpu_slots().min(discover::possible_cpus() as u32) {
-        if let Ok(Some(slot)) = pick.cpu_slot(cpu) {
-            if let Ok(Some(cookie)) = pick.listener_cookie(slot) {
-                out.insert(cpu as usize, cookie);
-            }
+        let cookies: Vec<u64> = pick
+            .cpu_slots_of(cpu)
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|slot| pick.listener_cookie(slot).ok().flatten())
+            .collect();
+        if !cookies.is_empty() {
+            out.insert(cpu as usize, cookies);
         }
     }
     out
 }
 
-/// The CPU → cookie map a plan wants.
-pub fn wanted_map(group: &GroupPlan) -> BTreeMap<usize, u64> {
+/// The CPU → cookies map a plan wants.
+pub fn wanted_map(group: &GroupPlan) -> BTreeMap<usize, Vec<u64>> {
     group
         .cpu_map
         .iter()
-        .map(|(&cpu, &i)| (cpu, group.listeners[i].cookie))
+        .map(|(&cpu, ls)| {
+            let cookies = ls
+                .iter()
+                .take(WORKERS_PER_CPU_MAX as usize)
+                .map(|&i| group.listeners[i].cookie)
+                .collect();
+            (cpu, cookies)
+        })
         .collect()
 }
 
@@ -261,12 +272,18 @@ fn sync_maps(pick: &CpuPick, group: &GroupPlan, dups: &Dups) -> Result<usize, St
     }
     let cpus = pick.cpu_slots().min(discover::possible_cpus() as u32);
     for cpu in 0..cpus {
-        let want = group
+        let want: Vec<u32> = group
             .cpu_map
             .get(&(cpu as usize))
-            .and_then(|&i| slot_of.get(&group.listeners[i].cookie).copied());
-        if pick.cpu_slot(cpu).map_err(bpf)? != want {
-            pick.map_cpu(cpu, want).map_err(bpf)?;
+            .map(|ls| {
+                ls.iter()
+                    .take(WORKERS_PER_CPU_MAX as usize)
+                    .filter_map(|&i| slot_of.get(&group.listeners[i].cookie).copied())
+                    .collect()
+            })
+            .unwrap_or_default();
+        if pick.cpu_slots_of(cpu).map_err(bpf)? != want {
+            pick.map_cpu(cpu, &want).map_err(bpf)?;
             writes += 1;
         }
     }
@@ -400,9 +417,9 @@ fn resolve_method(method: Method, log: &mut dyn FnMut(String)) -> Result<Method,
 /// worker's CPU, -1 where there is none.
 fn set_incoming(g: &GroupPlan, dups: &Dups, on: bool) -> Result<usize, SteerError> {
     let mut writes = 0;
-    for (i, l) in g.listeners.iter().enumerate() {
-        let cpu = match (on, g.cpu_map.iter().find(|&(_, &li)| li == i)) {
-            (true, Some((&cpu, _))) => cpu as i32,
+    for l in &g.listeners {
+        let cpu = match (on, l.cpu) {
+            (true, Some(cpu)) => cpu as i32,
             _ => -1,
         };
         let Some(fd) = dups.get(l.inode) else {
@@ -471,17 +488,12 @@ pub fn detach(plan: &Plan, dups: &Dups) -> Result<Vec<Detached>, SteerError> {
 fn incoming_state(g: &GroupPlan, dups: &Dups) -> Vec<(u64, i32, i32)> {
     g.listeners
         .iter()
-        .enumerate()
-        .map(|(i, l)| {
+        .map(|l| {
             let now = dups
                 .get(l.inode)
                 .and_then(|fd| socket::incoming_cpu(fd.as_raw_fd()).ok())
                 .unwrap_or(-1);
-            let want = g
-                .cpu_map
-                .iter()
-                .find(|&(_, &li)| li == i)
-                .map_or(-1, |(&c, _)| c as i32);
+            let want = l.cpu.map_or(-1, |c| c as i32);
             (l.inode, now, want)
         })
         .collect()
@@ -528,15 +540,18 @@ pub fn status(plan: &Plan, dups: &Dups) -> Result<Vec<GroupStatus>, SteerError> 
         let want = wanted_map(g);
         let cookie_inode: BTreeMap<u64, u64> =
             g.listeners.iter().map(|l| (l.cookie, l.inode)).collect();
-        let describe = |m: &BTreeMap<usize, u64>| -> String {
+        let describe = |m: &BTreeMap<usize, Vec<u64>>| -> String {
             m.iter()
-                .map(|(c, k)| {
-                    format!(
-                        "cpu {c}→inode {}",
-                        cookie_inode
-                            .get(k)
-                            .map_or("?".to_string(), |i| i.to_string())
-                    )
+                .map(|(c, ks)| {
+                    let inodes: Vec<String> = ks
+                        .iter()
+                        .map(|k| {
+                            cookie_inode
+                                .get(k)
+                                .map_or("?".to_string(), |i| i.to_string())
+                        })
+                        .collect();
+                    format!("cpu {c}→inode {}", inodes.join("+"))
                 })
                 .collect::<Vec<_>>()
                 .join(", ")

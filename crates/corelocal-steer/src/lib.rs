@@ -156,13 +156,19 @@ fn attach_cmd(t: &Target, method: Method, json: bool) -> Result<(), SteerError> 
 pub(crate) fn describe_map(g: &plan::GroupPlan) -> String {
     g.cpu_map
         .iter()
-        .map(|(cpu, &i)| {
-            let l = &g.listeners[i];
-            let who = l
-                .workers
-                .first()
-                .map_or(String::new(), |w| format!(" (pid {} {})", w.pid, w.comm));
-            format!("cpu {cpu} → listener {}{who}", l.inode)
+        .map(|(cpu, ls)| {
+            let each: Vec<String> = ls
+                .iter()
+                .map(|&i| {
+                    let l = &g.listeners[i];
+                    let who = l
+                        .workers
+                        .first()
+                        .map_or(String::new(), |w| format!(" (pid {} {})", w.pid, w.comm));
+                    format!("listener {}{who}", l.inode)
+                })
+                .collect();
+            format!("cpu {cpu} → {}", each.join(" + "))
         })
         .collect::<Vec<_>>()
         .join(", ")

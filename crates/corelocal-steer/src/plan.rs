@@ -4,6 +4,7 @@
 
 use crate::discover::{Proc, Snapshot};
 use crate::procscan::Waits;
+use corelocal::bpf::cpu_pick::WORKERS_PER_CPU_MAX;
 use corelocal::cpu::CpuSet;
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
@@ -57,8 +58,9 @@ pub struct GroupPlan {
     pub addr: SocketAddr,
     /// Its listeners held by the server, by inode.
     pub listeners: Vec<Listener>,
-    /// CPU → index into `listeners`.
-    pub cpu_map: BTreeMap<usize, usize>,
+    /// CPU → indexes into `listeners` whose worker is pinned there (with several, the SYN's
+    /// 4-tuple hash picks among them).
+    pub cpu_map: BTreeMap<usize, Vec<usize>>,
     /// Online CPUs without a worker (SYNs there use the kernel's hash).
     pub cpus_without_worker: String,
     /// What falls back to the kernel's hash, and other remarks.
@@ -206,7 +208,10 @@ fn plan_group(
                 .count();
             if held > 0 && opaque > 0 && p.tasks.len() > 1 && refusal.is_none() {
                 refusal = Some(format!(
-                    "threaded server: pid {} ({}) holds {held} listeners of the group and {opaque}                      of its threads wait in io_uring, poll or select, where the descriptor they                      accept on is not visible, so the thread of each listener cannot be known;                      {SHARED_POLLER_HINT} (corelocal serve: `--backend epoll`)",
+                    "threaded server: pid {} ({}) holds {held} listeners of the group and \
+                     {opaque} of its threads wait in io_uring, poll or select, where the \
+                     descriptor they accept on is not visible, so the thread of each listener \
+                     cannot be known; {SHARED_POLLER_HINT} (corelocal serve: `--backend epoll`)",
                     p.pid, p.comm
                 ));
             }
@@ -315,19 +320,24 @@ fn plan_group(
             cpu,
         });
     }
-    let mut cpu_map = BTreeMap::new();
+    let mut cpu_map: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
     for (i, l) in listeners.iter().enumerate() {
         if let Some(cpu) = l.cpu {
-            if let Some(&first) = cpu_map.get(&cpu) {
-                let first: &Listener = &listeners[first];
-                notes.push(format!(
-                    "cpu {cpu}: workers of listeners {} and {} are both pinned there; its SYNs \
-                     go to listener {}",
-                    first.inode, l.inode, first.inode
-                ));
-            } else {
-                cpu_map.insert(cpu, i);
-            }
+            cpu_map.entry(cpu).or_default().push(i);
+        }
+    }
+    for (cpu, ls) in &cpu_map {
+        if ls.len() > 1 {
+            notes.push(format!(
+                "cpu {cpu}: {} listeners have their worker pinned there; its SYNs are \
+                 spread over them by the 4-tuple hash{}",
+                ls.len(),
+                if ls.len() > WORKERS_PER_CPU_MAX as usize {
+                    format!(" (the first {WORKERS_PER_CPU_MAX} only)")
+                } else {
+                    String::new()
+                }
+            ));
         }
     }
     let mapped: CpuSet = cpu_map.keys().copied().collect();
@@ -457,7 +467,7 @@ mod tests {
         assert_eq!(g.listeners[0].workers[0].pid, 11);
         assert_eq!(g.listeners[0].holder_pid, 10, "the master holds it first");
         assert_eq!(g.listeners[1].cookie, 5101);
-        assert_eq!(g.cpu_map, BTreeMap::from([(0, 0), (1, 1)]));
+        assert_eq!(g.cpu_map, BTreeMap::from([(0, vec![0]), (1, vec![1])]));
         assert!(g.notes.is_empty(), "{:?}", g.notes);
     }
 
@@ -465,7 +475,7 @@ mod tests {
     fn swapped_affinity_swaps_the_map() {
         let (snap, facts) = nginx(true, ["1", "0"]);
         let g = &plan(&snap, &facts, &CpuSet::first_n(2), &[]).groups[0];
-        assert_eq!(g.cpu_map, BTreeMap::from([(1, 0), (0, 1)]));
+        assert_eq!(g.cpu_map, BTreeMap::from([(1, vec![0]), (0, vec![1])]));
     }
 
     #[test]
@@ -473,7 +483,7 @@ mod tests {
         let (snap, facts) = nginx(true, ["0", "0-3"]);
         let g = &plan(&snap, &facts, &CpuSet::first_n(4), &[]).groups[0];
         assert_eq!(g.refusal, None);
-        assert_eq!(g.cpu_map, BTreeMap::from([(0, 0)]));
+        assert_eq!(g.cpu_map, BTreeMap::from([(0, vec![0])]));
         assert_eq!(g.cpus_without_worker, "1-3");
         assert!(g.notes.iter().any(|n| n.contains("not pinned")));
         assert!(g
@@ -483,6 +493,20 @@ mod tests {
         let (snap, facts) = nginx(true, ["0-1", "0-1"]);
         let g = &plan(&snap, &facts, &CpuSet::first_n(2), &[]).groups[0];
         assert!(g.refusal.as_ref().unwrap().contains("no worker is pinned"));
+    }
+
+    #[test]
+    fn two_workers_on_one_cpu_share_its_syns() {
+        let (snap, facts) = nginx(true, ["1", "1"]);
+        let g = &plan(&snap, &facts, &CpuSet::first_n(2), &[]).groups[0];
+        assert_eq!(g.refusal, None);
+        assert_eq!(g.cpu_map, BTreeMap::from([(1, vec![0, 1])]));
+        assert!(
+            g.notes.iter().any(|n| n.contains("spread")),
+            "{:?}",
+            g.notes
+        );
+        assert_eq!(g.cpus_without_worker, "0");
     }
 
     #[test]
@@ -557,7 +581,7 @@ mod tests {
         snap.procs = vec![p.clone()];
         let g = &plan(&snap, &facts, &CpuSet::first_n(2), &[]).groups[0];
         assert_eq!(g.refusal, None);
-        assert_eq!(g.cpu_map, BTreeMap::from([(0, 0), (1, 1)]));
+        assert_eq!(g.cpu_map, BTreeMap::from([(0, vec![0]), (1, vec![1])]));
         assert_eq!(g.listeners[1].workers[0].tid, Some(32));
         // A thread that is running cannot be placed: refuse rather than guess.
         p.tasks[2].waits = None;

@@ -42,7 +42,7 @@ pub fn watch(
     log: &mut dyn FnMut(String),
 ) -> Result<(), SteerError> {
     // Per group: the CPU → cookie map last installed, or the refusal last logged.
-    let mut applied: BTreeMap<SocketAddr, BTreeMap<usize, u64>> = BTreeMap::new();
+    let mut applied: BTreeMap<SocketAddr, BTreeMap<usize, Vec<u64>>> = BTreeMap::new();
     let mut refused: BTreeMap<SocketAddr, String> = BTreeMap::new();
     let mut first = true;
     let mut cache = crate::discover::ParentCache::default();

@@ -70,7 +70,8 @@ fn wait_listening(addr: SocketAddr) {
     }
 }
 
-/// nginx with 2 workers pinned `affinity` (e.g. "01 10"), reuseport or not, `$pid` logged.
+/// nginx with one worker per word of `affinity` (e.g. "01 10"), reuseport or not, `$pid`
+/// logged.
 struct Nginx {
     dir: PathBuf,
     master: u32,
@@ -81,8 +82,9 @@ impl Nginx {
     fn config(dir: &Path, port: u16, affinity: &str, reuseport: bool) -> String {
         let d = dir.display();
         let rp = if reuseport { " reuseport" } else { "" };
+        let workers = affinity.split_whitespace().count();
         format!(
-            "worker_processes 2;\nworker_cpu_affinity {affinity};\npid {d}/nginx.pid;\n\
+            "worker_processes {workers};\nworker_cpu_affinity {affinity};\npid {d}/nginx.pid;\n\
              error_log {d}/error.log;\nevents {{ worker_connections 2048; }}\n\
              http {{\n  log_format p '$pid';\n  access_log {d}/access.log p;\n\
              client_body_temp_path {d}/body;\n  proxy_temp_path {d}/proxy;\n\
@@ -331,6 +333,37 @@ fn nginx_attach_makes_accept_local_and_detach_restores_the_hash() {
     eprintln!("after detach: {detached:?}");
     for d in detached {
         in_range("hash locality after detach", d, 0.2, 0.8);
+    }
+}
+
+#[test]
+fn nginx_two_workers_per_cpu_share_their_cpus_syns() {
+    if !inside_private_netns("nginx_two_workers_per_cpu_share_their_cpus_syns") {
+        return;
+    }
+    let Some(cpus) = two_cpus() else { return };
+    if !have("nginx") {
+        return;
+    }
+    set_up_loopback(None);
+    let (c0, c1) = (cpus.iter().next().unwrap(), cpus.iter().nth(1).unwrap());
+    let (m0, m1) = (bin_mask(c0), bin_mask(c1));
+    let nginx = Nginx::start("four", 18088, &format!("{m0} {m1} {m0} {m1}"), true);
+    attach(nginx.master, Method::Ebpf).unwrap();
+    for cpu in [c0, c1] {
+        in_range("two workers per CPU", nginx.locality(cpu), 0.99, 1.0);
+        // Both workers of the CPU get a share (the 4-tuple hash spreads over them).
+        let pids: Vec<u32> = std::fs::read_to_string(nginx.dir.join("access.log"))
+            .unwrap()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect();
+        let mut per: std::collections::BTreeMap<u32, usize> = Default::default();
+        for p in pids {
+            *per.entry(p).or_default() += 1;
+        }
+        assert_eq!(per.len(), 2, "{per:?}");
+        assert!(per.values().all(|&n| n > CONNS / 5), "{per:?}");
     }
 }
 

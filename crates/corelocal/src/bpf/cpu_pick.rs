@@ -5,7 +5,9 @@
 //! SYNs steered vs fallen back to the kernel's hash.
 //!
 //! Maps (names are how another `corelocal` process finds them again, see [`CpuPick::open`]):
-//! - `cl_pick_cpu`: ARRAY u32 → u32 indexed by CPU: `slot + 1`, 0 = no worker there (hash);
+//! - `cl_pick_cpu`: ARRAY u32 → u32 indexed by CPU: how many listeners have their worker
+//!   pinned there (0 = none: the kernel's hash); with several, the SYN's 4-tuple hash picks;
+//! - `cl_pick_list`: ARRAY u32 → u32, row `cpu` (16 entries from `cpu * 16`): `slot + 1`;
 //! - `cl_pick_socks`: REUSEPORT_SOCKARRAY u32 → u64: slot = one listener of the group;
 //! - `cl_pick_count`: PERCPU_ARRAY u32 → u64, [`COUNTERS`] entries (see [`PickCounts`]).
 //!
@@ -13,7 +15,7 @@
 //! attached, the loading process may exit. A sockarray entry does not keep a socket alive: a
 //! closing listener removes itself, and SYNs for its CPU fall back to the hash (counted).
 
-use super::insn::{self, Cond, EbpfInsn, Size, R0, R1, R10, R2, R3, R4, R6, R7};
+use super::insn::{self, Cond, EbpfInsn, Size, R0, R1, R10, R2, R3, R4, R6, R7, R8};
 use super::programs::{
     HELPER_GET_SMP_PROCESSOR_ID, HELPER_MAP_LOOKUP_ELEM, HELPER_SK_SELECT_REUSEPORT, SK_PASS,
 };
@@ -24,8 +26,10 @@ use std::os::fd::RawFd;
 
 /// The program's name (what `bpftool prog` shows and [`CpuPick::find`] looks for).
 pub const PROG_NAME: &str = "cl_cpu_pick";
-/// Name of the CPU → slot map.
+/// Name of the CPU → listener count map.
 pub const CPU_MAP_NAME: &str = "cl_pick_cpu";
+/// Name of the CPU → listener slots map.
+pub const LIST_MAP_NAME: &str = "cl_pick_list";
 /// Name of the sockarray.
 pub const SOCKS_MAP_NAME: &str = "cl_pick_socks";
 /// Name of the per-CPU counter map.
@@ -45,68 +49,117 @@ pub const CPU_SLOTS_MAX: u32 = 8192;
 /// Most BPF programs scanned when looking for attached instances.
 pub const PROGS_SCANNED_MAX: usize = 65_536;
 
+/// Most listeners one CPU's SYNs are spread over (workers pinned to the same CPU).
+pub const WORKERS_PER_CPU_MAX: u32 = 16;
+/// log2 of [`WORKERS_PER_CPU_MAX`]: row `cpu` of `cl_pick_list` starts at `cpu << 4`.
+const ROW_SHIFT: i32 = 4;
+
 /// Map descriptors the program reads.
 #[derive(Debug, Clone, Copy)]
 pub struct PickMaps {
-    /// `cl_pick_cpu`.
-    pub cpu_slot_fd: i32,
+    /// `cl_pick_cpu`: CPU → number of listeners of workers pinned there.
+    pub cpu_count_fd: i32,
+    /// `cl_pick_list`: `cpu * 16 + i` → `slot + 1`.
+    pub cpu_list_fd: i32,
     /// `cl_pick_socks`.
     pub sockarray_fd: i32,
     /// `cl_pick_count`.
     pub counts_fd: i32,
 }
 
+/// `dst *= src` (64-bit).
+fn mul64_reg(dst: insn::Reg, src: insn::Reg) -> EbpfInsn {
+    EbpfInsn {
+        code: 0x07 | 0x20 | 0x08,
+        regs: (src.0 << 4) | dst.0,
+        off: 0,
+        imm: 0,
+    }
+}
+
+/// `dst >>= imm` (64-bit, logical).
+fn rsh64_imm(dst: insn::Reg, imm: i32) -> EbpfInsn {
+    EbpfInsn {
+        code: 0x07 | 0x70,
+        regs: dst.0,
+        off: 0,
+        imm,
+    }
+}
+
 /// The program:
 ///
 /// ```text
-/// slot = cpu_slot[smp_processor_id()]             // slot + 1, 0 = none
-/// if !slot                                        { key = NO_WORKER }
-/// else if sk_select_reuseport(md, socks, slot-1)  { key = LISTENER_GONE }   // -ENOENT …
-/// else                                            { key = STEERED }
+/// cpu = smp_processor_id()
+/// n = cpu_count[cpu]                              // listeners of workers pinned on cpu
+/// if !n                                           { key = NO_WORKER }
+/// else {
+///     i = n == 1 ? 0 : (md->hash * n) >> 32       // several workers on one CPU: by hash
+///     slot = cpu_list[cpu * 16 + i] - 1
+///     key = sk_select_reuseport(md, socks, slot) ? LISTENER_GONE : STEERED
+/// }
 /// counts[key] += 1                                // this CPU's copy: no atomics needed
 /// return SK_PASS                                  // without a selection: the kernel's hash
 /// ```
 pub fn reuseport_cpu_pick(maps: PickMaps) -> Vec<EbpfInsn> {
-    let [cpu0, cpu1] = insn::ld_map_fd(R1, maps.cpu_slot_fd);
+    let [cn0, cn1] = insn::ld_map_fd(R1, maps.cpu_count_fd);
+    let [li0, li1] = insn::ld_map_fd(R1, maps.cpu_list_fd);
     let [sa0, sa1] = insn::ld_map_fd(R2, maps.sockarray_fd);
-    let [cn0, cn1] = insn::ld_map_fd(R1, maps.counts_fd);
+    let [ct0, ct1] = insn::ld_map_fd(R1, maps.counts_fd);
     vec![
         /* 0 */ insn::mov64_reg(R6, R1),
         /* 1 */ insn::mov64_imm(R7, COUNT_NO_WORKER as i32),
         /* 2 */ insn::call(HELPER_GET_SMP_PROCESSOR_ID),
-        /* 3 */ insn::stx_mem(Size::W, R10, R0, -4),
-        /* 4 */ cpu0,
-        /* 5 */ cpu1,
-        /* 6 */ insn::mov64_reg(R2, R10),
-        /* 7 */ insn::add64_imm(R2, -4),
-        /* 8 */ insn::call(HELPER_MAP_LOOKUP_ELEM),
-        /* 9 */ insn::jmp_imm(Cond::Eq, R0, 0, 14), // -> 24 (count)
-        /* 10 */ insn::ldx_mem(Size::W, R2, R0, 0),
-        /* 11 */ insn::jmp_imm(Cond::Eq, R2, 0, 12), // -> 24 (count)
-        /* 12 */ insn::add64_imm(R2, -1),
-        /* 13 */ insn::stx_mem(Size::W, R10, R2, -8),
-        /* 14 */ insn::mov64_reg(R1, R6),
-        /* 15 */ sa0,
-        /* 16 */ sa1,
-        /* 17 */ insn::mov64_reg(R3, R10),
-        /* 18 */ insn::add64_imm(R3, -8),
-        /* 19 */ insn::mov64_imm(R4, 0),
-        /* 20 */ insn::call(HELPER_SK_SELECT_REUSEPORT),
-        /* 21 */ insn::mov64_imm(R7, COUNT_LISTENER_GONE as i32),
-        /* 22 */ insn::jmp_imm(Cond::Ne, R0, 0, 1), // -> 24 (count)
-        /* 23 */ insn::mov64_imm(R7, COUNT_STEERED as i32),
-        /* 24 */ insn::stx_mem(Size::W, R10, R7, -12),
-        /* 25 */ cn0,
-        /* 26 */ cn1,
-        /* 27 */ insn::mov64_reg(R2, R10),
-        /* 28 */ insn::add64_imm(R2, -12),
-        /* 29 */ insn::call(HELPER_MAP_LOOKUP_ELEM),
-        /* 30 */ insn::jmp_imm(Cond::Eq, R0, 0, 3), // -> 34 (pass)
-        /* 31 */ insn::ldx_mem(Size::DW, R1, R0, 0),
-        /* 32 */ insn::add64_imm(R1, 1),
-        /* 33 */ insn::stx_mem(Size::DW, R0, R1, 0),
-        /* 34 */ insn::mov64_imm(R0, SK_PASS),
-        /* 35 */ insn::exit(),
+        /* 3 */ insn::mov64_reg(R8, R0),
+        /* 4 */ insn::stx_mem(Size::W, R10, R0, -4),
+        /* 5 */ cn0,
+        /* 6 */ cn1,
+        /* 7 */ insn::mov64_reg(R2, R10),
+        /* 8 */ insn::add64_imm(R2, -4),
+        /* 9 */ insn::call(HELPER_MAP_LOOKUP_ELEM),
+        /* 10 */ insn::jmp_imm(Cond::Eq, R0, 0, 30), // -> 41 (count)
+        /* 11 */ insn::ldx_mem(Size::W, R2, R0, 0),
+        /* 12 */ insn::jmp_imm(Cond::Eq, R2, 0, 28), // -> 41 (count)
+        /* 13 */ insn::mov64_imm(R3, 0),
+        /* 14 */ insn::jmp_imm(Cond::Eq, R2, 1, 3), // -> 18 (one listener)
+        /* 15 */ insn::ldx_mem(Size::W, R3, R6, super::programs::MD_HASH_OFFSET),
+        /* 16 */ mul64_reg(R3, R2),
+        /* 17 */ rsh64_imm(R3, 32),
+        /* 18 */ insn::lsh64_imm(R8, ROW_SHIFT),
+        /* 19 */ insn::add64_reg(R8, R3),
+        /* 20 */ insn::stx_mem(Size::W, R10, R8, -8),
+        /* 21 */ li0,
+        /* 22 */ li1,
+        /* 23 */ insn::mov64_reg(R2, R10),
+        /* 24 */ insn::add64_imm(R2, -8),
+        /* 25 */ insn::call(HELPER_MAP_LOOKUP_ELEM),
+        /* 26 */ insn::jmp_imm(Cond::Eq, R0, 0, 14), // -> 41 (count)
+        /* 27 */ insn::ldx_mem(Size::W, R2, R0, 0),
+        /* 28 */ insn::jmp_imm(Cond::Eq, R2, 0, 12), // -> 41 (count)
+        /* 29 */ insn::add64_imm(R2, -1),
+        /* 30 */ insn::stx_mem(Size::W, R10, R2, -12),
+        /* 31 */ insn::mov64_reg(R1, R6),
+        /* 32 */ sa0,
+        /* 33 */ sa1,
+        /* 34 */ insn::mov64_reg(R3, R10),
+        /* 35 */ insn::add64_imm(R3, -12),
+        /* 36 */ insn::mov64_imm(R4, 0),
+        /* 37 */ insn::call(HELPER_SK_SELECT_REUSEPORT),
+        /* 38 */ insn::mov64_imm(R7, COUNT_LISTENER_GONE as i32),
+        /* 39 */ insn::jmp_imm(Cond::Ne, R0, 0, 1), // -> 41 (count)
+        /* 40 */ insn::mov64_imm(R7, COUNT_STEERED as i32),
+        /* 41 */ insn::stx_mem(Size::W, R10, R7, -16),
+        /* 42 */ ct0,
+        /* 43 */ ct1,
+        /* 44 */ insn::mov64_reg(R2, R10),
+        /* 45 */ insn::add64_imm(R2, -16),
+        /* 46 */ insn::call(HELPER_MAP_LOOKUP_ELEM),
+        /* 47 */ insn::jmp_imm(Cond::Eq, R0, 0, 3), // -> 51 (pass)
+        /* 48 */ insn::ldx_mem(Size::DW, R1, R0, 0),
+        /* 49 */ insn::add64_imm(R1, 1),
+        /* 50 */ insn::stx_mem(Size::DW, R0, R1, 0),
+        /* 51 */ insn::mov64_imm(R0, SK_PASS),
+        /* 52 */ insn::exit(),
     ]
 }
 
@@ -131,7 +184,8 @@ impl PickCounts {
 /// The loaded program with its three maps.
 #[derive(Debug)]
 pub struct CpuPick {
-    cpu_slot: Map,
+    cpu_count: Map,
+    cpu_list: Map,
     sockarray: Map,
     counts: Map,
     program: Program,
@@ -144,11 +198,19 @@ impl CpuPick {
     pub fn load(slots: u32, cpu_slots: u32) -> Result<CpuPick, BpfError> {
         let slots = slots.clamp(1, SLOTS_MAX);
         let cpu_slots = cpu_slots.clamp(1, CPU_SLOTS_MAX);
-        let cpu_slot = Map::create(MapType::Array, 4, 4, cpu_slots, CPU_MAP_NAME)?;
+        let cpu_count = Map::create(MapType::Array, 4, 4, cpu_slots, CPU_MAP_NAME)?;
+        let cpu_list = Map::create(
+            MapType::Array,
+            4,
+            4,
+            cpu_slots * WORKERS_PER_CPU_MAX,
+            LIST_MAP_NAME,
+        )?;
         let sockarray = Map::create(MapType::ReuseportSockArray, 4, 8, slots, SOCKS_MAP_NAME)?;
         let counts = Map::create(MapType::PercpuArray, 4, 8, COUNTERS, COUNT_MAP_NAME)?;
         let insns = reuseport_cpu_pick(PickMaps {
-            cpu_slot_fd: cpu_slot.raw_fd(),
+            cpu_count_fd: cpu_count.raw_fd(),
+            cpu_list_fd: cpu_list.raw_fd(),
             sockarray_fd: sockarray.raw_fd(),
             counts_fd: counts.raw_fd(),
         });
@@ -160,7 +222,8 @@ impl CpuPick {
         )?;
         let prog_id = program.info()?.id;
         Ok(CpuPick {
-            cpu_slot,
+            cpu_count,
+            cpu_list,
             sockarray,
             counts,
             program,
@@ -189,19 +252,21 @@ impl CpuPick {
     pub fn open(prog_id: u32) -> Result<CpuPick, BpfError> {
         let program = Program::from_id(prog_id)?;
         let info = program.info()?;
-        let (mut cpu_slot, mut sockarray, mut counts) = (None, None, None);
+        let (mut cpu_count, mut cpu_list, mut sockarray, mut counts) = (None, None, None, None);
         for map_id in info.map_ids {
             let (map, minfo) = Map::from_id(map_id)?;
             match minfo.name.as_str() {
-                CPU_MAP_NAME => cpu_slot = Some(map),
+                CPU_MAP_NAME => cpu_count = Some(map),
+                LIST_MAP_NAME => cpu_list = Some(map),
                 SOCKS_MAP_NAME => sockarray = Some(map),
                 COUNT_MAP_NAME => counts = Some(map),
                 _ => {}
             }
         }
-        match (cpu_slot, sockarray, counts) {
-            (Some(cpu_slot), Some(sockarray), Some(counts)) => Ok(CpuPick {
-                cpu_slot,
+        match (cpu_count, cpu_list, sockarray, counts) {
+            (Some(cpu_count), Some(cpu_list), Some(sockarray), Some(counts)) => Ok(CpuPick {
+                cpu_count,
+                cpu_list,
                 sockarray,
                 counts,
                 program,
@@ -211,7 +276,7 @@ impl CpuPick {
                 op: "open cl_cpu_pick",
                 source: std::io::Error::new(
                     std::io::ErrorKind::NotFound,
-                    format!("program {prog_id} lacks one of its three maps"),
+                    format!("program {prog_id} lacks one of its four maps"),
                 ),
                 log: String::new(),
             }),
@@ -235,7 +300,7 @@ impl CpuPick {
 
     /// Number of CPU ids covered.
     pub fn cpu_slots(&self) -> u32 {
-        self.cpu_slot.max_entries()
+        self.cpu_count.max_entries()
     }
 
     /// Puts a listening socket (any descriptor of it, e.g. a `pidfd_getfd` duplicate) into
@@ -265,17 +330,39 @@ impl CpuPick {
         }))
     }
 
-    /// Routes SYNs processed on `cpu` to the listener in `slot` (or to the hash with `None`).
-    pub fn map_cpu(&self, cpu: u32, slot: Option<u32>) -> Result<(), BpfError> {
-        self.cpu_slot.update_u32(cpu, slot.map_or(0, |s| s + 1))
+    /// Routes SYNs processed on `cpu` to the listeners in `slots` (spread by the 4-tuple
+    /// hash when there are several; at most [`WORKERS_PER_CPU_MAX`]), or to the kernel's hash
+    /// when `slots` is empty. The row is written before the count grows and after it shrinks,
+    /// so the program never reads an entry that is not there yet.
+    pub fn map_cpu(&self, cpu: u32, slots: &[u32]) -> Result<(), BpfError> {
+        let slots = &slots[..slots.len().min(WORKERS_PER_CPU_MAX as usize)];
+        let old = self.cpu_count.lookup_u32(cpu)?.unwrap_or(0);
+        if (slots.len() as u32) < old {
+            self.cpu_count.update_u32(cpu, slots.len() as u32)?;
+        }
+        for (i, &slot) in slots.iter().enumerate() {
+            self.cpu_list
+                .update_u32(cpu * WORKERS_PER_CPU_MAX + i as u32, slot + 1)?;
+        }
+        self.cpu_count.update_u32(cpu, slots.len() as u32)
     }
 
-    /// The slot SYNs on `cpu` go to, if any.
-    pub fn cpu_slot(&self, cpu: u32) -> Result<Option<u32>, BpfError> {
-        Ok(self
-            .cpu_slot
+    /// The slots SYNs on `cpu` go to (empty: the kernel's hash).
+    pub fn cpu_slots_of(&self, cpu: u32) -> Result<Vec<u32>, BpfError> {
+        let n = self
+            .cpu_count
             .lookup_u32(cpu)?
-            .and_then(|v| v.checked_sub(1)))
+            .unwrap_or(0)
+            .min(WORKERS_PER_CPU_MAX);
+        let mut out = Vec::new();
+        for i in 0..n {
+            if let Some(v) = self.cpu_list.lookup_u32(cpu * WORKERS_PER_CPU_MAX + i)? {
+                if let Some(slot) = v.checked_sub(1) {
+                    out.push(slot);
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// Per-CPU counters, one entry per possible CPU.
@@ -315,18 +402,21 @@ mod tests {
     #[test]
     fn jumps_land_where_the_comments_say() {
         let p = reuseport_cpu_pick(PickMaps {
-            cpu_slot_fd: 3,
-            sockarray_fd: 4,
-            counts_fd: 5,
+            cpu_count_fd: 3,
+            cpu_list_fd: 4,
+            sockarray_fd: 5,
+            counts_fd: 6,
         });
-        assert_eq!(p.len(), 36);
+        assert_eq!(p.len(), 53);
         let target = |i: usize| (i as i64 + 1 + p[i].off as i64) as usize;
-        assert_eq!(target(9), 24);
-        assert_eq!(target(11), 24);
-        assert_eq!(target(22), 24);
-        assert_eq!(target(30), 34);
-        assert_eq!(p[20].imm, HELPER_SK_SELECT_REUSEPORT);
-        assert_eq!(p[34].imm, SK_PASS);
+        for jump in [10, 12, 26, 28, 39] {
+            assert_eq!(target(jump), 41, "insn {jump}");
+        }
+        assert_eq!(target(14), 18);
+        assert_eq!(target(47), 51);
+        assert_eq!(p[37].imm, HELPER_SK_SELECT_REUSEPORT);
+        assert_eq!(p[51].imm, SK_PASS);
+        assert_eq!(1 << ROW_SHIFT, WORKERS_PER_CPU_MAX);
     }
 
     #[test]
@@ -339,9 +429,13 @@ mod tests {
         let again = CpuPick::open(pick.prog_id()).unwrap();
         assert_eq!(again.slots(), 2);
         assert_eq!(again.cpu_slots(), 64);
-        pick.map_cpu(1, Some(1)).unwrap();
-        assert_eq!(again.cpu_slot(1).unwrap(), Some(1));
-        assert_eq!(again.cpu_slot(0).unwrap(), None);
+        pick.map_cpu(1, &[1]).unwrap();
+        assert_eq!(again.cpu_slots_of(1).unwrap(), vec![1]);
+        assert_eq!(again.cpu_slots_of(0).unwrap(), Vec::<u32>::new());
+        pick.map_cpu(0, &[0, 1]).unwrap();
+        assert_eq!(again.cpu_slots_of(0).unwrap(), vec![0, 1]);
+        pick.map_cpu(0, &[]).unwrap();
+        assert_eq!(again.cpu_slots_of(0).unwrap(), Vec::<u32>::new());
         let l = socket::listen(
             "127.0.0.1:0".parse().unwrap(),
             socket::ListenOptions {
