@@ -15,7 +15,8 @@
 #   CPU that processed a flow's packets is the one that processed its SYN) and counts those
 #   held by the worker pinned to that CPU;
 # - with steer: the program's per-CPU counters (SYNs steered / fallen back).
-# Writes results/steer-<server>.json and .md. Needs root (netns, eBPF).
+# Writes results/steer-<server>$STEER_SUFFIX.json and .md (each run also records the 1-minute
+# load average at its start). Needs root (netns, eBPF).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BIN=${CORELOCAL:-$ROOT/target/release/corelocal}
@@ -63,6 +64,7 @@ EOF
     fi
     tree="$pid $(ps -o pid= --ppid "$pid" | tr '\n' ' ')"
     sched() { local s=0; for p in $tree; do for f in /proc/$p/task/*/schedstat; do s=$((s + $(cut -d' ' -f1 "$f"))); done; done; echo $s; }
+    load=$(cut -d' ' -f1 /proc/loadavg)
     before=$(sched)
     "$BIN" bench crr --target 127.0.0.1:$PORT --path / --cpus 0 -n "$conns" --conns 64 \
         --json "$work/crr.json" --progress never > "$work/crr.md" 2>&1
@@ -86,9 +88,10 @@ EOF
     "$BIN" steer status --pid "$pid" --json > "$work/status.json"
     kill -- -"$pid" 2>/dev/null || kill "$pid"
     sleep 0.2
-    python3 - "$server" "$variant" "$round" "$before" "$after" "$work" <<'EOF'
+    python3 - "$server" "$variant" "$round" "$before" "$after" "$work" "$load" <<'EOF'
 import json, sys
 server, variant, rnd, before, after, work = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
+load = float(sys.argv[7])
 crr = json.load(open(work + '/crr.json'))
 conn = json.load(open(work + '/conn.json'))['connections']
 st = json.load(open(work + '/status.json'))['groups'][0]
@@ -100,7 +103,7 @@ print(json.dumps({
     'server_cpu_us_per_conn': (after - before) / 1000 / max(conns, 1),
     'held': sum(r['conns'] for r in conn), 'held_local': sum(r['local'] for r in conn),
     'held_per_worker': [r['conns'] for r in conn],
-    'method': st['method'],
+    'method': st['method'], 'loadavg_1m': load,
     'syn_steered': sum(c['steered'] for c in st['counts']),
     'syn_fallback': sum(c['fallback'] for c in st['counts']),
 }))
@@ -126,7 +129,7 @@ for server in $servers; do
             rm -rf "$work/run"
         done
     done
-    python3 - "$server" "$runs" "$ROOT/results/steer-$server" "$rounds" "$conns" <<'EOF'
+    python3 - "$server" "$runs" "$ROOT/results/steer-$server${STEER_SUFFIX:-}" "$rounds" "$conns" <<'EOF'
 import json, statistics as st, sys, os, platform, datetime
 server, runs, out, rounds, conns = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
 rows = [json.loads(l) for l in open(runs)]
@@ -178,10 +181,10 @@ from CPU 0) that the worker pinned to the CPU that processed them holds (`steer 
 
 Server CPU steer ÷ hash, paired per round: {', '.join('%.3f' % p for p in pairs)} (median {summary['server_cpu_ratio_median']:.3f}).
 
-| round | variant | conns | conn/s | errors | server CPU µs/conn | held local / held (per worker) | SYNs steered / fallback |
-|---|---|---|---|---|---|---|---|
+| round | variant | load 1m | conns | conn/s | errors | server CPU µs/conn | held local / held (per worker) | SYNs steered / fallback |
+|---|---|---|---|---|---|---|---|---|
 """ + "\n".join(
-    f"| {r['round']} | {r['variant']} | {r['conns']} | {r['conns_per_s']:.0f} | {r['errors']} | {r['server_cpu_us_per_conn']:.2f} | {r['held_local']}/{r['held']} ({'/'.join(map(str, r['held_per_worker']))}) | {r['syn_steered']} / {r['syn_fallback']} |"
+    f"| {r['round']} | {r['variant']} | {r.get('loadavg_1m', '?')} | {r['conns']} | {r['conns_per_s']:.0f} | {r['errors']} | {r['server_cpu_us_per_conn']:.2f} | {r['held_local']}/{r['held']} ({'/'.join(map(str, r['held_per_worker']))}) | {r['syn_steered']} / {r['syn_fallback']} |"
     for r in rows) + "\n"
 open(out + '.md', 'w').write(md)
 print(md)

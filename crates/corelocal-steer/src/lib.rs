@@ -283,12 +283,6 @@ fn print_status(s: &apply::GroupStatus) {
             }
         );
     }
-    if !g.cpus_without_worker.is_empty() {
-        println!(
-            "  cpus {} fall back to the kernel's hash (no pinned worker)",
-            g.cpus_without_worker
-        );
-    }
     for n in &g.notes {
         println!("  note: {n}");
     }
