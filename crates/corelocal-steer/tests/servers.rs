@@ -94,12 +94,20 @@ impl Nginx {
     }
 
     fn start(name: &str, port: u16, affinity: &str, reuseport: bool) -> Nginx {
+        Self::start_with(name, port, affinity, reuseport, false)
+    }
+
+    /// `also_v6`: a second `listen [::1]:PORT reuseport` (its own group).
+    fn start_with(name: &str, port: u16, affinity: &str, reuseport: bool, also_v6: bool) -> Nginx {
         let dir = scratch(name);
-        std::fs::write(
-            dir.join("nginx.conf"),
-            Self::config(&dir, port, affinity, reuseport),
-        )
-        .unwrap();
+        let mut config = Self::config(&dir, port, affinity, reuseport);
+        if also_v6 {
+            config = config.replace(
+                &format!("listen 127.0.0.1:{port} reuseport;"),
+                &format!("listen 127.0.0.1:{port} reuseport; listen [::1]:{port} reuseport;"),
+            );
+        }
+        std::fs::write(dir.join("nginx.conf"), config).unwrap();
         sh(&format!(
             "nginx -e {d}/error.log -p {d} -c {d}/nginx.conf",
             d = dir.display()
@@ -179,9 +187,14 @@ impl Nginx {
     /// Fraction of `CONNS` one-shot requests from a client pinned to `cpu` served by the
     /// worker pinned to `cpu` (from the access log).
     fn locality(&self, cpu: usize) -> f64 {
+        self.locality_at(cpu, self.addr)
+    }
+
+    /// [`Self::locality`] against another address of the server.
+    fn locality_at(&self, cpu: usize, addr: SocketAddr) -> f64 {
         let log = self.dir.join("access.log");
         std::fs::write(&log, "").unwrap();
-        one_shot_from(cpu, self.addr, CONNS, |_| ());
+        one_shot_from(cpu, addr, CONNS, |_| ());
         // nginx writes the log line after the response: give the last ones a moment.
         let deadline = Instant::now() + Duration::from_secs(5);
         let mut pids: Vec<u32> = Vec::new();
@@ -334,6 +347,36 @@ fn nginx_attach_makes_accept_local_and_detach_restores_the_hash() {
     for d in detached {
         in_range("hash locality after detach", d, 0.2, 0.8);
     }
+}
+
+#[test]
+fn nginx_ipv4_and_ipv6_listeners_are_separate_groups_both_steered() {
+    if !inside_private_netns("nginx_ipv4_and_ipv6_listeners_are_separate_groups_both_steered") {
+        return;
+    }
+    let Some(cpus) = two_cpus() else { return };
+    if !have("nginx") {
+        return;
+    }
+    set_up_loopback(None);
+    let (c0, c1) = (cpus.iter().next().unwrap(), cpus.iter().nth(1).unwrap());
+    let affinity = format!("{} {}", bin_mask(c0), bin_mask(c1));
+    let nginx = Nginx::start_with("dual", 18089, &affinity, true, true);
+    let v6: SocketAddr = "[::1]:18089".parse().unwrap();
+    in_range("v6 before", nginx.locality_at(c0, v6), 0.2, 0.8);
+    let done = attach(nginx.master, Method::Ebpf).unwrap();
+    assert_eq!(done.len(), 2, "{done:?}");
+    assert_ne!(done[0].prog_id, done[1].prog_id, "one program per group");
+    for cpu in [c0, c1] {
+        in_range("v4 steered", nginx.locality(cpu), 0.99, 1.0);
+        in_range("v6 steered", nginx.locality_at(cpu, v6), 0.99, 1.0);
+    }
+    // --listen picks one group: detaching only v6 leaves v4 steered.
+    let (plan, dups) = apply::discover(nginx.master, &["[::1]:18089".to_string()]).unwrap();
+    assert_eq!(apply::detach(&plan, &dups).unwrap().len(), 1);
+    drop(dups);
+    in_range("v6 after detach", nginx.locality_at(c0, v6), 0.2, 0.8);
+    in_range("v4 still steered", nginx.locality(c0), 0.99, 1.0);
 }
 
 #[test]
