@@ -21,6 +21,14 @@ pub mod procscan;
 pub mod watch;
 
 use apply::{Method, SteerError};
+
+/// `println!` that ignores a closed stdout (`corelocal steer status | head` must not panic).
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
 use clap::{Args, Subcommand};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -132,7 +140,7 @@ fn attach_cmd(t: &Target, method: Method, json: bool) -> Result<(), SteerError> 
     let done = apply::attach(&plan, &dups, method, &mut log_line)?;
     drop(dups);
     if json {
-        println!(
+        out!(
             "{}",
             serde_json::to_string_pretty(&serde_json::json!({"plan": plan, "attached": done}))
                 .expect("serialisable")
@@ -145,9 +153,9 @@ fn attach_cmd(t: &Target, method: Method, json: bool) -> Result<(), SteerError> 
             Some(id) => format!("ebpf, program {id} attached"),
             None => "incoming-cpu (SO_INCOMING_CPU on each listener)".to_string(),
         };
-        println!("{}: {how}; {}", a.addr, describe_map(g));
+        out!("{}: {how}; {}", a.addr, describe_map(g));
         for n in &g.notes {
-            println!("  note: {n}");
+            out!("  note: {n}");
         }
     }
     Ok(())
@@ -194,15 +202,15 @@ fn status_cmd(
                     })
                 })
                 .collect();
-            println!(
+            out!(
                 "{}",
                 serde_json::to_string_pretty(&v).expect("serialisable")
             );
         } else if progs.is_empty() {
-            println!("no cl_cpu_pick program is loaded (nothing attached by corelocal steer)");
+            out!("no cl_cpu_pick program is loaded (nothing attached by corelocal steer)");
         } else {
             for (id, cookies, counts) in progs {
-                println!(
+                out!(
                     "program {id}: {} listeners, {} SYNs steered, {} fell back (give --pid \
                      for the server's view)",
                     cookies.len(),
@@ -223,22 +231,25 @@ fn status_cmd(
     };
     if json {
         let v = serde_json::json!({"groups": st, "connections": conns});
-        println!(
+        out!(
             "{}",
             serde_json::to_string_pretty(&v).expect("serialisable")
         );
         return Ok(());
     }
     if st.is_empty() {
-        println!("pid {pid}: no listening TCP socket in its process tree");
+        out!("pid {pid}: no listening TCP socket in its process tree");
     }
     for s in &st {
         print_status(s);
     }
     for c in conns.unwrap_or_default() {
-        println!(
+        out!(
             "worker pid {} (cpu {}): {} of {} open connections processed on its CPU",
-            c.pid, c.cpu, c.local, c.conns
+            c.pid,
+            c.cpu,
+            c.local,
+            c.conns
         );
     }
     Ok(())
@@ -251,7 +262,7 @@ fn print_status(s: &apply::GroupStatus) {
         ("incoming-cpu", _) => "incoming-cpu (SO_INCOMING_CPU, unprivileged)".to_string(),
         _ => "kernel hash (nothing attached by steer)".to_string(),
     };
-    println!(
+    out!(
         "group {}: {} listeners, method {method}",
         g.addr,
         g.listeners.len()
@@ -271,7 +282,7 @@ fn print_status(s: &apply::GroupStatus) {
                 }
             })
             .collect();
-        println!(
+        out!(
             "  listener inode {} (fd {} of pid {}): {}",
             l.inode,
             l.holder_fd,
@@ -284,23 +295,27 @@ fn print_status(s: &apply::GroupStatus) {
         );
     }
     for n in &g.notes {
-        println!("  note: {n}");
+        out!("  note: {n}");
     }
     if let Some(r) = &g.refusal {
-        println!("  cannot steer: {r}");
+        out!("  cannot steer: {r}");
     }
     for c in &s.counts {
-        println!(
+        out!(
             "  cpu {}: {} SYNs steered, {} fell back to the hash ({} no worker, {} listener \
              gone)",
-            c.cpu, c.steered, c.fallback, c.no_worker, c.listener_gone
+            c.cpu,
+            c.steered,
+            c.fallback,
+            c.no_worker,
+            c.listener_gone
         );
     }
     if let Some(u) = &s.ebpf_unreadable {
-        println!("  eBPF state unknown: {u}");
+        out!("  eBPF state unknown: {u}");
     }
     for d in &s.stale_detail {
-        println!("  stale: {d}");
+        out!("  stale: {d}");
     }
 }
 
@@ -310,11 +325,11 @@ fn detach_cmd(t: &Target) -> Result<(), SteerError> {
     drop(dups);
     for d in done {
         match d.removed {
-            "nothing" => println!(
+            "nothing" => out!(
                 "{}: nothing attached by steer (the kernel's hash already picks)",
                 d.addr
             ),
-            what => println!("{}: removed {what}; the kernel's hash picks again", d.addr),
+            what => out!("{}: removed {what}; the kernel's hash picks again", d.addr),
         }
     }
     Ok(())
