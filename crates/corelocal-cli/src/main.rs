@@ -36,6 +36,8 @@ enum Command {
     Files(files::Command),
     /// Many-core simulation of the Affinity-Accept balancer.
     Sim(sim::Command),
+    /// CPU-local accept for process-per-core servers we did not write (nginx reuseport).
+    Steer(corelocal_steer::Command),
 }
 
 fn main() -> ExitCode {
@@ -48,5 +50,6 @@ fn main() -> ExitCode {
         Command::Top(cmd) => corelocal_top::run(cmd),
         Command::Files(cmd) => files::run(cmd),
         Command::Sim(cmd) => sim::run(cmd),
+        Command::Steer(cmd) => corelocal_steer::run(cmd),
     }
 }

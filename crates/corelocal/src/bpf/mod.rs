@@ -4,6 +4,7 @@
 //!
 //! The `bpf(2)` calls themselves live in [`crate::sys::bpf`].
 
+pub mod cpu_pick;
 pub mod insn;
 pub mod programs;
 pub mod xdp;

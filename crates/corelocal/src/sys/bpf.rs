@@ -13,6 +13,10 @@ const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
 const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
 const BPF_PROG_LOAD: libc::c_long = 5;
 const BPF_LINK_CREATE: libc::c_long = 28;
+const BPF_PROG_GET_NEXT_ID: libc::c_long = 11;
+const BPF_PROG_GET_FD_BY_ID: libc::c_long = 13;
+const BPF_MAP_GET_FD_BY_ID: libc::c_long = 14;
+const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
 /// Verifier log buffer size for a failed load (the kernel truncates beyond it).
 const VERIFIER_LOG_BYTES: usize = 64 * 1024;
 
@@ -22,6 +26,8 @@ const VERIFIER_LOG_BYTES: usize = 64 * 1024;
 pub enum MapType {
     /// `BPF_MAP_TYPE_ARRAY`.
     Array = 2,
+    /// `BPF_MAP_TYPE_PERCPU_ARRAY`: one value per possible CPU for each key.
+    PercpuArray = 6,
     /// `BPF_MAP_TYPE_CPUMAP`.
     CpuMap = 16,
     /// `BPF_MAP_TYPE_REUSEPORT_SOCKARRAY`.
@@ -379,4 +385,212 @@ impl Link {
     pub fn raw_fd(&self) -> RawFd {
         self.fd.as_raw_fd()
     }
+}
+
+// ---- Finding loaded objects again (another process's programs and maps) -------------------
+
+#[repr(C)]
+#[derive(Default)]
+struct GetIdAttr {
+    id: u32,
+    next_id: u32,
+    open_flags: u32,
+}
+
+#[repr(C)]
+struct InfoAttr {
+    bpf_fd: u32,
+    info_len: u32,
+    info: u64,
+}
+
+/// Most map ids read from one program's info.
+const PROG_MAP_IDS_MAX: usize = 64;
+
+fn bpf_err(op: &'static str) -> impl FnOnce(io::Error) -> BpfError {
+    move |source| BpfError {
+        op,
+        source,
+        log: String::new(),
+    }
+}
+
+/// Ids of all loaded BPF programs, in id order, at most `limit` (`BPF_PROG_GET_NEXT_ID`;
+/// needs CAP_SYS_ADMIN).
+pub fn prog_ids(limit: usize) -> Result<Vec<u32>, BpfError> {
+    let mut ids = Vec::new();
+    let mut attr = GetIdAttr::default();
+    while ids.len() < limit {
+        match sys_bpf(BPF_PROG_GET_NEXT_ID, &mut attr) {
+            Ok(_) => {
+                ids.push(attr.next_id);
+                attr.id = attr.next_id;
+            }
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => break,
+            Err(e) => return Err(bpf_err("prog get next id")(e)),
+        }
+    }
+    Ok(ids)
+}
+
+fn c_name(bytes: &[u8]) -> String {
+    let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+    String::from_utf8_lossy(&bytes[..end]).into_owned()
+}
+
+fn obj_info(fd: RawFd, buf: &mut [u64; 32], op: &'static str) -> Result<(), BpfError> {
+    let mut attr = InfoAttr {
+        bpf_fd: fd as u32,
+        info_len: std::mem::size_of::<[u64; 32]>() as u32,
+        info: buf.as_mut_ptr() as u64,
+    };
+    sys_bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr)
+        .map(|_| ())
+        .map_err(bpf_err(op))
+}
+
+fn u32_at(buf: &[u64; 32], off: usize) -> u32 {
+    let word = buf[off / 8];
+    if off % 8 == 0 {
+        word as u32
+    } else {
+        (word >> 32) as u32
+    }
+}
+
+fn bytes_at(buf: &[u64; 32], off: usize, len: usize) -> Vec<u8> {
+    buf.iter()
+        .flat_map(|w| w.to_ne_bytes())
+        .skip(off)
+        .take(len)
+        .collect()
+}
+
+/// What `BPF_OBJ_GET_INFO_BY_FD` says about a program.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProgInfo {
+    /// `BPF_PROG_TYPE_*`.
+    pub prog_type: u32,
+    /// The program's id.
+    pub id: u32,
+    /// The name it was loaded with (up to 15 bytes).
+    pub name: String,
+    /// Ids of the maps it uses (at most 64 read).
+    pub map_ids: Vec<u32>,
+}
+
+/// What `BPF_OBJ_GET_INFO_BY_FD` says about a map.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MapInfo {
+    /// `BPF_MAP_TYPE_*`.
+    pub map_type: u32,
+    /// The map's id.
+    pub id: u32,
+    /// Key size in bytes.
+    pub key_size: u32,
+    /// Value size in bytes.
+    pub value_size: u32,
+    /// Number of entries.
+    pub max_entries: u32,
+    /// The name it was created with.
+    pub name: String,
+}
+
+impl Program {
+    /// Opens the loaded program with id `id` (`BPF_PROG_GET_FD_BY_ID`; needs CAP_SYS_ADMIN).
+    pub fn from_id(id: u32) -> Result<Program, BpfError> {
+        let mut attr = GetIdAttr {
+            id,
+            ..Default::default()
+        };
+        let fd = sys_bpf(BPF_PROG_GET_FD_BY_ID, &mut attr).map_err(bpf_err("prog get fd by id"))?;
+        Ok(Program { fd: owned(fd) })
+    }
+
+    /// Type, id, name and map ids of the program.
+    pub fn info(&self) -> Result<ProgInfo, BpfError> {
+        let mut ids = [0u32; PROG_MAP_IDS_MAX];
+        let mut buf = [0u64; 32];
+        // struct bpf_prog_info: nr_map_ids @52 (u32), map_ids @56 (u64 pointer).
+        buf[6] = (PROG_MAP_IDS_MAX as u64) << 32;
+        buf[7] = ids.as_mut_ptr() as u64;
+        obj_info(self.raw_fd(), &mut buf, "prog info")?;
+        let nr = (u32_at(&buf, 52) as usize).min(PROG_MAP_IDS_MAX);
+        Ok(ProgInfo {
+            prog_type: u32_at(&buf, 0),
+            id: u32_at(&buf, 4),
+            name: c_name(&bytes_at(&buf, 64, 16)),
+            map_ids: ids[..nr].to_vec(),
+        })
+    }
+}
+
+impl Map {
+    /// Opens the map with id `id` (`BPF_MAP_GET_FD_BY_ID`; needs CAP_SYS_ADMIN); key and value
+    /// sizes come from its info.
+    pub fn from_id(id: u32) -> Result<(Map, MapInfo), BpfError> {
+        let mut attr = GetIdAttr {
+            id,
+            ..Default::default()
+        };
+        let fd = sys_bpf(BPF_MAP_GET_FD_BY_ID, &mut attr).map_err(bpf_err("map get fd by id"))?;
+        let fd = owned(fd);
+        let info = map_info(fd.as_raw_fd())?;
+        Ok((
+            Map {
+                fd,
+                key_size: info.key_size,
+                value_size: info.value_size,
+                max_entries: info.max_entries,
+            },
+            info,
+        ))
+    }
+
+    /// Type, id, sizes and name of the map.
+    pub fn info(&self) -> Result<MapInfo, BpfError> {
+        map_info(self.raw_fd())
+    }
+
+    /// For a per-CPU map: `map[key]` on each possible CPU (`possible_cpus` values, each
+    /// `value_size` bytes), or `None` when the key has no entry.
+    pub fn lookup_percpu(
+        &self,
+        key: &[u8],
+        possible_cpus: usize,
+    ) -> Result<Option<Vec<Vec<u8>>>, BpfError> {
+        assert_eq!(key.len(), self.key_size as usize, "key size");
+        // The kernel copies round_up(value_size, 8) bytes per possible CPU.
+        let stride = (self.value_size as usize).div_ceil(8) * 8;
+        let mut value = vec![0u8; stride * possible_cpus.max(1)];
+        match self.elem(
+            "map lookup",
+            BPF_MAP_LOOKUP_ELEM,
+            key,
+            Some(value.as_mut_ptr()),
+            0,
+        ) {
+            Ok(()) => Ok(Some(
+                value
+                    .chunks(stride)
+                    .map(|c| c[..self.value_size as usize].to_vec())
+                    .collect(),
+            )),
+            Err(e) if e.source.raw_os_error() == Some(libc::ENOENT) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+fn map_info(fd: RawFd) -> Result<MapInfo, BpfError> {
+    let mut buf = [0u64; 32];
+    obj_info(fd, &mut buf, "map info")?;
+    Ok(MapInfo {
+        map_type: u32_at(&buf, 0),
+        id: u32_at(&buf, 4),
+        key_size: u32_at(&buf, 8),
+        value_size: u32_at(&buf, 12),
+        max_entries: u32_at(&buf, 16),
+        name: c_name(&bytes_at(&buf, 24, 16)),
+    })
 }

@@ -7,8 +7,12 @@
 //!   SO_INCOMING_CPU, reuseport BPF attach, TCP_INFO on listeners, accept4).
 //! - [`bpf`]: the `bpf(2)` syscall (program load with verifier log, map operations, links).
 //! - [`ethtool`]: interface index by name; the ethtool ioctl (driver, RX queues, RSS table).
+//! - [`sockdiag`]: listening TCP sockets via `NETLINK_SOCK_DIAG` (cheap, unlike
+//!   `/proc/net/tcp`).
 //! - [`signal`]: SIGINT/SIGTERM blocked everywhere and awaited in one place.
 //! - [`process`]: uid and resource limits.
+//! - [`pidfd`]: another process's descriptors (`pidfd_getfd`) and CPU affinity, for
+//!   `corelocal steer`.
 //! - [`scm`]: unix `SOCK_SEQPACKET` sockets and descriptor passing (`SCM_RIGHTS`) for handing
 //!   listening sockets to a successor process.
 //! - [`epoll`]: the epoll [`Backend`](crate::runtime::Backend).
@@ -25,9 +29,11 @@ pub mod bpf;
 pub mod epoll;
 pub mod ethtool;
 mod eventfd;
+pub mod pidfd;
 pub mod process;
 pub mod scm;
 pub mod signal;
+pub mod sockdiag;
 pub mod socket;
 pub mod uring;
 

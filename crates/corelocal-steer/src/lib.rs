@@ -1,0 +1,354 @@
+//! `corelocal steer`: CPU-local accept for process-per-core servers we did not write.
+//!
+//! nginx with `listen … reuseport` and `worker_cpu_affinity` has one listener per pinned
+//! worker in one SO_REUSEPORT group, but the kernel picks the listener by a hash of the
+//! 4-tuple, so on N workers (N−1)/N of the connections are accepted on a CPU other than the
+//! one that processed the SYN. `steer attach --pid PID` finds the server's reuseport groups
+//! and which worker polls which listener ([`discover`], [`plan`]: `/proc/PID/fd`, the epoll
+//! instances' `fdinfo` `tfd:`/`ino:` lines, `/proc/PID/net/tcp[6]`, `sched_getaffinity`),
+//! takes duplicates of the listeners with `pidfd_getfd(2)`, fills a REUSEPORT_SOCKARRAY keyed
+//! so that the SYN's CPU picks the listener of the worker pinned there, attaches the
+//! `cl_cpu_pick` SK_REUSEPORT program (`corelocal::bpf::cpu_pick`) to the group and closes
+//! the duplicates ([`apply`]). Without CAP_BPF it sets SO_INCOMING_CPU on each listener
+//! instead (Linux ≥ 6.2). `status` reads it back (per-CPU counts of SYNs steered vs fallen
+//! back), `watch` re-syncs across reloads, respawns and affinity changes, `detach` restores
+//! the kernel's hash.
+
+pub mod apply;
+pub mod discover;
+pub mod plan;
+pub mod procscan;
+pub mod watch;
+
+use apply::{Method, SteerError};
+
+/// `println!` that ignores a closed stdout (`corelocal steer status | head` must not panic).
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+use clap::{Args, Subcommand};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+/// `corelocal steer`.
+#[derive(Debug, Args)]
+pub struct Command {
+    #[command(subcommand)]
+    action: Action,
+}
+
+#[derive(Debug, Args)]
+struct Target {
+    /// The server's PID (its master); its children are found from /proc.
+    #[arg(long)]
+    pid: u32,
+    /// Only these groups: ADDR:PORT, or PORT for every address (repeatable).
+    #[arg(long = "listen")]
+    listen: Vec<String>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Action {
+    /// Steer each SYN to the listener of the worker pinned to the CPU that processed it.
+    Attach {
+        #[command(flatten)]
+        target: Target,
+        /// ebpf (CAP_BPF), incoming-cpu (unprivileged, Linux ≥ 6.2) or auto.
+        #[arg(long, value_enum, default_value = "auto")]
+        method: Method,
+        /// Print the result as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Per group: listeners, worker PID → CPU, method, per-CPU steered vs fallback counts.
+    Status {
+        /// The server's PID; without it, every loaded cl_cpu_pick program is listed.
+        #[arg(long)]
+        pid: Option<u32>,
+        /// Only these groups: ADDR:PORT or PORT (repeatable).
+        #[arg(long = "listen")]
+        listen: Vec<String>,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+        /// Also inspect the workers' open connections: how many were processed on the
+        /// worker's CPU (SO_INCOMING_CPU of a duplicate; at most 20,000).
+        #[arg(long)]
+        connections: bool,
+    },
+    /// Restore the kernel's hash (removes only what steer attached).
+    Detach {
+        #[command(flatten)]
+        target: Target,
+    },
+    /// Attach, then keep the mapping right across reloads, respawns and affinity changes.
+    Watch {
+        #[command(flatten)]
+        target: Target,
+        /// ebpf, incoming-cpu or auto.
+        #[arg(long, value_enum, default_value = "auto")]
+        method: Method,
+        /// Re-scan period in milliseconds (10..=60000).
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(10..=60_000))]
+        interval_ms: u64,
+        /// Stop after this many seconds (default: until the server exits).
+        #[arg(long)]
+        duration_s: Option<u64>,
+    },
+}
+
+/// Runs `corelocal steer`.
+pub fn run(cmd: Command) -> ExitCode {
+    let result = match cmd.action {
+        Action::Attach {
+            target,
+            method,
+            json,
+        } => attach_cmd(&target, method, json),
+        Action::Status {
+            pid,
+            listen,
+            json,
+            connections,
+        } => status_cmd(pid, &listen, json, connections),
+        Action::Detach { target } => detach_cmd(&target),
+        Action::Watch {
+            target,
+            method,
+            interval_ms,
+            duration_s,
+        } => watch_cmd(&target, method, interval_ms, duration_s),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("corelocal steer: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn log_line(msg: String) {
+    eprintln!("{msg}");
+}
+
+fn attach_cmd(t: &Target, method: Method, json: bool) -> Result<(), SteerError> {
+    let (plan, dups) = apply::discover(t.pid, &t.listen)?;
+    let done = apply::attach(&plan, &dups, method, &mut log_line)?;
+    drop(dups);
+    if json {
+        out!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({"plan": plan, "attached": done}))
+                .expect("serialisable")
+        );
+        return Ok(());
+    }
+    for (a, g) in done.iter().zip(&plan.groups) {
+        let how = match a.prog_id {
+            Some(id) if a.updated => format!("ebpf, updated program {id}"),
+            Some(id) => format!("ebpf, program {id} attached"),
+            None => "incoming-cpu (SO_INCOMING_CPU on each listener)".to_string(),
+        };
+        out!("{}: {how}; {}", a.addr, describe_map(g));
+        for n in &g.notes {
+            out!("  note: {n}");
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn describe_map(g: &plan::GroupPlan) -> String {
+    g.cpu_map
+        .iter()
+        .map(|(cpu, ls)| {
+            let each: Vec<String> = ls
+                .iter()
+                .map(|&i| {
+                    let l = &g.listeners[i];
+                    let who = l
+                        .workers
+                        .first()
+                        .map_or(String::new(), |w| format!(" (pid {} {})", w.pid, w.comm));
+                    format!("listener {}{who}", l.inode)
+                })
+                .collect();
+            format!("cpu {cpu} → {}", each.join(" + "))
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn status_cmd(
+    pid: Option<u32>,
+    listen: &[String],
+    json: bool,
+    connections: bool,
+) -> Result<(), SteerError> {
+    let Some(pid) = pid else {
+        let progs = apply::programs()?;
+        if json {
+            let v: Vec<_> = progs
+                .iter()
+                .map(|(id, cookies, counts)| {
+                    serde_json::json!({
+                        "prog_id": id,
+                        "listener_cookies": cookies,
+                        "steered": counts.iter().map(|c| c.steered).sum::<u64>(),
+                        "fallback": counts.iter().map(|c| c.fallback()).sum::<u64>(),
+                    })
+                })
+                .collect();
+            out!(
+                "{}",
+                serde_json::to_string_pretty(&v).expect("serialisable")
+            );
+        } else if progs.is_empty() {
+            out!("no cl_cpu_pick program is loaded (nothing attached by corelocal steer)");
+        } else {
+            for (id, cookies, counts) in progs {
+                out!(
+                    "program {id}: {} listeners, {} SYNs steered, {} fell back (give --pid \
+                     for the server's view)",
+                    cookies.len(),
+                    counts.iter().map(|c| c.steered).sum::<u64>(),
+                    counts.iter().map(|c| c.fallback()).sum::<u64>()
+                );
+            }
+        }
+        return Ok(());
+    };
+    let (plan, dups) = apply::discover(pid, listen)?;
+    let st = apply::status(&plan, &dups)?;
+    drop(dups);
+    let conns = if connections {
+        Some(apply::connection_locality(&plan)?)
+    } else {
+        None
+    };
+    if json {
+        let v = serde_json::json!({"groups": st, "connections": conns});
+        out!(
+            "{}",
+            serde_json::to_string_pretty(&v).expect("serialisable")
+        );
+        return Ok(());
+    }
+    if st.is_empty() {
+        out!("pid {pid}: no listening TCP socket in its process tree");
+    }
+    for s in &st {
+        print_status(s);
+    }
+    for c in conns.unwrap_or_default() {
+        out!(
+            "worker pid {} (cpu {}): {} of {} open connections processed on its CPU",
+            c.pid,
+            c.cpu,
+            c.local,
+            c.conns
+        );
+    }
+    Ok(())
+}
+
+fn print_status(s: &apply::GroupStatus) {
+    let g = &s.group;
+    let method = match (s.method, s.prog_id) {
+        ("ebpf", Some(id)) => format!("ebpf (cl_cpu_pick, program {id})"),
+        ("incoming-cpu", _) => "incoming-cpu (SO_INCOMING_CPU, unprivileged)".to_string(),
+        _ => "kernel hash (nothing attached by steer)".to_string(),
+    };
+    out!(
+        "group {}: {} listeners, method {method}",
+        g.addr,
+        g.listeners.len()
+    );
+    for l in &g.listeners {
+        let workers: Vec<String> = l
+            .workers
+            .iter()
+            .map(|w| {
+                let tid = w.tid.map_or(String::new(), |t| format!(" thread {t}"));
+                match w.cpu {
+                    Some(c) => format!("pid {}{tid} ({}) → cpu {c}", w.pid, w.comm),
+                    None => format!(
+                        "pid {}{tid} ({}) → not pinned (cpus {})",
+                        w.pid, w.comm, w.affinity
+                    ),
+                }
+            })
+            .collect();
+        out!(
+            "  listener inode {} (fd {} of pid {}): {}",
+            l.inode,
+            l.holder_fd,
+            l.holder_pid,
+            if workers.is_empty() {
+                "no worker polls it".to_string()
+            } else {
+                workers.join(", ")
+            }
+        );
+    }
+    for n in &g.notes {
+        out!("  note: {n}");
+    }
+    if let Some(r) = &g.refusal {
+        out!("  cannot steer: {r}");
+    }
+    for c in &s.counts {
+        out!(
+            "  cpu {}: {} SYNs steered, {} fell back to the hash ({} no worker, {} listener \
+             gone)",
+            c.cpu,
+            c.steered,
+            c.fallback,
+            c.no_worker,
+            c.listener_gone
+        );
+    }
+    if let Some(u) = &s.ebpf_unreadable {
+        out!("  eBPF state unknown: {u}");
+    }
+    for d in &s.stale_detail {
+        out!("  stale: {d}");
+    }
+}
+
+fn detach_cmd(t: &Target) -> Result<(), SteerError> {
+    let (plan, dups) = apply::discover(t.pid, &t.listen)?;
+    let done = apply::detach(&plan, &dups)?;
+    drop(dups);
+    for d in done {
+        match d.removed {
+            "nothing" => out!(
+                "{}: nothing attached by steer (the kernel's hash already picks)",
+                d.addr
+            ),
+            what => out!("{}: removed {what}; the kernel's hash picks again", d.addr),
+        }
+    }
+    Ok(())
+}
+
+fn watch_cmd(
+    t: &Target,
+    method: Method,
+    interval_ms: u64,
+    duration_s: Option<u64>,
+) -> Result<(), SteerError> {
+    let start = Instant::now();
+    let stop = || duration_s.is_some_and(|d| start.elapsed() >= Duration::from_secs(d));
+    watch::watch(
+        t.pid,
+        &t.listen,
+        method,
+        Duration::from_millis(interval_ms),
+        &stop,
+        &mut |m| eprintln!("{} {m}", watch::clock()),
+    )
+}

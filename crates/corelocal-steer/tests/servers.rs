@@ -1,0 +1,937 @@
+//! `corelocal steer` against servers nobody here wrote (nginx from Debian, a Python asyncio
+//! server started once per CPU, lighttpd) and our own runtime in `fine` mode, each inside a
+//! private network namespace (root; under `CI=true` these never skip).
+//!
+//! Locality is measured independently of the program's own counters: for one-shot
+//! connections from a client pinned to CPU k over loopback (SYNs processed on k) by who
+//! served each request (nginx's access log `$pid`, the Python server's `X-Pid` header, our
+//! runtime's per-worker stats) and that worker's CPU; with RPS spreading flows, by the
+//! `SO_INCOMING_CPU` of each connection the workers hold open.
+
+use corelocal::cpu::{current_affinity, pin_current_thread, CpuSet};
+use corelocal::sys::{pidfd, socket};
+use corelocal::testing::{inside_private_netns, set_up_loopback, sh};
+use corelocal_steer::apply::{self, Method};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// One-shot connections per client CPU.
+const CONNS: usize = 200;
+/// Connections held open for the RPS test.
+const HELD: usize = 200;
+/// Set for the probe run of this binary under reduced privileges.
+const PROBE_ENV: &str = "CORELOCAL_STEER_PROBE";
+
+fn two_cpus() -> Option<CpuSet> {
+    let cpus: CpuSet = current_affinity().unwrap().iter().take(2).collect();
+    if cpus.len() < 2 {
+        eprintln!("skipping: needs 2 CPUs");
+        return None;
+    }
+    Some(cpus)
+}
+
+/// Whether `bin` is installed; under CI=true it must be.
+fn have(bin: &str) -> bool {
+    let ok = Command::new("sh")
+        .args(["-c", &format!("command -v {bin}")])
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "{bin} is not installed and CI=true forbids skipping (apt-get install it)"
+        );
+        eprintln!("skipping: {bin} is not installed");
+    }
+    ok
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("corelocal-steer-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    sh(&format!("chmod 0777 {}", dir.display()));
+    dir
+}
+
+fn wait_listening(addr: SocketAddr) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect(addr).is_err() {
+        assert!(Instant::now() < deadline, "{addr} never came up");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// nginx with one worker per word of `affinity` (e.g. "01 10"), reuseport or not, `$pid`
+/// logged.
+struct Nginx {
+    dir: PathBuf,
+    master: u32,
+    addr: SocketAddr,
+}
+
+impl Nginx {
+    fn config(dir: &Path, port: u16, affinity: &str, reuseport: bool) -> String {
+        let d = dir.display();
+        let rp = if reuseport { " reuseport" } else { "" };
+        let workers = affinity.split_whitespace().count();
+        format!(
+            "worker_processes {workers};\nworker_cpu_affinity {affinity};\npid {d}/nginx.pid;\n\
+             error_log {d}/error.log;\nevents {{ worker_connections 2048; }}\n\
+             http {{\n  log_format p '$pid';\n  access_log {d}/access.log p;\n\
+             client_body_temp_path {d}/body;\n  proxy_temp_path {d}/proxy;\n\
+             keepalive_requests 100000;\n  keepalive_timeout 60s;\n\
+             server {{ listen 127.0.0.1:{port}{rp}; location / {{ return 200 \"ok\\n\"; }} }}\n}}\n"
+        )
+    }
+
+    fn start(name: &str, port: u16, affinity: &str, reuseport: bool) -> Nginx {
+        Self::start_with(name, port, affinity, reuseport, false)
+    }
+
+    /// `also_v6`: a second `listen [::1]:PORT reuseport` (its own group).
+    fn start_with(name: &str, port: u16, affinity: &str, reuseport: bool, also_v6: bool) -> Nginx {
+        let dir = scratch(name);
+        let mut config = Self::config(&dir, port, affinity, reuseport);
+        if also_v6 {
+            config = config.replace(
+                &format!("listen 127.0.0.1:{port} reuseport;"),
+                &format!("listen 127.0.0.1:{port} reuseport; listen [::1]:{port} reuseport;"),
+            );
+        }
+        std::fs::write(dir.join("nginx.conf"), config).unwrap();
+        sh(&format!(
+            "nginx -e {d}/error.log -p {d} -c {d}/nginx.conf",
+            d = dir.display()
+        ));
+        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        wait_listening(addr);
+        let master = std::fs::read_to_string(dir.join("nginx.pid"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        let n = Nginx { dir, master, addr };
+        n.wait_workers();
+        n
+    }
+
+    /// Waits until exactly two workers poll their listeners (after start or reload).
+    fn wait_workers(&self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let (plan, _) = apply::discover(self.master, &[]).unwrap();
+            let ready = plan.groups.iter().all(|g| {
+                g.listeners.iter().all(|l| l.workers.len() == 1)
+                    && g.listeners.iter().flat_map(|l| &l.workers).count() >= 2
+            }) || plan.groups.iter().any(|g| g.listeners.len() == 1);
+            if ready {
+                return;
+            }
+            assert!(Instant::now() < deadline, "nginx workers never settled");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn reload(&self, affinity: &str) {
+        let port = self.addr.port();
+        std::fs::write(
+            self.dir.join("nginx.conf"),
+            Self::config(&self.dir, port, affinity, true),
+        )
+        .unwrap();
+        sh(&format!(
+            "nginx -e {d}/error.log -p {d} -c {d}/nginx.conf -s reload",
+            d = self.dir.display()
+        ));
+    }
+
+    /// Waits for the reload to replace the workers whose pids are `old`.
+    fn wait_new_workers(&self, old: &[u32]) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let (plan, _) = apply::discover(self.master, &[]).unwrap();
+            let now: Vec<u32> = plan.groups[0]
+                .listeners
+                .iter()
+                .flat_map(|l| l.workers.iter().map(|w| w.pid))
+                .collect();
+            if now.len() == 2 && now.iter().all(|p| !old.contains(p)) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "reload never replaced the workers"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn workers(&self) -> Vec<u32> {
+        let (plan, _) = apply::discover(self.master, &[]).unwrap();
+        plan.groups[0]
+            .listeners
+            .iter()
+            .flat_map(|l| l.workers.iter().map(|w| w.pid))
+            .collect()
+    }
+
+    /// Fraction of `CONNS` one-shot requests from a client pinned to `cpu` served by the
+    /// worker pinned to `cpu` (from the access log).
+    fn locality(&self, cpu: usize) -> f64 {
+        self.locality_at(cpu, self.addr)
+    }
+
+    /// [`Self::locality`] against another address of the server.
+    fn locality_at(&self, cpu: usize, addr: SocketAddr) -> f64 {
+        let log = self.dir.join("access.log");
+        std::fs::write(&log, "").unwrap();
+        one_shot_from(cpu, addr, CONNS, |_| ());
+        // nginx writes the log line after the response: give the last ones a moment.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut pids: Vec<u32> = Vec::new();
+        while Instant::now() < deadline {
+            pids = std::fs::read_to_string(&log)
+                .unwrap()
+                .lines()
+                .filter_map(|l| l.trim().parse().ok())
+                .collect();
+            if pids.len() >= CONNS {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(pids.len(), CONNS, "access log lines");
+        local_fraction(cpu, &pids)
+    }
+}
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-QUIT", &self.master.to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Path::new(&format!("/proc/{}", self.master)).exists() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+/// nginx's `worker_cpu_affinity` form: a binary mask ("1" then `cpu` zeros).
+fn bin_mask(cpu: usize) -> String {
+    format!("1{}", "0".repeat(cpu))
+}
+
+/// Share of `pids` pinned to exactly `cpu`.
+fn local_fraction(cpu: usize, pids: &[u32]) -> f64 {
+    let local = pids
+        .iter()
+        .filter(|&&p| pidfd::affinity_of(p).is_ok_and(|a| a == CpuSet::single(cpu)))
+        .count();
+    local as f64 / pids.len().max(1) as f64
+}
+
+/// `n` one-shot HTTP requests from a thread pinned to `cpu`; `each` sees every response.
+fn one_shot_from(cpu: usize, addr: SocketAddr, n: usize, mut each: impl FnMut(&str) + Send) {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            pin_current_thread(&CpuSet::single(cpu)).unwrap();
+            for _ in 0..n {
+                let mut c = TcpStream::connect(addr).unwrap();
+                c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+                c.write_all(b"GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+                    .unwrap();
+                let mut resp = String::new();
+                c.read_to_string(&mut resp).unwrap();
+                assert!(resp.ends_with("ok\n"), "response {resp:?}");
+                each(&resp);
+            }
+        });
+    });
+}
+
+/// Opens `n` keep-alive connections from a thread pinned to `cpu`, one request each, and
+/// returns them open.
+fn hold_from(cpu: usize, addr: SocketAddr, n: usize) -> Vec<TcpStream> {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            pin_current_thread(&CpuSet::single(cpu)).unwrap();
+            (0..n)
+                .map(|_| {
+                    let mut c = TcpStream::connect(addr).unwrap();
+                    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+                    c.write_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n").unwrap();
+                    let mut got = Vec::new();
+                    let mut buf = [0u8; 1024];
+                    while !got.ends_with(b"ok\n") {
+                        let k = c.read(&mut buf).unwrap();
+                        assert!(k > 0, "closed early");
+                        got.extend_from_slice(&buf[..k]);
+                    }
+                    c
+                })
+                .collect()
+        })
+        .join()
+        .unwrap()
+    })
+}
+
+fn attach(pid: u32, method: Method) -> Result<Vec<apply::Attached>, apply::SteerError> {
+    let (plan, dups) = apply::discover(pid, &[])?;
+    apply::attach(&plan, &dups, method, &mut |m| eprintln!("{m}"))
+}
+
+fn detach(pid: u32) -> Vec<apply::Detached> {
+    let (plan, dups) = apply::discover(pid, &[]).unwrap();
+    apply::detach(&plan, &dups).unwrap()
+}
+
+fn status(pid: u32) -> Vec<apply::GroupStatus> {
+    let (plan, dups) = apply::discover(pid, &[]).unwrap();
+    apply::status(&plan, &dups).unwrap()
+}
+
+fn in_range(what: &str, x: f64, lo: f64, hi: f64) {
+    assert!(x >= lo && x <= hi, "{what}: {x:.3} not in [{lo}, {hi}]");
+}
+
+#[test]
+fn nginx_attach_makes_accept_local_and_detach_restores_the_hash() {
+    if !inside_private_netns("nginx_attach_makes_accept_local_and_detach_restores_the_hash") {
+        return;
+    }
+    let Some(cpus) = two_cpus() else { return };
+    if !have("nginx") {
+        return;
+    }
+    set_up_loopback(None);
+    let (c0, c1) = (cpus.iter().next().unwrap(), cpus.iter().nth(1).unwrap());
+    let affinity = format!("{} {}", bin_mask(c0), bin_mask(c1));
+    let nginx = Nginx::start("attach", 18080, &affinity, true);
+    let before = [nginx.locality(c0), nginx.locality(c1)];
+    eprintln!("before attach: {before:?}");
+    for b in before {
+        in_range("hash locality", b, 0.2, 0.8);
+    }
+    let done = attach(nginx.master, Method::Ebpf).unwrap();
+    assert_eq!(done[0].method, "ebpf");
+    let after = [nginx.locality(c0), nginx.locality(c1)];
+    eprintln!("after attach: {after:?}");
+    for a in after {
+        in_range("steered locality", a, 0.99, 1.0);
+    }
+    let st = status(nginx.master);
+    assert_eq!(st[0].method, "ebpf");
+    let steered: u64 = st[0].counts.iter().map(|c| c.steered).sum();
+    let fallback: u64 = st[0].counts.iter().map(|c| c.fallback).sum();
+    assert!(steered >= 2 * CONNS as u64, "{st:?}");
+    assert_eq!(fallback, 0);
+    assert!(!st[0].stale);
+    // Attaching again updates the same program instead of stacking another.
+    let again = attach(nginx.master, Method::Ebpf).unwrap();
+    assert!(again[0].updated && again[0].prog_id == done[0].prog_id);
+    assert_eq!(detach(nginx.master)[0].removed, "ebpf");
+    assert_eq!(status(nginx.master)[0].method, "hash");
+    let detached = [nginx.locality(c0), nginx.locality(c1)];
+    eprintln!("after detach: {detached:?}");
+    for d in detached {
+        in_range("hash locality after detach", d, 0.2, 0.8);
+    }
+}
+
+#[test]
+fn nginx_ipv4_and_ipv6_listeners_are_separate_groups_both_steered() {
+    if !inside_private_netns("nginx_ipv4_and_ipv6_listeners_are_separate_groups_both_steered") {
+        return;
+    }
+    let Some(cpus) = two_cpus() else { return };
+    if !have("nginx") {
+        return;
+    }
+    set_up_loopback(None);
+    let (c0, c1) = (cpus.iter().next().unwrap(), cpus.iter().nth(1).unwrap());
+    let affinity = format!("{} {}", bin_mask(c0), bin_mask(c1));
+    let nginx = Nginx::start_with("dual", 18089, &affinity, true, true);
+    let v6: SocketAddr = "[::1]:18089".parse().unwrap();
+    in_range("v6 before", nginx.locality_at(c0, v6), 0.2, 0.8);
+    let done = attach(nginx.master, Method::Ebpf).unwrap();
+    assert_eq!(done.len(), 2, "{done:?}");
+    assert_ne!(done[0].prog_id, done[1].prog_id, "one program per group");
+    for cpu in [c0, c1] {
+        in_range("v4 steered", nginx.locality(cpu), 0.99, 1.0);
+        in_range("v6 steered", nginx.locality_at(cpu, v6), 0.99, 1.0);
+    }
+    // --listen picks one group: detaching only v6 leaves v4 steered.
+    let (plan, dups) = apply::discover(nginx.master, &["[::1]:18089".to_string()]).unwrap();
+    assert_eq!(apply::detach(&plan, &dups).unwrap().len(), 1);
+    drop(dups);
+    in_range("v6 after detach", nginx.locality_at(c0, v6), 0.2, 0.8);
+    in_range("v4 still steered", nginx.locality(c0), 0.99, 1.0);
+}
+
+#[test]
+fn nginx_two_workers_per_cpu_share_their_cpus_syns() {
+    if !inside_private_netns("nginx_two_workers_per_cpu_share_their_cpus_syns") {
+        return;
+    }
+    let Some(cpus) = two_cpus() else { return };
+    if !have("nginx") {
+        return;
+    }
+    set_up_loopback(None);
+    let (c0, c1) = (cpus.iter().next().unwrap(), cpus.iter().nth(1).unwrap());
+    let (m0, m1) = (bin_mask(c0), bin_mask(c1));
+    let nginx = Nginx::start("four", 18088, &format!("{m0} {m1} {m0} {m1}"), true);
+    attach(nginx.master, Method::Ebpf).unwrap();
+    for cpu in [c0, c1] {
+        in_range("two workers per CPU", nginx.locality(cpu), 0.99, 1.0);
+        // Both workers of the CPU get a share (the 4-tuple hash spreads over them).
+        let pids: Vec<u32> = std::fs::read_to_string(nginx.dir.join("access.log"))
+            .unwrap()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect();
+        let mut per: std::collections::BTreeMap<u32, usize> = Default::default();
+        for p in pids {
+            *per.entry(p).or_default() += 1;
+        }
+        assert_eq!(per.len(), 2, "{per:?}");
+        assert!(per.values().all(|&n| n > CONNS / 5), "{per:?}");
+    }
+}
+
+#[test]
+fn nginx_reload_that_moves_workers_needs_watch() {
+    if !inside_private_netns("nginx_reload_that_moves_workers_needs_watch") {
+        return;
+    }
+    let Some(cpus) = two_cpus() else { return };
+    if !have("nginx") {
+        return;
+    }
+    set_up_loopback(None);
+    let (c0, c1) = (cpus.iter().next().unwrap(), cpus.iter().nth(1).unwrap());
+    let (m0, m1) = (bin_mask(c0), bin_mask(c1));
+    let straight = format!("{m0} {m1}");
+    let swapped = format!("{m1} {m0}");
+    let nginx = Nginx::start("reload", 18081, &straight, true);
+    attach(nginx.master, Method::Ebpf).unwrap();
+    in_range("attached", nginx.locality(c0), 0.99, 1.0);
+
+    // A plain reload keeps the mapping: nginx hands worker k the same listener again.
+    let old = nginx.workers();
+    nginx.reload(&straight);
+    nginx.wait_new_workers(&old);
+    in_range("plain reload, no watch", nginx.locality(c0), 0.99, 1.0);
+
+    // A reload that swaps the workers' CPUs: without watch the installed map is now exactly
+    // wrong — every SYN goes to the worker on the other CPU.
+    let old = nginx.workers();
+    nginx.reload(&swapped);
+    nginx.wait_new_workers(&old);
+    let stale = [nginx.locality(c0), nginx.locality(c1)];
+    eprintln!("swapped affinity, no watch: {stale:?}");
+    for s in stale {
+        in_range("stale map", s, 0.0, 0.01);
+    }
+    assert!(
+        status(nginx.master)[0].stale,
+        "status must say the map is stale"
+    );
+
+    // Under watch: ≥ 99% again within a second of each reload.
+    let stop = Arc::new(AtomicBool::new(false));
+    let master = nginx.master;
+    let watcher = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let stop_now = || stop.load(Ordering::Relaxed);
+            corelocal_steer::watch::watch(
+                master,
+                &[],
+                Method::Ebpf,
+                Duration::from_millis(100),
+                &stop_now,
+                &mut |m| eprintln!("watch: {m}"),
+            )
+        })
+    };
+    std::thread::sleep(Duration::from_secs(1));
+    in_range("watch fixed the stale map", nginx.locality(c0), 0.99, 1.0);
+    for affinity in [&straight, &swapped] {
+        nginx.reload(affinity);
+        std::thread::sleep(Duration::from_secs(1));
+        let l = [nginx.locality(c0), nginx.locality(c1)];
+        eprintln!("1 s after reload to {affinity} under watch: {l:?}");
+        for x in l {
+            in_range("under watch", x, 0.99, 1.0);
+        }
+    }
+    // A worker killed and respawned by the master keeps the mapping right.
+    let victim = nginx.workers()[0];
+    sh(&format!("kill -9 {victim}"));
+    std::thread::sleep(Duration::from_secs(1));
+    in_range("after respawn", nginx.locality(c0), 0.99, 1.0);
+    // An operator moves the running workers with taskset.
+    for w in nginx.workers() {
+        let on = pidfd::affinity_of(w).unwrap();
+        let other = if on == CpuSet::single(c0) { c1 } else { c0 };
+        sh(&format!("taskset -pc {other} {w}"));
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    let l = [nginx.locality(c0), nginx.locality(c1)];
+    eprintln!("1 s after taskset swapped the workers under watch: {l:?}");
+    for x in l {
+        in_range("after taskset", x, 0.99, 1.0);
+    }
+    stop.store(true, Ordering::Relaxed);
+    watcher.join().unwrap().unwrap();
+}
+
+#[test]
+fn nginx_rps_spread_flows_are_accepted_on_the_cpu_that_processed_the_syn() {
+    if !inside_private_netns(
+        "nginx_rps_spread_flows_are_accepted_on_the_cpu_that_processed_the_syn",
+    ) {
+        return;
+    }
+    let Some(cpus) = two_cpus() else { return };
+    if !have("nginx") {
+        return;
+    }
+    set_up_loopback(Some(&cpus));
+    let (c0, c1) = (cpus.iter().next().unwrap(), cpus.iter().nth(1).unwrap());
+    let affinity = format!("{} {}", bin_mask(c0), bin_mask(c1));
+    let nginx = Nginx::start("rps", 18082, &affinity, true);
+    let measure = || {
+        // Every SYN is sent from one CPU; RPS decides where it is processed.
+        let held = hold_from(c0, nginx.addr, HELD);
+        let (plan, _) = apply::discover(nginx.master, &[]).unwrap();
+        let rows = apply::connection_locality(&plan).unwrap();
+        drop(held);
+        let total: u64 = rows.iter().map(|r| r.conns).sum();
+        let local: u64 = rows.iter().map(|r| r.local).sum();
+        assert_eq!(total, HELD as u64, "{rows:?}");
+        for r in &rows {
+            assert!(r.conns as usize > HELD / 5, "RPS did not spread: {rows:?}");
+        }
+        eprintln!("{rows:?}");
+        local as f64 / total as f64
+    };
+    in_range("hash with RPS", measure(), 0.2, 0.8);
+    attach(nginx.master, Method::Ebpf).unwrap();
+    in_range("steered with RPS", measure(), 0.99, 1.0);
+}
+
+/// The Python server: asyncio's event loop (epoll), `reuse_port=True`, one process per CPU.
+const PY_SERVER: &str = r#"
+import asyncio, os, sys
+async def handle(r, w):
+    close = False
+    try:
+        while True:
+            line = await r.readline()
+            if not line:
+                break
+            close = close or line.lower().startswith(b'connection: close')
+            if line in (b'\r\n', b'\n'):
+                w.write(b'HTTP/1.1 200 OK\r\nContent-Length: 3\r\nX-Pid: %d\r\n\r\nok\n' % os.getpid())
+                await w.drain()
+                if close:
+                    break
+    except ConnectionError:
+        pass
+    w.close()
+async def main():
+    srv = await asyncio.start_server(handle, '127.0.0.1', int(sys.argv[1]), reuse_port=True, backlog=1024)
+    async with srv:
+        await srv.serve_forever()
+asyncio.run(main())
+"#;
+
+struct Spawned(Child);
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        // The launcher's children first (they are in its process group), then itself.
+        let _ = Command::new("kill")
+            .args(["--", &format!("-{}", self.0.id())])
+            .status();
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn spawn_group(cmd: &str) -> Spawned {
+    use std::os::unix::process::CommandExt;
+    Spawned(
+        Command::new("sh")
+            .args(["-c", cmd])
+            .process_group(0)
+            .spawn()
+            .unwrap(),
+    )
+}
+
+#[test]
+fn python_per_cpu_server_is_steered_too() {
+    if !inside_private_netns("python_per_cpu_server_is_steered_too") {
+        return;
+    }
+    let Some(cpus) = two_cpus() else { return };
+    if !have("python3") {
+        return;
+    }
+    set_up_loopback(None);
+    let dir = scratch("python");
+    std::fs::write(dir.join("server.py"), PY_SERVER).unwrap();
+    let port = 18090;
+    let cmd: Vec<String> = cpus
+        .iter()
+        .map(|c| {
+            format!(
+                "taskset -c {c} python3 {}/server.py {port} &",
+                dir.display()
+            )
+        })
+        .collect();
+    let launcher = spawn_group(&format!("{} wait", cmd.join(" ")));
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    wait_listening(addr);
+    let pid = launcher.0.id();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while apply::discover(pid, &[])
+        .unwrap()
+        .0
+        .groups
+        .first()
+        .map_or(0, |g| g.listeners.len())
+        < 2
+    {
+        assert!(Instant::now() < deadline, "python servers never came up");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let locality = |cpu: usize| {
+        let mut pids = Vec::new();
+        one_shot_from(cpu, addr, CONNS, |resp| {
+            let pid = resp
+                .lines()
+                .find_map(|l| l.strip_prefix("X-Pid: "))
+                .and_then(|p| p.trim().parse::<u32>().ok())
+                .expect("X-Pid header");
+            pids.push(pid);
+        });
+        local_fraction(cpu, &pids)
+    };
+    let (c0, c1) = (cpus.iter().next().unwrap(), cpus.iter().nth(1).unwrap());
+    let before = [locality(c0), locality(c1)];
+    eprintln!("python before: {before:?}");
+    for b in before {
+        in_range("python hash", b, 0.2, 0.8);
+    }
+    attach(pid, Method::Ebpf).unwrap();
+    let after = [locality(c0), locality(c1)];
+    eprintln!("python after: {after:?}");
+    for a in after {
+        in_range("python steered", a, 0.99, 1.0);
+    }
+    assert_eq!(detach(pid)[0].removed, "ebpf");
+}
+
+mod own_runtime {
+    use super::*;
+    use corelocal::listen::Mode;
+    use corelocal::runtime::{
+        BackendKind, CloseReason, ConnInfo, Handler, Output, Server, ServerConfig, Service, Step,
+    };
+
+    struct OneShot;
+    struct OneShotConn;
+
+    impl Handler for OneShotConn {
+        fn on_input(&mut self, input: &[u8], out: &mut Output, _now: Instant) -> Step {
+            out.write(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nok\n");
+            Step::close(input.len(), 1, CloseReason::Done)
+        }
+    }
+
+    impl Service for OneShot {
+        type Conn = OneShotConn;
+        fn name(&self) -> &'static str {
+            "oneshot"
+        }
+        fn connect(&self, _info: &ConnInfo) -> OneShotConn {
+            OneShotConn
+        }
+    }
+
+    fn start(cpus: &CpuSet, backend: BackendKind) -> Server {
+        let mut config = ServerConfig::new(vec!["127.0.0.1:0".parse().unwrap()], cpus, Mode::Fine);
+        config.backend = backend;
+        Server::start(config, Arc::new(OneShot)).unwrap()
+    }
+
+    /// Our own runtime in `fine` mode (what `corelocal serve --mode fine` runs), epoll
+    /// backend: one process, one pinned thread per CPU, each with its own epoll instance —
+    /// steer maps each thread by the epoll descriptor it waits in.
+    #[test]
+    fn our_fine_mode_server_is_steered_by_thread() {
+        if !inside_private_netns("own_runtime::our_fine_mode_server_is_steered_by_thread") {
+            return;
+        }
+        let Some(cpus) = two_cpus() else { return };
+        set_up_loopback(None);
+        let server = start(&cpus, BackendKind::Epoll);
+        let addr = server.local_addrs()[0];
+        std::thread::sleep(Duration::from_millis(100));
+        let me = std::process::id();
+        let run = |server: &Server| {
+            let before = server.stats().total;
+            for cpu in cpus.iter() {
+                one_shot_from(cpu, addr, CONNS, |_| ());
+            }
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while server.stats().total.accepted < before.accepted + 2 * CONNS as u64
+                && Instant::now() < deadline
+            {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let after = server.stats().total;
+            (after.accepted_local - before.accepted_local) as f64
+                / (after.accepted - before.accepted) as f64
+        };
+        in_range("fine mode, hash", run(&server), 0.2, 0.8);
+        let done = attach(me, Method::Ebpf).unwrap();
+        assert_eq!(done[0].method, "ebpf");
+        in_range("fine mode, steered", run(&server), 0.99, 1.0);
+        detach(me);
+        server.stop();
+        server.join().unwrap();
+    }
+
+    /// io_uring backend: listeners live in rings and threads wait in io_uring_enter — the
+    /// thread of each listener cannot be known, so steer refuses and changes nothing.
+    #[test]
+    fn threads_in_io_uring_are_refused() {
+        if !inside_private_netns("own_runtime::threads_in_io_uring_are_refused") {
+            return;
+        }
+        let Some(cpus) = two_cpus() else { return };
+        set_up_loopback(None);
+        let server = start(&cpus, BackendKind::Uring);
+        std::thread::sleep(Duration::from_millis(200));
+        let e = attach(std::process::id(), Method::Ebpf).unwrap_err();
+        assert!(e.0.contains("io_uring"), "{e}");
+        assert_eq!(status(std::process::id())[0].method, "hash");
+        server.stop();
+        server.join().unwrap();
+    }
+}
+
+/// Runs this test binary's probe as another user or without some capabilities, inside the
+/// same namespace; returns its output.
+fn probe(setpriv: &str, action: &str, pid: u32, method: &str) -> String {
+    let exe = std::env::current_exe().unwrap();
+    let out = Command::new("setpriv")
+        .args(setpriv.split_whitespace())
+        .arg(exe)
+        .args([
+            "--exact",
+            "probe_from_env",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(PROBE_ENV, format!("{action} {pid} {method}"))
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(text.contains("PROBE"), "probe did not run: {text}");
+    text
+}
+
+/// Not a test by itself: the body run by [`probe`] under reduced privileges.
+#[test]
+fn probe_from_env() {
+    let Ok(spec) = std::env::var(PROBE_ENV) else {
+        return;
+    };
+    let f: Vec<&str> = spec.split_whitespace().collect();
+    let pid: u32 = f[1].parse().unwrap();
+    let method = match f[2] {
+        "ebpf" => Method::Ebpf,
+        "incoming-cpu" => Method::IncomingCpu,
+        _ => Method::Auto,
+    };
+    let result = match f[0] {
+        "attach" => attach(pid, method).map(|a| format!("{a:?}")),
+        _ => apply::discover(pid, &[])
+            .and_then(|(plan, dups)| apply::detach(&plan, &dups))
+            .map(|d| format!("{d:?}")),
+    };
+    match result {
+        Ok(s) => println!("PROBE-OK {s}"),
+        Err(e) => println!("PROBE-ERR {e}"),
+    }
+}
+
+/// Nothing steer sets is in place on the server: no program of ours, no SO_INCOMING_CPU.
+fn assert_untouched(pid: u32) {
+    let st = status(pid);
+    assert!(!st.is_empty());
+    for s in st {
+        assert_eq!(s.method, "hash", "{s:?}");
+    }
+    // And the listeners themselves report no SO_INCOMING_CPU.
+    let (plan, dups) = apply::discover(pid, &[]).unwrap();
+    drop(dups);
+    for g in &plan.groups {
+        for l in &g.listeners {
+            let pfd = pidfd::pidfd_open(l.holder_pid).unwrap();
+            let fd = pidfd::pidfd_getfd(&pfd, l.holder_fd).unwrap();
+            assert_eq!(socket::incoming_cpu(fd.as_raw_fd()).unwrap(), -1);
+        }
+    }
+}
+
+#[test]
+fn refusals_say_why_and_change_nothing() {
+    if !inside_private_netns("refusals_say_why_and_change_nothing") {
+        return;
+    }
+    let Some(cpus) = two_cpus() else { return };
+    if !have("nginx") || !have("lighttpd") || !have("python3") || !have("setpriv") {
+        return;
+    }
+    set_up_loopback(None);
+    let (c0, c1) = (cpus.iter().next().unwrap(), cpus.iter().nth(1).unwrap());
+    let affinity = format!("{} {}", bin_mask(c0), bin_mask(c1));
+
+    // nginx without `reuseport`: one listener shared by all workers.
+    let plain = Nginx::start("noreuse", 18083, &affinity, false);
+    let e = attach(plain.master, Method::Auto).unwrap_err();
+    assert!(
+        e.0.contains("not reuseport") && e.0.contains("reuseport;"),
+        "{e}"
+    );
+    assert_untouched(plain.master);
+    drop(plain);
+
+    // lighttpd with 2 workers: they share the parent's listener (lighttpd has no reuseport).
+    let dir = scratch("lighttpd");
+    std::fs::write(
+        dir.join("lighttpd.conf"),
+        format!(
+            "server.document-root = \"{d}\"\nserver.port = 18084\nserver.bind = \"127.0.0.1\"\n\
+             server.max-worker = 2\nserver.pid-file = \"{d}/lighttpd.pid\"\n\
+             server.errorlog = \"{d}/error.log\"\n",
+            d = dir.display()
+        ),
+    )
+    .unwrap();
+    let lighttpd = spawn_group(&format!(
+        "exec lighttpd -D -f {}/lighttpd.conf",
+        dir.display()
+    ));
+    wait_listening("127.0.0.1:18084".parse().unwrap());
+    std::thread::sleep(Duration::from_millis(300));
+    let e = attach(lighttpd.0.id(), Method::Auto).unwrap_err();
+    assert!(e.0.contains("not reuseport"), "{e}");
+    assert_untouched(lighttpd.0.id());
+    drop(lighttpd);
+
+    // A threaded server with one epoll watching both listeners (a shared netpoller).
+    let shared = r#"
+import socket, select, threading, os, sys
+ls = []
+for i in range(2):
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    s.bind(('127.0.0.1', 18085)); s.listen(64); s.setblocking(False); ls.append(s)
+ep = select.epoll()
+for s in ls: ep.register(s.fileno(), select.EPOLLIN | select.EPOLLEXCLUSIVE)
+def loop(cpu):
+    os.sched_setaffinity(0, {cpu})
+    while True:
+        for fd, _ in ep.poll():
+            try: socket.socket(fileno=os.dup(fd)).accept()[0].close()
+            except BlockingIOError: pass
+ts = [threading.Thread(target=loop, args=(c,), daemon=True) for c in (int(sys.argv[1]), int(sys.argv[2]))]
+[t.start() for t in ts]; [t.join() for t in ts]
+"#;
+    let py = dir.join("shared.py");
+    std::fs::write(&py, shared).unwrap();
+    let server = spawn_group(&format!("exec python3 {} {c0} {c1}", py.display()));
+    wait_listening("127.0.0.1:18085".parse().unwrap());
+    let e = attach(server.0.id(), Method::Auto).unwrap_err();
+    assert!(e.0.contains("shared poller"), "{e}");
+    assert_untouched(server.0.id());
+    drop(server);
+
+    // Privileges: another user has no ptrace access; without CAP_BPF eBPF is refused (and
+    // `auto` takes the unprivileged path, tested below).
+    let nginx = Nginx::start("privs", 18086, &affinity, true);
+    let out = probe(
+        "--reuid 65533 --regid 65533 --clear-groups",
+        "attach",
+        nginx.master,
+        "auto",
+    );
+    assert!(
+        out.contains("PROBE-ERR") && out.contains("no ptrace access"),
+        "{out}"
+    );
+    assert_untouched(nginx.master);
+    let no_bpf = "--bounding-set -bpf,-sys_admin --inh-caps -bpf,-sys_admin";
+    let out = probe(no_bpf, "attach", nginx.master, "ebpf");
+    assert!(
+        out.contains("PROBE-ERR") && out.contains("needs CAP_BPF"),
+        "{out}"
+    );
+    assert!(
+        out.contains("--method incoming-cpu"),
+        "says what would work: {out}"
+    );
+    assert_untouched(nginx.master);
+}
+
+#[test]
+fn without_cap_bpf_auto_uses_so_incoming_cpu() {
+    if !inside_private_netns("without_cap_bpf_auto_uses_so_incoming_cpu") {
+        return;
+    }
+    let Some(cpus) = two_cpus() else { return };
+    if !have("nginx") || !have("setpriv") {
+        return;
+    }
+    set_up_loopback(None);
+    let (c0, c1) = (cpus.iter().next().unwrap(), cpus.iter().nth(1).unwrap());
+    let affinity = format!("{} {}", bin_mask(c0), bin_mask(c1));
+    let nginx = Nginx::start("incoming", 18087, &affinity, true);
+    let no_bpf = "--bounding-set -bpf,-sys_admin --inh-caps -bpf,-sys_admin";
+    let out = probe(no_bpf, "attach", nginx.master, "auto");
+    assert!(
+        out.contains("PROBE-OK") && out.contains("incoming-cpu"),
+        "{out}"
+    );
+    assert!(out.contains("no CAP_BPF"), "reported as such: {out}");
+    assert_eq!(status(nginx.master)[0].method, "incoming-cpu");
+    for cpu in [c0, c1] {
+        in_range("SO_INCOMING_CPU locality", nginx.locality(cpu), 0.99, 1.0);
+    }
+    let out = probe(no_bpf, "detach", nginx.master, "auto");
+    assert!(
+        out.contains("PROBE-OK") && out.contains("incoming-cpu"),
+        "{out}"
+    );
+    assert_untouched(nginx.master);
+}
