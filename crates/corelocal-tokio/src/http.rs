@@ -59,6 +59,7 @@ where
     builder
         .timer(TokioTimer::new())
         .header_read_timeout(limits.idle_timeout)
+        .max_header_size(limits.input_bytes_max)
         .max_buf_size(limits.input_bytes_max);
     let counted = Counted {
         inner: service,
