@@ -8,27 +8,40 @@
 //! I/O).
 //!
 //! On stop, every connection gets hyper's graceful shutdown: an idle keep-alive connection
-//! closes, a request in progress — or the first request of a connection taken from the accept
-//! queue after the stop — is answered with `Connection: close`; the rest is dropped at the
-//! drain deadline.
+//! closes, a request in progress is answered with `Connection: close`. A connection whose first
+//! request has not arrived yet gets 100 ms for it (hyper would close it at once), as does one
+//! taken from the accept queue after the stop began, which is served without keep-alive; what
+//! is left at the drain deadline is dropped.
 
 use crate::server::{Error, Running, Server};
-use crate::worker::{Stream, WorkerCtx, WorkerInfo};
+use crate::worker::{Stream, WorkerCtx, WorkerInfo, DRAIN_QUIESCE};
 use corelocal::runtime::{ErrorKind, ShutdownReport};
 use http::{Request, Response};
 use hyper::body::{Body, Incoming};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
+use std::cell::Cell;
 use std::error::Error as StdError;
 use std::io;
+use std::rc::Rc;
+use tokio::sync::Notify;
 
 type BoxError = Box<dyn StdError + Send + Sync>;
+
+/// Whether a connection's first request arrived (hyper closes a connection that saw no bytes
+/// yet at once on graceful shutdown, so the stop waits for it a little).
+#[derive(Default)]
+struct FirstRequest {
+    seen: Cell<bool>,
+    notify: Notify,
+}
 
 /// A hyper service counted per request.
 #[derive(Clone)]
 struct Counted<S> {
     inner: S,
     ctx: WorkerCtx,
+    first: Rc<FirstRequest>,
 }
 
 impl<S, B> hyper::service::Service<Request<Incoming>> for Counted<S>
@@ -41,6 +54,9 @@ where
 
     fn call(&self, req: Request<Incoming>) -> Self::Future {
         self.ctx.record_requests(1);
+        if !self.first.seen.replace(true) {
+            self.first.notify.notify_one();
+        }
         self.inner.call(req)
     }
 }
@@ -55,31 +71,44 @@ where
     B::Error: Into<BoxError>,
 {
     let limits = ctx.limits();
+    // Taken from the queue after the stop began: one request, answered with `close`.
+    let drained = ctx.is_stopping();
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
         .timer(TokioTimer::new())
+        .keep_alive(!drained)
         .header_read_timeout(limits.idle_timeout)
         .max_header_size(limits.input_bytes_max)
         .max_buf_size(limits.input_bytes_max);
+    let first = Rc::new(FirstRequest::default());
     let counted = Counted {
         inner: service,
         ctx: ctx.clone(),
+        first: first.clone(),
     };
     let conn = builder.serve_connection(TokioIo::new(stream), counted);
     tokio::pin!(conn);
-    let result = if ctx.is_stopping() {
-        conn.as_mut().graceful_shutdown();
-        conn.await
-    } else {
-        let stopping = ctx.stopping();
-        tokio::select! {
-            r = conn.as_mut() => r,
-            _ = stopping => {
-                conn.as_mut().graceful_shutdown();
-                conn.await
+    let result = async {
+        if !drained {
+            tokio::select! {
+                r = conn.as_mut() => return r,
+                _ = ctx.stopping() => {}
             }
         }
-    };
+        // Stopping. A connection whose first request is still on its way gets the quiesce
+        // time for it to land; one that stays silent is closed, as the runtime does.
+        if !first.seen.get() {
+            tokio::select! {
+                r = conn.as_mut() => return r,
+                _ = first.notify.notified() => {}
+                _ = tokio::time::sleep(DRAIN_QUIESCE) => {}
+            }
+        }
+        // Idle keep-alive: closes now; a request in progress: answered with `close`.
+        conn.as_mut().graceful_shutdown();
+        conn.await
+    }
+    .await;
     if let Err(e) = result {
         ctx.record_error(error_kind(&e));
     }

@@ -26,7 +26,7 @@ use tokio::time::Instant;
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 /// On stop, how long a worker keeps accepting before it may stop at an empty queue: time for
 /// handshakes in progress when the SYNs started being refused to land in the queue.
-const DRAIN_QUIESCE: Duration = Duration::from_millis(100);
+pub(crate) const DRAIN_QUIESCE: Duration = Duration::from_millis(100);
 /// While draining the accept queue, how often it is checked for emptiness.
 const DRAIN_POLL: Duration = Duration::from_millis(5);
 

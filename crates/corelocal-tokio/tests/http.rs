@@ -94,11 +94,15 @@ fn check(running: Running, addr: SocketAddr, path: &'static str, expect: &str) {
     assert!(one.text().contains(expect), "{:?}", one.text());
 
     let ka = keep_alive(addr, path, 20);
-    assert!(ka.iter().all(|r| r.status == 200 && r.text().contains(expect)));
+    assert!(ka
+        .iter()
+        .all(|r| r.status == 200 && r.text().contains(expect)));
 
     let pl = pipelined(addr, path, 16);
     assert_eq!(pl.len(), 16);
-    assert!(pl.iter().all(|r| r.status == 200 && r.text().contains(expect)));
+    assert!(pl
+        .iter()
+        .all(|r| r.status == 200 && r.text().contains(expect)));
 
     assert_eq!(concurrent(addr, path, 8, 25), 200);
 

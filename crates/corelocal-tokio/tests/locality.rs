@@ -62,9 +62,14 @@ fn assert_local(steering: Steering) {
     let Some(((same, total), (local, accepted))) = run(Mode::Local, Some(steering)) else {
         return;
     };
-    eprintln!("{steering}: {same}/{total} answered on the client's CPU, {local}/{accepted} counted local");
+    eprintln!(
+        "{steering}: {same}/{total} answered on the client's CPU, {local}/{accepted} counted local"
+    );
     assert!(same * 100 >= total * 99, "{steering}: {same}/{total}");
-    assert!(local * 100 >= accepted * 99, "{steering}: counted {local}/{accepted}");
+    assert!(
+        local * 100 >= accepted * 99,
+        "{steering}: counted {local}/{accepted}"
+    );
 }
 
 #[test]
@@ -103,5 +108,8 @@ fn fine_answers_on_the_clients_cpu_about_one_in_workers() {
         "fine: {same}/{total} on the client's CPU, expected about 1/{workers}"
     );
     let counted = local as f64 / accepted as f64;
-    assert!((counted - share).abs() < 0.05, "counted {counted} vs seen {share}");
+    assert!(
+        (counted - share).abs() < 0.05,
+        "counted {counted} vs seen {share}"
+    );
 }

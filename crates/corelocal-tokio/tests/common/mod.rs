@@ -63,7 +63,9 @@ pub fn read_response(r: &mut impl BufRead) -> io::Result<Response> {
         if l.is_empty() {
             break;
         }
-        let (n, v) = l.split_once(':').ok_or_else(|| io::Error::other("bad header"))?;
+        let (n, v) = l
+            .split_once(':')
+            .ok_or_else(|| io::Error::other("bad header"))?;
         headers.push((n.trim().to_ascii_lowercase(), v.trim().to_string()));
     }
     let mut resp = Response {
@@ -96,6 +98,9 @@ pub fn read_response(r: &mut impl BufRead) -> io::Result<Response> {
 pub fn get_once(addr: SocketAddr, path: &str) -> io::Result<Response> {
     let mut s = TcpStream::connect(addr)?;
     s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    write!(s, "GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
+    )?;
     read_response(&mut BufReader::new(s))
 }
