@@ -5,6 +5,8 @@
 #      runtimes, best steering: eBPF as root)
 #   B  tokio multi-thread: `--example axum-multithread --threads 2` (`axum::serve` on a
 #      2-worker-thread runtime, not pinned — how it is deployed)
+#   C  (with ACTIX=1) actix-web 4 defaults, `--workers 2`: bench/actix, the same two routes
+#      and bodies (actix handlers, not axum's), one acceptor thread handing off to the workers
 #
 # Same handlers (crates/corelocal-tokio/examples/common/app.rs), release builds, same client.
 # Each run in a fresh network namespace (unshare -n, lo up), A B A B … alternating, per round:
@@ -31,6 +33,12 @@ cargo build --release -p corelocal-cli -p corelocal-tokio --examples --bins >&2
 REL=${CARGO_TARGET_DIR:-$ROOT/target}/release
 A_CMD="$REL/examples/axum --listen 127.0.0.1:8080 --cpus 0-1 --mode local"
 B_CMD="$REL/examples/axum-multithread --listen 127.0.0.1:8080 --threads 2"
+C_CMD="$ROOT/bench/actix/target/release/actix-peer --listen 127.0.0.1:8080 --workers 2"
+SERVERS="A B"
+if [ "${ACTIX:-0}" = 1 ]; then
+  cargo build --release --manifest-path bench/actix/Cargo.toml >&2
+  SERVERS="A B C"
+fi
 BENCH="$REL/corelocal"
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
@@ -60,7 +68,7 @@ EOF
 # One run: prints one JSON object.
 run_one() { # server(A|B) load round
   local server=$1 load=$2 round=$3 cmd
-  [ "$server" = A ] && cmd=$A_CMD || cmd=$B_CMD
+  case $server in A) cmd=$A_CMD ;; B) cmd=$B_CMD ;; C) cmd=$C_CMD ;; esac
   unshare -n -- bash -s "$server" "$load" "$round" <<EOS
 set -e
 ip link set lo up
@@ -127,7 +135,7 @@ RAW="$WORK/runs.jsonl"
 HOST="$(nproc) CPUs, $(uname -r), load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 for round in $(seq "$ROUNDS"); do
   for load in crr-c0 crr-c01 ka-c0 ka-c01; do
-    for server in A B; do
+    for server in $SERVERS; do
       line=$(run_one "$server" "$load" "$round")
       echo "$line" | tee -a "$RAW" >&2
     done
@@ -139,8 +147,10 @@ python3 - "$RAW" "$OUT" "$HOST" "$ROUNDS" "$SECS" "$CONNS" <<'EOF'
 import json, statistics as st, sys, datetime
 raw, out, host, rounds, secs, conns = sys.argv[1:7]
 runs = [json.loads(l) for l in open(raw) if l.strip()]
+servers = sorted({r["server"] for r in runs})
 names = {"A": "corelocal-tokio (local, 2 pinned current-thread runtimes)",
-         "B": "tokio multi-thread (axum::serve, 2 worker threads)"}
+         "B": "tokio multi-thread (axum::serve, 2 worker threads)",
+         "C": "actix-web 4 defaults (1 acceptor + 2 workers)"}
 loads = {"crr-c0": "one-shot HTTP, client on CPU 0 (corelocal bench crr)",
          "crr-c01": "one-shot HTTP, client threads on CPUs 0 and 1 (corelocal bench crr)",
          "ka-c0": "keep-alive HTTP, wrk -t1 on CPU 0",
@@ -152,7 +162,7 @@ for r in runs:
 summary = {}
 for load in loads:
     summary[load] = {}
-    for s in "AB":
+    for s in servers:
         rs = [r for r in runs if r["load"] == load and r["server"] == s]
         m = {}
         for k in metrics:
@@ -169,6 +179,15 @@ for load in loads:
             ratios.append(a[0]["server_us_per_req"] / b[0]["server_us_per_req"])
     summary[load]["cpu_ratio_A_over_B"] = {"median": st.median(ratios), "min": min(ratios),
                                            "max": max(ratios), "per_round": ratios}
+    if "C" in servers:
+        rc = []
+        for rd in sorted({r["round"] for r in runs}):
+            a = [r for r in runs if r["load"] == load and r["server"] == "A" and r["round"] == rd]
+            c = [r for r in runs if r["load"] == load and r["server"] == "C" and r["round"] == rd]
+            if a and c:
+                rc.append(a[0]["server_us_per_req"] / c[0]["server_us_per_req"])
+        summary[load]["cpu_ratio_A_over_C"] = {"median": st.median(rc), "min": min(rc),
+                                               "max": max(rc), "per_round": rc}
 doc = {"date": datetime.datetime.utcnow().strftime("%Y-%m-%d %H:%M UTC"), "host": host,
        "rounds": int(rounds), "seconds": int(secs), "conns": int(conns),
        "servers": names, "loads": loads, "summary": summary, "runs": runs}
@@ -187,12 +206,17 @@ for load, title in loads.items():
     lines.append(f"### {title}\n")
     lines.append("| server | server CPU µs/req | req/s | p50 ms | p99 ms | answered on client's CPU (probe) | counted local |")
     lines.append("|---|---|---|---|---|---|---|")
-    for s in "AB":
+    for s in servers:
         m = summary[load][s]
         lines.append(f"| {s}: {names[s]} | {f(m,'server_us_per_req',us)} | {f(m,'req_per_s',k)} | {f(m,'p50_us',ms)} | {f(m,'p99_us',ms)} | {f(m,'locality_probe',pct)} | {f(m,'locality_counted',pct)} |")
     r = summary[load]["cpu_ratio_A_over_B"]
+    errs = ", ".join(f"{s} {summary[load][s]['errors']}" for s in servers)
     lines.append(f"\nServer CPU per request A/B, paired per round: median **{r['median']:.2f}** "
-                 f"({r['min']:.2f}–{r['max']:.2f}); errors A {summary[load]['A']['errors']}, B {summary[load]['B']['errors']}.\n")
+                 f"({r['min']:.2f}–{r['max']:.2f}); errors {errs}.")
+    if "cpu_ratio_A_over_C" in summary[load]:
+        r = summary[load]["cpu_ratio_A_over_C"]
+        lines.append(f"A/C: median **{r['median']:.2f}** ({r['min']:.2f}–{r['max']:.2f}).")
+    lines.append("")
 open(f"{out}/tokio-vs-multithread.tables.md", "w").write("\n".join(lines) + "\n")
 print("\n".join(lines))
 EOF
