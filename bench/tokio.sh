@@ -21,6 +21,8 @@
 # A and B); for A also the server's own counters (accepted_local / accepted).
 #
 # usage: bench/tokio.sh [ROUNDS] [SECONDS] [CONNS] [OUT]   (needs root, wrk, jq, python3)
+#   env: ACTIX=1 adds C; LOADS="ka-c0 ka-c01" runs only those loads; APPEND=1 appends to the
+#   runs file (OUT/tokio-vs-multithread.runs.jsonl) instead of starting it afresh.
 # Writes OUT/tokio-vs-multithread.json and .md.
 set -euo pipefail
 ROUNDS=${1:-5}
@@ -76,11 +78,12 @@ $cmd >/dev/null 2>"$WORK/server.err" &
 SPID=\$!
 for i in \$(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/8080) 2>/dev/null && break; sleep 0.05; done
 sleep 0.3
-sched() { cat /proc/\$SPID/task/*/schedstat 2>/dev/null | awk '{s+=\$1} END {print s+0}'; }
+sched() { cat /proc/\$SPID/task/*/schedstat 2>/dev/null | awk '{s+=\$1} END {printf "%.0f\\n", s}'; }
 SERVER=\$1
 LOAD1=\$(cut -d' ' -f1 /proc/loadavg)
 stats() { if [ "\$SERVER" = A ]; then curl -s http://127.0.0.1:8080/metrics.json | jq -c '.total | {accepted, accepted_local}'; else echo '{"accepted":0,"accepted_local":0}'; fi; }
 case "\$2" in *c01) CPUS="0 1"; CL=0-1 ;; *) CPUS=0; CL=0 ;; esac
+drops() { nstat -asz 2>/dev/null | awk '\$1=="TcpRetransSegs"{r=\$2} \$1=="TcpExtListenDrops"{d=\$2} END {printf "{\\"retrans_segs\\":%d,\\"listen_drops\\":%d}\\n", r, d}'; }
 probe() { sleep 1.5; for c in \$CPUS; do python3 "$WORK/probe.py" 8080 \$c 100; done | awk '{s+=\$1; t+=\$2} END {print s, t}' > "$WORK/probe.out"; }
 probe &
 PROBE=\$!
@@ -102,7 +105,7 @@ case "\$2" in
       errors: .errors.total,
       probe_same: (\$probe|split(" ")[0]|tonumber), probe_total: (\$probe|split(" ")[1]|tonumber),
       accepted: (\$st1.accepted - \$st0.accepted), accepted_local: (\$st1.accepted_local - \$st0.accepted_local)
-    }' "$WORK/crr.json" ;;
+    } + \$net' --argjson net "\$(drops)" "$WORK/crr.json" ;;
   ka-*)
     T=1; [ "\$CL" = 0-1 ] && T=2
     taskset -c \$CL wrk -t\$T -c$CONNS -d${SECS}s --latency http://127.0.0.1:8080/ >"$WORK/wrk.txt" 2>&1
@@ -124,17 +127,17 @@ case "\$2" in
       p50_us: \$p50, p99_us: \$p99, errors: \$err,
       probe_same: \$ps, probe_total: \$pt,
       accepted: (\$st1.accepted - \$st0.accepted), accepted_local: (\$st1.accepted_local - \$st0.accepted_local)
-    }' ;;
+    } + \$net' --argjson net "\$(drops)" ;;
 esac
 kill -TERM \$SPID; wait \$SPID || true
 EOS
 }
 
-RAW="$WORK/runs.jsonl"
-: > "$RAW"
+RAW="$OUT/tokio-vs-multithread.runs.jsonl"
+[ "${APPEND:-0}" = 1 ] || : > "$RAW"
 HOST="$(nproc) CPUs, $(uname -r), load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 for round in $(seq "$ROUNDS"); do
-  for load in crr-c0 crr-c01 ka-c0 ka-c01; do
+  for load in ${LOADS:-crr-c0 crr-c01 ka-c0 ka-c01}; do
     for server in $SERVERS; do
       line=$(run_one "$server" "$load" "$round")
       echo "$line" | tee -a "$RAW" >&2
@@ -177,8 +180,9 @@ for load in loads:
         b = [r for r in runs if r["load"] == load and r["server"] == "B" and r["round"] == rd]
         if a and b:
             ratios.append(a[0]["server_us_per_req"] / b[0]["server_us_per_req"])
-    summary[load]["cpu_ratio_A_over_B"] = {"median": st.median(ratios), "min": min(ratios),
-                                           "max": max(ratios), "per_round": ratios}
+    if ratios:
+        summary[load]["cpu_ratio_A_over_B"] = {"median": st.median(ratios), "min": min(ratios),
+                                               "max": max(ratios), "per_round": ratios}
     if "C" in servers:
         rc = []
         for rd in sorted({r["round"] for r in runs}):
@@ -186,8 +190,9 @@ for load in loads:
             c = [r for r in runs if r["load"] == load and r["server"] == "C" and r["round"] == rd]
             if a and c:
                 rc.append(a[0]["server_us_per_req"] / c[0]["server_us_per_req"])
-        summary[load]["cpu_ratio_A_over_C"] = {"median": st.median(rc), "min": min(rc),
-                                               "max": max(rc), "per_round": rc}
+        if rc:
+            summary[load]["cpu_ratio_A_over_C"] = {"median": st.median(rc), "min": min(rc),
+                                                   "max": max(rc), "per_round": rc}
 doc = {"date": datetime.datetime.utcnow().strftime("%Y-%m-%d %H:%M UTC"), "host": host,
        "rounds": int(rounds), "seconds": int(secs), "conns": int(conns),
        "servers": names, "loads": loads, "summary": summary, "runs": runs}
@@ -209,7 +214,7 @@ for load, title in loads.items():
     for s in servers:
         m = summary[load][s]
         lines.append(f"| {s}: {names[s]} | {f(m,'server_us_per_req',us)} | {f(m,'req_per_s',k)} | {f(m,'p50_us',ms)} | {f(m,'p99_us',ms)} | {f(m,'locality_probe',pct)} | {f(m,'locality_counted',pct)} |")
-    r = summary[load]["cpu_ratio_A_over_B"]
+    r = summary[load].get("cpu_ratio_A_over_B", {"median": float("nan"), "min": float("nan"), "max": float("nan")})
     errs = ", ".join(f"{s} {summary[load][s]['errors']}" for s in servers)
     lines.append(f"\nServer CPU per request A/B, paired per round: median **{r['median']:.2f}** "
                  f"({r['min']:.2f}–{r['max']:.2f}); errors {errs}.")

@@ -348,6 +348,11 @@ impl Server {
     /// Each worker owns a duplicate of its listeners (same sockets: the steering still picks
     /// them). After `f`'s future ends, the worker waits for the connections it accepted to
     /// close (bounded by the drain timeout once stopping), then its runtime shuts down.
+    ///
+    /// `f`'s future should end only when [`WorkerCtx::accept`] returns `None` (the stop
+    /// drained the queue): a worker that ends early leaves its listener in the group, and the
+    /// connections steered to it wait there until the server stops (its error is reported by
+    /// [`Running::join`]).
     pub fn start<F, Fut>(self, f: F) -> Result<Running, Error>
     where
         F: Fn(WorkerCtx) -> Fut + Send + Sync + 'static,
@@ -428,7 +433,8 @@ impl Server {
 
     /// [`Server::start`], then waits for SIGINT or SIGTERM (or a [`StopHandle::stop`]),
     /// stops without losing a queued connection and waits for the workers: the whole life of
-    /// a service in one call.
+    /// a service in one call. The signal handlers (tokio's) are installed before the workers
+    /// start and stay installed for the life of the process.
     pub fn serve<F, Fut>(self, f: F) -> Result<ShutdownReport, Error>
     where
         F: Fn(WorkerCtx) -> Fut + Send + Sync + 'static,
