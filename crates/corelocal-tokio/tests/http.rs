@@ -174,3 +174,66 @@ fn bad_requests_get_an_error_and_a_closed_connection() {
     running.stop();
     running.join().unwrap();
 }
+
+#[test]
+fn stop_closes_idle_keep_alive_and_finishes_requests_in_progress_with_close() {
+    let s = server();
+    let addr = s.local_addrs()[0];
+    let running = s
+        .start_hyper(|_| {
+            hyper::service::service_fn(|req: Request<Incoming>| async move {
+                if req.uri().path() == "/slow" {
+                    tokio::time::sleep(Duration::from_millis(400)).await;
+                }
+                Ok::<_, Infallible>(HyperResponse::new(Full::new(Bytes::from_static(b"ok\n"))))
+            })
+        })
+        .unwrap();
+    // An idle keep-alive connection (one request served) and one with a request in progress.
+    let mut idle = connect(addr);
+    let mut idle_r = BufReader::new(idle.try_clone().unwrap());
+    write!(idle, "GET / HTTP/1.1\r\nHost: t\r\n\r\n").unwrap();
+    let first = read_response(&mut idle_r).unwrap();
+    assert_eq!((first.status, first.header("connection")), (200, None));
+    let mut busy = connect(addr);
+    write!(busy, "GET /slow HTTP/1.1\r\nHost: t\r\n\r\n").unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let stop = running.stop_handle();
+    stop.stop();
+    // The request in progress is answered, announcing the close, then the connection ends.
+    let mut busy_r = BufReader::new(busy);
+    let r = read_response(&mut busy_r).unwrap();
+    assert_eq!((r.status, r.header("connection")), (200, Some("close")));
+    let mut rest = Vec::new();
+    assert_eq!(
+        std::io::Read::read_to_end(&mut busy_r, &mut rest).unwrap(),
+        0
+    );
+    // The idle keep-alive connection is closed.
+    let mut rest = Vec::new();
+    assert_eq!(
+        std::io::Read::read_to_end(&mut idle_r, &mut rest).unwrap(),
+        0
+    );
+    let report = running.join().unwrap();
+    assert_eq!(report.stats.total.requests, 2);
+    assert_eq!(report.stats.total.open, 0);
+}
+
+#[test]
+fn stock_mode_serves_from_one_shared_listener() {
+    let s = Server::builder()
+        .cpus(common::cpus().into_iter().collect::<CpuSet>())
+        .mode(corelocal_tokio::Mode::Stock)
+        .listen("127.0.0.1:0")
+        .unwrap();
+    assert_eq!(s.steering(), corelocal_tokio::ActiveSteering::Shared);
+    let addr = s.local_addrs()[0];
+    let router = app::router();
+    let running = s.start_tower(move |_| router.clone()).unwrap();
+    assert_eq!(concurrent(addr, "/cpu", 4, 25), 100);
+    running.stop();
+    let report = running.join().unwrap();
+    assert_eq!(report.stats.total.accepted, 100);
+    assert_eq!(report.lost_at_close, 0);
+}
