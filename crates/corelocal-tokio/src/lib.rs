@@ -65,6 +65,6 @@ mod worker;
 
 pub use corelocal::cpu::CpuSet;
 pub use corelocal::listen::{ActiveSteering, Migration, Mode, Steering};
-pub use corelocal::runtime::{ShutdownReport, Snapshot, WorkerSnapshot};
-pub use server::{Builder, Error, Running, Server, Stats, StopHandle};
+pub use corelocal::runtime::{ErrorKind, ShutdownReport, Snapshot, WorkerSnapshot};
+pub use server::{Builder, Error, Running, Server, Stats, StopHandle, INPUT_LIMIT_MIN};
 pub use worker::{Stream, WorkerCtx, WorkerInfo};
