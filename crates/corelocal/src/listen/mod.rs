@@ -329,6 +329,19 @@ impl ListenerGroup {
             .collect()
     }
 
+    /// Duplicates (`F_DUPFD_CLOEXEC`) the open listeners of `worker`, one per address, in the
+    /// order of [`ListenerGroup::listeners`]: for a runtime that wants to own its listener
+    /// (e.g. a tokio `TcpListener`). A duplicate refers to the same socket, so it stays in the
+    /// reuseport group and the steering still picks it; closing the duplicate leaves the
+    /// socket open as long as the group (or another duplicate) holds it.
+    pub fn try_clone_listeners(&self, worker: usize) -> io::Result<Vec<OwnedFd>> {
+        self.groups
+            .iter()
+            .filter_map(|g| g.listeners[worker].as_ref())
+            .map(|fd| fd.try_clone())
+            .collect()
+    }
+
     /// Accept-queue depth of `worker`'s listeners, summed over addresses.
     pub fn queue_depth(&self, worker: usize) -> io::Result<QueueDepth> {
         let mut total = QueueDepth { len: 0, cap: 0 };
