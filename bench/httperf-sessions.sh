@@ -10,13 +10,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=$1; shift
 tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+trap '[ -n "${KEEP_TMP:-}" ] || rm -rf "$tmp"' EXIT
 python3 - "$tmp/sessions.log" <<'PY'
 import random, sys
 rng = random.Random(13)
 path = lambda i: f"/files/{i // 1000:02}/{i:05}.txt"
 with open(sys.argv[1], "w") as f:
-    for _ in range(20000):
+    for _ in range(1000):  # httperf reads at most 1000 sessions and cycles through them
         for burst in (1, 2, 3):
             for k in range(burst):
                 f.write(("  " if k else "") + path(rng.randrange(30000)) + "\n")
@@ -32,6 +32,13 @@ for r in $(seq 1 "$rounds"); do
                 >"$out.stats" 2>"$out.err" &
             server=$!
             for _ in $(seq 200); do ss -ltn | grep -q ":8080 " && break; sleep 0.05; done
+            # Every 250 ms: bytes waiting unread in the server'"'"'s sockets and in its accept
+            # queue (a stalled server has both growing; a stalled client has neither).
+            ( while kill -0 $server 2>/dev/null; do
+                  ss -Htn state established "( sport = :8080 )" |
+                      awk -v t="$(date +%s.%N)" "{q += \$1; n++} END {printf \"%s %d %d\\n\", t, q, n}"
+                  sleep 0.25
+              done >"$out.recvq" ) &
             taskset -c 0 httperf --server 127.0.0.1 --port 8080 --wsesslog=20000,0.1,"$log" \
                 --rate 2000 --timeout 5 >"$out.httperf" 2>&1 || true
             kill -TERM $server; wait $server 2>/dev/null || true
@@ -59,7 +66,15 @@ for r in range(1, rounds + 1):
         reqs = [s["total"]["requests"] for s in stats]
         per_s = [b - a for a, b in zip(reqs, reqs[1:])]
         opens = [s["total"]["open"] for s in stats]
-        runs.append({"server": n, "round": r,
+        recvq = [l.split() for l in open(f"{tmp}/{n}-{r}.recvq") if l.strip()]
+        unread_max = max((int(x[1]) for x in recvq), default=0)
+        # Longest run of samples with unread request bytes in the server's sockets.
+        run_len = best = 0
+        for x in recvq:
+            run_len = run_len + 1 if int(x[1]) > 0 else 0
+            best = max(best, run_len)
+        runs.append({"server": n, "round": r, "unread_bytes_max": unread_max,
+                     "unread_longest_s": best * 0.25,
                      "replies_2xx": num(r"Reply status: 1xx=\d+ 2xx=(\d+)"),
                      "errors": num(r"Errors: total (\d+)"),
                      "client_timeouts": num(r"client-timo (\d+)"),
@@ -74,8 +89,9 @@ json.dump({"command": cmd, "machine": f"2-core VM, Linux {platform.release()}", 
 with open("results/httperf-sessions.md", "w") as f:
     f.write(f"# httperf session workload (issue 13, finding 5)\n\n`{cmd}` — 2-core VM, Linux {platform.release()}.\n\n")
     f.write("20,000 sessions (1, 2, 3 requests, 100 ms think) over the built-in 30,000 files, httperf `--rate 2000 --timeout 5` on CPU 0, `corelocal serve http --cpus 1` (default flags otherwise), fresh netns per run, servers alternating per round. A *stall interval* is a 1 s stats interval in which the server answered nothing while connections were open.\n\n")
-    f.write("| server | round | 2xx replies | httperf errors | client-timo | fd-unavail | stall intervals | server req/s per interval |\n|---|---|---|---|---|---|---|---|\n")
+    f.write("*Unread* is what `ss` showed every 250 ms in the server's sockets' receive queues: requests the server had not read yet (a stalled server shows it growing and lasting).\n\n")
+    f.write("| server | round | 2xx replies | httperf errors | client-timo | fd-unavail | stall intervals | unread bytes max | longest unread stretch | server req/s per interval |\n|---|---|---|---|---|---|---|---|---|---|\n")
     for x in runs:
-        f.write(f"| {x['server']} | {x['round']} | {x['replies_2xx']} | {x['errors']} | {x['client_timeouts']} | {x['fd_unavail']} | {x['stall_intervals']} | {x['requests_per_second_server']} |\n")
+        f.write(f"| {x['server']} | {x['round']} | {x['replies_2xx']} | {x['errors']} | {x['client_timeouts']} | {x['fd_unavail']} | {x['stall_intervals']} | {x['unread_bytes_max']} | {x['unread_longest_s']:.2f} s | {x['requests_per_second_server']} |\n")
 print(open("results/httperf-sessions.md").read())
 PY
