@@ -60,7 +60,7 @@ for name in corelocal-uring corelocal-epoll nginx floor; do
     echo "Top symbols by self time (perf report --no-children --sort sym):"
     echo
     echo '```'
-    perf report -q -i "$tmp/$name.data" --no-children --sort sym --stdio -g none 2>/dev/null | grep -v '^$' | head -25
+    { perf report -q -i "$tmp/$name.data" --no-children --sort sym --stdio -g none 2>/dev/null | grep -v "^$" | head -25; } || true
     echo '```'
     echo
     echo "Syscalls (strace -c, whole ${secs} s window; the bench ran $conns connections over $((2 * secs + 3)) s):"
