@@ -11,6 +11,7 @@
 //! - [`server`]: binding, starting, stats, graceful stop.
 //! - [`stats`]: per-worker counters on their own cache lines.
 //! - [`upgrade`]: the upgrade socket that hands the listening sockets to a successor process.
+//! - [`prometheus`]: the counters in Prometheus text (the metric names every front end uses).
 //! - [`netstat`]: the namespace's listen-path counters (SYN cookies, queue overflows).
 
 mod accept;
@@ -18,6 +19,7 @@ pub mod backend;
 pub mod balance;
 pub mod handler;
 pub mod netstat;
+pub mod prometheus;
 pub mod server;
 pub mod stats;
 pub mod upgrade;
