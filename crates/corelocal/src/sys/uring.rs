@@ -231,6 +231,9 @@ pub struct UringBackend {
     /// Connections whose first receive completed: (slot, generation), see `ArmAtSubmit`.
     arm_at_submit: Vec<(ConnId, u32)>,
     queued_sqes: u64,
+    /// SQEs queued while reaping inside `wait` and handed over by its enter: the next
+    /// `submit` reports them with its own.
+    submitted_by_wait: u64,
     events: BackendEvents,
     /// Steals (one-shot accepts on other workers' listeners) submitted, not completed.
     steals_inflight: u32,
@@ -296,6 +299,7 @@ impl UringBackend {
             starved: Vec::new(),
             arm_at_submit: Vec::new(),
             queued_sqes: 0,
+            submitted_by_wait: 0,
             events: BackendEvents::default(),
             steals_inflight: 0,
             unreported: 0,
@@ -1004,9 +1008,10 @@ impl Backend for UringBackend {
             self.feed_starved();
         }
         self.arm_after_first_recv();
+        let earlier = std::mem::take(&mut self.submitted_by_wait) as usize;
         let count = std::mem::take(&mut self.queued_sqes) as usize;
         if count == 0 {
-            return Ok(0);
+            return Ok(earlier);
         }
         let to_submit = self.ring.submission().len() as u32;
         // GETEVENTS without waiting: under DEFER_TASKRUN the task work of what was just
@@ -1022,8 +1027,9 @@ impl Backend for UringBackend {
             )
         };
         match entered {
-            Ok(_) => Ok(count),
-            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => Ok(count), // CQ full: reap first
+            Ok(_) => Ok(earlier + count),
+            // CQ full: reap first.
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => Ok(earlier + count),
             Err(e) => Err(e),
         }
     }
@@ -1033,6 +1039,9 @@ impl Backend for UringBackend {
         if !self.ready.is_empty() {
             return Ok(());
         }
+        // The enter below hands over whatever reaping queued (a new connection's query and
+        // first receive, re-armed requests).
+        self.submitted_by_wait += std::mem::take(&mut self.queued_sqes);
         let result = match timeout {
             Some(t) => {
                 let ts = types::Timespec::new()
