@@ -1,5 +1,5 @@
 # A small HTTP server on Python's asyncio (epoll) with SO_REUSEPORT, meant to be started once
-# per CPU (bench/steer.sh; the same server is in crates/corelocal-steer/tests/servers.rs).
+# per CPU (bench/steer.sh; crates/corelocal-steer/tests/servers.rs includes this file).
 import asyncio, os, sys
 async def handle(r, w):
     close = False

@@ -533,31 +533,9 @@ fn nginx_rps_spread_flows_are_accepted_on_the_cpu_that_processed_the_syn() {
     in_range("steered with RPS", measure(), 0.99, 1.0);
 }
 
-/// The Python server: asyncio's event loop (epoll), `reuse_port=True`, one process per CPU.
-const PY_SERVER: &str = r#"
-import asyncio, os, sys
-async def handle(r, w):
-    close = False
-    try:
-        while True:
-            line = await r.readline()
-            if not line:
-                break
-            close = close or line.lower().startswith(b'connection: close')
-            if line in (b'\r\n', b'\n'):
-                w.write(b'HTTP/1.1 200 OK\r\nContent-Length: 3\r\nX-Pid: %d\r\n\r\nok\n' % os.getpid())
-                await w.drain()
-                if close:
-                    break
-    except ConnectionError:
-        pass
-    w.close()
-async def main():
-    srv = await asyncio.start_server(handle, '127.0.0.1', int(sys.argv[1]), reuse_port=True, backlog=1024)
-    async with srv:
-        await srv.serve_forever()
-asyncio.run(main())
-"#;
+/// The Python server: asyncio's event loop (epoll), `reuse_port=True`, one process per CPU —
+/// the one bench/steer.sh measures.
+const PY_SERVER: &str = include_str!("../../../bench/steer_pyserver.py");
 
 struct Spawned(Child);
 

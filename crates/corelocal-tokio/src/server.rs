@@ -4,7 +4,7 @@
 use crate::worker::{self, WorkerCtx, WorkerInfo, WorkerSetup};
 use corelocal::cpu::{current_affinity, CpuSet};
 use corelocal::listen::{ActiveSteering, GroupConfig, ListenError, ListenerGroup, Mode, Steering};
-use corelocal::runtime::{NetSampler, ShutdownReport, Snapshot, WorkerStats};
+use corelocal::runtime::{ShutdownReport, Snapshot, StatsReader, WorkerStats};
 use std::fmt;
 use std::future::Future;
 use std::io;
@@ -209,13 +209,9 @@ impl Builder {
         config.steering = self.steering;
         config.backlog_total = self.backlog;
         let group = Arc::new(ListenerGroup::bind(config).map_err(Error::Listen)?);
-        let workers = group.workers();
         let stats = Stats {
+            reader: StatsReader::for_group(group.clone()),
             group: group.clone(),
-            workers: (0..workers)
-                .map(|_| Arc::new(WorkerStats::new(workers)))
-                .collect(),
-            net: Arc::new(NetSampler::new()),
         };
         Ok(Server {
             group,
@@ -230,15 +226,14 @@ impl Builder {
 /// socket's `SO_INCOMING_CPU` (the CPU that processed its SYN) is the worker's CPU.
 #[derive(Clone)]
 pub struct Stats {
+    reader: StatsReader,
     group: Arc<ListenerGroup>,
-    workers: Vec<Arc<WorkerStats>>,
-    net: Arc<NetSampler>,
 }
 
 impl fmt::Debug for Stats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Stats")
-            .field("workers", &self.workers.len())
+            .field("workers", &self.group.workers())
             .finish()
     }
 }
@@ -248,21 +243,13 @@ impl Stats {
     /// `open`, `requests`, `bytes_in`/`bytes_out`, `drain_accepted`, `errors`, …), with the
     /// namespace's listen-path counters of the last [`Stats::sample_net`].
     pub fn snapshot(&self) -> Snapshot {
-        let mut snap = Snapshot::from_workers(
-            self.workers
-                .iter()
-                .enumerate()
-                .map(|(w, s)| s.snapshot(w, self.group.worker_cpu(w)))
-                .collect(),
-        );
-        snap.net = self.net.latest();
-        snap
+        self.reader.snapshot()
     }
 
     /// Samples the namespace's listen-path counters (one read of `/proc/net/netstat`): at a
     /// stats interval or per metrics request, never per connection.
     pub fn sample_net(&self) {
-        self.net.sample();
+        self.reader.sample_net();
     }
 
     /// [`Stats::sample_net`], then the counters in the Prometheus text format with
@@ -283,7 +270,7 @@ impl Stats {
     }
 
     pub(crate) fn worker(&self, index: usize) -> Arc<WorkerStats> {
-        self.workers[index].clone()
+        self.reader.worker(index)
     }
 }
 

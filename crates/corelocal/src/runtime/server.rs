@@ -183,6 +183,24 @@ impl StatsReader {
     pub fn sample_net(&self) {
         self.net.sample();
     }
+
+    /// Fresh counters for every worker of `group`, for runtimes other than corelocal's own
+    /// (e.g. `corelocal-tokio`) that count the same way and report the same snapshot.
+    pub fn for_group(group: Arc<ListenerGroup>) -> StatsReader {
+        let workers = group.workers();
+        StatsReader {
+            stats: (0..workers)
+                .map(|_| Arc::new(WorkerStats::new(workers)))
+                .collect(),
+            group,
+            net: Arc::new(NetSampler::new()),
+        }
+    }
+
+    /// Worker `index`'s counters, for the thread that updates them.
+    pub fn worker(&self, index: usize) -> Arc<WorkerStats> {
+        Arc::clone(&self.stats[index])
+    }
 }
 
 impl fmt::Debug for Server {
