@@ -89,6 +89,15 @@ pub enum Op {
         /// The connection.
         conn: ConnId,
     },
+    /// Abort a connection's last send (`Send { close_after: true }`) that is still waiting (a
+    /// peer that does not read): the close that was to follow it happens now and
+    /// [`Completion::Closed`] follows. Does nothing when that send already completed — its
+    /// close is done or on its way, and the id may already belong to a new connection, which
+    /// must not be touched.
+    AbortSend {
+        /// The connection.
+        conn: ConnId,
+    },
 }
 
 /// A finished operation, or an event of a multishot one.

@@ -596,13 +596,18 @@ impl<S: Service, B: Backend> Worker<S, B> {
         self.flush(id);
     }
 
-    /// Closes now, dropping pending output (a last send still waiting with its close is
-    /// aborted; once it completed, its close is on its way anyway).
+    /// Closes now, dropping pending output. A last send that carries the close is aborted
+    /// instead (never a second close: the backend may already have freed the id).
     fn force_close(&mut self, id: ConnId) {
         let Some(conn) = self.conns.get_mut(id as usize).and_then(Option::as_mut) else {
             return;
         };
         if conn.close_sent || (conn.close_with_send && !conn.sending) {
+            return;
+        }
+        if conn.close_with_send {
+            conn.close_sent = true;
+            self.backend.push(Op::AbortSend { conn: id });
             return;
         }
         conn.closing = Some(CloseReason::Done);

@@ -258,6 +258,19 @@ impl EpollBackend {
                 }
                 self.ready.push_back(Completion::Closed { conn });
             }
+            Op::AbortSend { conn } => {
+                // Only the connection whose last send still waits: the fd may already be a new
+                // connection's (its close_after is not set before the worker has seen it).
+                let waiting = self
+                    .conn_mut(conn)
+                    .is_some_and(|c| c.close_after && c.pending.is_some());
+                if waiting {
+                    if let Some(slot) = self.conns.get_mut(conn as usize) {
+                        slot.take();
+                    }
+                    self.ready.push_back(Completion::Closed { conn });
+                }
+            }
         }
         Ok(())
     }
@@ -684,5 +697,22 @@ mod tests {
         let mut answer = Vec::new();
         client.read_to_end(&mut answer).unwrap();
         assert_eq!(answer, b"pong");
+        // Aborting touches only a connection whose last send still waits: after the close the
+        // fd number may belong to a new connection (no last send of its own) — left alone.
+        b.push(Op::AbortSend { conn });
+        let mut second = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let Completion::Accepted { conn: new_conn, .. } =
+            next(&mut b, |c| matches!(c, Completion::Accepted { .. }))
+        else {
+            unreachable!()
+        };
+        b.push(Op::AbortSend { conn: new_conn });
+        b.push(Op::Recv { conn: new_conn });
+        second.write_all(b"still open").unwrap();
+        let Completion::Recv { len, .. } = next(&mut b, |c| matches!(c, Completion::Recv { .. }))
+        else {
+            unreachable!()
+        };
+        assert_eq!(len, 10);
     }
 }
