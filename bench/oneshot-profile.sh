@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
-# Where a one-shot HTTP connection's server CPU goes (issue 15): perf (software cpu-clock
-# samples; this VM has no hardware counters) on the server process while `corelocal bench crr`
-# drives 64 connections, for corelocal (io_uring and epoll), nginx and the C epoll floor server;
-# and strace -c syscall counts per connection. Server on CPU 1, client on CPU 0, each in a fresh
-# network namespace. usage: bench/oneshot-profile.sh [SECONDS] → results/oneshot-profile.md
+# Where a one-shot connection's server CPU goes (issue 15): perf (software cpu-clock samples;
+# this VM has no hardware counters) on the server process while `corelocal bench` drives 64
+# connections, and strace -c syscall counts per connection. Server on CPU 1, client on CPU 0,
+# each in a fresh network namespace.
+#   http: one HTTP request per connection (server closes): corelocal (io_uring, epoll), nginx,
+#         the C epoll floor server → results/oneshot-profile.md
+#   kv1:  one memcached get per connection (client closes): corelocal (io_uring, epoll),
+#         memcached -t 1 → results/oneshot-profile-kv1.md
+# usage: bench/oneshot-profile.sh [SECONDS] [http|kv1]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-4}
+workload=${2:-http}
 cargo build --release -q -p corelocal-cli
 bin=$PWD/target/release/corelocal
 tmp=$(mktemp -d)
@@ -20,29 +25,47 @@ http { access_log off; client_body_temp_path $tmp/nginx/tmp; proxy_temp_path $tm
   server { listen 127.0.0.1:8080 reuseport backlog=4096; location = /hello { return 200 "hello\n"; } } }
 CONF
 gcc -O2 -o "$tmp/floor" ../shared/tools/floor_server.c
-declare -A servers=(
-  [corelocal-uring]="$bin serve http --listen 127.0.0.1:8080 --cpus 1 --stats-interval 0 --root $tmp/www --backend uring"
-  [corelocal-epoll]="$bin serve http --listen 127.0.0.1:8080 --cpus 1 --stats-interval 0 --root $tmp/www --backend epoll"
-  [nginx]="/usr/sbin/nginx -p $tmp/nginx -c $tmp/nginx/nginx.conf"
-  [floor]="$tmp/floor 8080 1 1"
-)
-md=results/oneshot-profile.md
+declare -A servers
+case $workload in
+  http)
+    servers=(
+      [corelocal-uring]="$bin serve http --listen 127.0.0.1:8080 --cpus 1 --stats-interval 0 --root $tmp/www --backend uring"
+      [corelocal-epoll]="$bin serve http --listen 127.0.0.1:8080 --cpus 1 --stats-interval 0 --root $tmp/www --backend epoll"
+      [nginx]="/usr/sbin/nginx -p $tmp/nginx -c $tmp/nginx/nginx.conf"
+      [floor]="$tmp/floor 8080 1 1"
+    )
+    order="corelocal-uring corelocal-epoll nginx floor"
+    client="crr --target http://127.0.0.1:8080/hello"
+    md=results/oneshot-profile.md
+    title="One-shot HTTP" ;;
+  kv1)
+    servers=(
+      [corelocal-uring]="$bin serve kv --listen 127.0.0.1:8080 --cpus 1 --stats-interval 0 --backend uring"
+      [corelocal-epoll]="$bin serve kv --listen 127.0.0.1:8080 --cpus 1 --stats-interval 0 --backend epoll"
+      [memcached]="taskset -c 1 /usr/bin/memcached -l 127.0.0.1 -p 8080 -t 1 -U 0 -c 20000 -u nobody"
+    )
+    order="corelocal-uring corelocal-epoll memcached"
+    client="kv --target 127.0.0.1:8080 --keys 1000 --get-ratio 1 --txns-per-conn 1"
+    md=results/oneshot-profile-kv1.md
+    title="One memcached get per connection" ;;
+  *) echo "usage: $0 [SECONDS] [http|kv1]" >&2; exit 2 ;;
+esac
 {
-  echo "# One-shot HTTP: where the server's CPU goes"
+  echo "# $title: where the server's CPU goes"
   echo
-  echo "\`bench/oneshot-profile.sh $secs\` — 2-core VM, Linux $(uname -r). Server on CPU 1, \`corelocal bench crr --conns 64\` on CPU 0, fresh netns per server; \`perf record -e cpu-clock\` on the server process for ${secs} s (software clock: no hardware counters here), then \`strace -c -f\` for ${secs} s (its overhead slows the run; counts per connection are what matter)."
+  echo "\`bench/oneshot-profile.sh $secs $workload\` — 2-core VM, Linux $(uname -r). Server on CPU 1, \`corelocal bench $client --conns 64\` on CPU 0, fresh netns per server; \`perf record -e cpu-clock\` on the server process for ${secs} s (software clock: no hardware counters here), then \`strace -c -f\` for ${secs} s (its overhead slows the run; counts per connection are what matter)."
 } >"$md"
-for name in corelocal-uring corelocal-epoll nginx floor; do
+for name in $order; do
   unshare -n bash -euo pipefail -c '
     ip link set lo up
-    name=$1; cmd=$2; bin=$3; secs=$4; tmp=$5
+    name=$1; cmd=$2; bin=$3; secs=$4; tmp=$5; client=$6
     $cmd >/dev/null 2>&1 &
     server=$!
     for _ in $(seq 100); do ss -ltn | grep -q ":8080 " && break; sleep 0.05; done
     # nginx: profile the worker, not the master.
     target=$server
     if [ "$name" = nginx ]; then target=$(pgrep -P $server | head -1); fi
-    "$bin" bench crr --target http://127.0.0.1:8080/hello --cpus 0 --conns 64 \
+    "$bin" bench $client --cpus 0 --conns 64 \
         --duration $((2 * secs + 3))s --warmup 0 --progress never --json "$tmp/$name-bench.json" \
         >/dev/null 2>&1 &
     client=$!
@@ -51,7 +74,7 @@ for name in corelocal-uring corelocal-epoll nginx floor; do
     timeout "$secs" strace -c -f -p "$target" -o "$tmp/$name.strace" >/dev/null 2>&1 || true
     wait $client || true
     kill -TERM $server 2>/dev/null; wait $server 2>/dev/null || true
-  ' _ "$name" "${servers[$name]}" "$bin" "$secs" "$tmp"
+  ' _ "$name" "${servers[$name]}" "$bin" "$secs" "$tmp" "$client"
   conns=$(python3 -c "import json;print(json.load(open('$tmp/$name-bench.json'))['throughput']['units'])")
   {
     echo

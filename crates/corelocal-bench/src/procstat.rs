@@ -2,7 +2,9 @@
 //! threads' schedstat run time (ns), and the per-CPU user/sys/softirq split of /proc/stat.
 //! The parsers are [`corelocal::procfs`]'s; `snapshot` reads the files.
 
-use corelocal::procfs::{parse_pid_stat, parse_schedstat, parse_stat, CpuTimes};
+use corelocal::procfs::{
+    parse_pid_stat, parse_schedstat, parse_schedstat_runs, parse_stat, CpuTimes,
+};
 use serde::Serialize;
 use std::path::Path;
 
@@ -13,6 +15,8 @@ pub struct Snapshot {
     pub ticks: Option<u64>,
     /// Sum of the threads' schedstat run ns.
     pub sched_ns: Option<u64>,
+    /// Sum of the threads' schedstat timeslices (times scheduled in).
+    pub sched_runs: Option<u64>,
     /// Threads seen.
     pub threads: usize,
     /// Per-CPU counters.
@@ -39,18 +43,20 @@ pub fn snapshot_at(root: &Path, pid: Option<u32>) -> Snapshot {
             .and_then(|t| parse_pid_stat(&t))
             .map(|(u, k)| u + k);
         if let Ok(rd) = std::fs::read_dir(dir.join("task")) {
-            let mut sum = 0;
+            let (mut sum, mut runs) = (0, 0);
             for e in rd.flatten() {
-                if let Some(ns) = std::fs::read_to_string(e.path().join("schedstat"))
-                    .ok()
-                    .and_then(|t| parse_schedstat(&t))
-                {
+                let Ok(text) = std::fs::read_to_string(e.path().join("schedstat")) else {
+                    continue;
+                };
+                if let Some(ns) = parse_schedstat(&text) {
                     sum += ns;
+                    runs += parse_schedstat_runs(&text).unwrap_or(0);
                     s.threads += 1;
                 }
             }
             if s.threads > 0 {
                 s.sched_ns = Some(sum);
+                s.sched_runs = Some(runs);
             }
         }
     }
@@ -87,6 +93,11 @@ pub struct CpuCost {
     pub schedstat_us: Option<f64>,
     /// … per operation. Threads that exited during the window are not counted.
     pub schedstat_us_per_op: Option<f64>,
+    /// Times the server's threads were scheduled in over the window (schedstat timeslices):
+    /// for a server that sleeps between events, its wake-ups.
+    pub runs: Option<u64>,
+    /// … per operation.
+    pub runs_per_op: Option<f64>,
     /// Server CPU utilisation (schedstat, else utime+stime) over the window, in cores.
     pub cores_busy: Option<f64>,
     /// Operations the figures are divided by.
@@ -111,6 +122,10 @@ pub fn cost(
     };
     let ss = match (a.sched_ns, b.sched_ns) {
         (Some(x), Some(y)) => Some(y.saturating_sub(x) as f64 / 1000.0),
+        _ => None,
+    };
+    let runs = match (a.sched_runs, b.sched_runs) {
+        (Some(x), Some(y)) => Some(y.saturating_sub(x)),
         _ => None,
     };
     let busy = ss
@@ -138,6 +153,8 @@ pub fn cost(
         utime_stime_us_per_op: ut.and_then(per),
         schedstat_us: ss,
         schedstat_us_per_op: ss.and_then(per),
+        runs,
+        runs_per_op: runs.and_then(|r| per(r as f64)),
         cores_busy: busy,
         ops,
         per_cpu,
@@ -158,8 +175,8 @@ mod tests {
         };
         w("stat", "cpu1 0 0 0 0 0 0 0 0\n");
         w("42/stat", "42 (srv) S 1 1 1 0 0 0 0 0 0 0 100 50 0 0\n");
-        w("42/task/42/schedstat", "1000000000 0 0\n");
-        w("42/task/43/schedstat", "500000000 0 0\n");
+        w("42/task/42/schedstat", "1000000000 0 10\n");
+        w("42/task/43/schedstat", "500000000 0 5\n");
         let a = snapshot_at(&dir, Some(42));
         assert_eq!(
             (a.ticks, a.sched_ns, a.threads),
@@ -167,14 +184,15 @@ mod tests {
         );
         w("stat", "cpu1 50 0 25 0 0 0 25 0\n");
         w("42/stat", "42 (srv) S 1 1 1 0 0 0 0 0 0 0 200 100 0 0\n");
-        w("42/task/42/schedstat", "2000000000 0 0\n");
-        w("42/task/43/schedstat", "1000000000 0 0\n");
+        w("42/task/42/schedstat", "2000000000 0 50015\n");
+        w("42/task/43/schedstat", "1000000000 0 5\n");
         let b = snapshot_at(&dir, Some(42));
         let c = cost(Some(42), &a, &b, 100_000, 2.0, 100);
         assert_eq!(c.utime_stime_us, Some(1_500_000.0));
         assert_eq!(c.utime_stime_us_per_op, Some(15.0));
         assert_eq!(c.schedstat_us_per_op, Some(15.0));
         assert_eq!(c.cores_busy, Some(0.75));
+        assert_eq!((c.runs, c.runs_per_op), (Some(50_005), Some(0.50005)));
         assert_eq!(c.per_cpu[0].user_pct, 50.0);
         assert_eq!(c.per_cpu[0].softirq_pct, 25.0);
         let _ = std::fs::remove_dir_all(&dir);

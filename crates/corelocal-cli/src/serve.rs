@@ -169,6 +169,10 @@ pub struct CommonArgs {
     /// Total listen() backlog per address, split evenly across the workers' listeners.
     #[arg(long, default_value_t = 4096)]
     backlog: u32,
+    /// TCP_DEFER_ACCEPT on the listeners, in seconds (0: off): a connection is accepted only
+    /// once its first request bytes arrive, or when this long passes with none.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=3600))]
+    defer_accept: u32,
     /// Open connections per worker; at the limit a worker stops accepting and further
     /// connections wait in the kernel's accept queue (up to --backlog) until one closes.
     #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
@@ -382,6 +386,7 @@ fn server_config(common: &CommonArgs) -> Result<ServerConfig, String> {
         .map(str::parse::<Steering>)
         .transpose()?;
     config.listen.backlog_total = common.backlog.max(1);
+    config.listen.defer_accept_s = (common.defer_accept > 0).then_some(common.defer_accept);
     config.backend = common.backend.parse::<BackendKind>()?;
     config.limits.idle_timeout = common.idle_timeout.max(Duration::from_millis(1));
     config.limits.drain_timeout = common.drain_timeout;

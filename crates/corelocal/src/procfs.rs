@@ -249,6 +249,12 @@ pub fn parse_schedstat(text: &str) -> Option<u64> {
     text.split_whitespace().next()?.parse().ok()
 }
 
+/// The number of times a thread was scheduled in (the third field of
+/// `/proc/<pid>/task/<tid>/schedstat`): for a server that sleeps between events, its wake-ups.
+pub fn parse_schedstat_runs(text: &str) -> Option<u64> {
+    text.split_whitespace().nth(2)?.parse().ok()
+}
+
 /// The three load averages of `/proc/loadavg`.
 pub fn parse_loadavg(text: &str) -> Option<[f64; 3]> {
     let mut f = text.split_whitespace().map(|x| x.parse::<f64>().ok());

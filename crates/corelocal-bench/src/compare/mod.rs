@@ -74,7 +74,8 @@ impl CmpWorkload {
 /// `compare` arguments.
 #[derive(Debug, Clone, clap::Args, Serialize)]
 pub struct CompareArgs {
-    /// A preset server: floor (shared/tools/floor_server), nginx, lighttpd, corelocal-rpc,
+    /// A preset server: floor (shared/tools/floor_server), kv-floor (its memcached-protocol
+    /// counterpart, for kv1/kv100), nginx, lighttpd, corelocal-rpc,
     /// corelocal-http, memcached, corelocal-kv, sockperf, corelocal-sockperf (Debian peers are
     /// installed when missing). Repeat; the first is the baseline of the ratios.
     #[arg(long)]

@@ -123,6 +123,24 @@ fn floor_bin(a: &CompareArgs, work: &Path) -> Result<PathBuf, String> {
     Ok(bin)
 }
 
+/// The kv counterpart of the floor server, built from the copy this crate carries.
+fn kv_floor_bin(work: &Path) -> Result<PathBuf, String> {
+    let src = work.join("kv_floor_server.c");
+    std::fs::write(&src, include_str!("kv_floor_server.c")).map_err(|e| e.to_string())?;
+    let bin = work.join("kv_floor_server");
+    let st = Proc::new("gcc")
+        .args(["-O2", "-pthread"])
+        .arg(&src)
+        .arg("-o")
+        .arg(&bin)
+        .status()
+        .map_err(|e| format!("gcc: {e}"))?;
+    if !st.success() {
+        return Err("building kv_floor_server failed".into());
+    }
+    Ok(bin)
+}
+
 fn corelocal_bin(a: &CompareArgs) -> PathBuf {
     if let Some(b) = &a.corelocal_bin {
         return b.clone();
@@ -217,6 +235,10 @@ pub(super) fn preset(name: &str, a: &CompareArgs, work: &Path) -> Result<ServerD
             let b = floor_bin(a, work)?;
             def("http", format!("{} {{port}} 1 {{cpu}}{}", b.display(), if ka { " keepalive" } else { "" }))
         }
+        "kv-floor" => {
+            let b = kv_floor_bin(work)?;
+            def("kv", format!("{} {{port}} 1 {{cpu}}", b.display()))
+        }
         "nginx" => {
             let nginx = which_or_install("nginx", "nginx-light")?;
             let dir = work.join("nginx");
@@ -284,6 +306,6 @@ pub(super) fn preset(name: &str, a: &CompareArgs, work: &Path) -> Result<ServerD
             "sockperf",
             format!("{} serve sockperf --listen 127.0.0.1:{{port}} --cpus {{cpu}} --stats-interval 0", cl.display()),
         ),
-        _ => Err(format!("unknown --peer {name:?}: floor, nginx, lighttpd, corelocal-rpc, corelocal-http, memcached, corelocal-kv, sockperf, corelocal-sockperf")),
+        _ => Err(format!("unknown --peer {name:?}: floor, kv-floor, nginx, lighttpd, corelocal-rpc, corelocal-http, memcached, corelocal-kv, sockperf, corelocal-sockperf")),
     }
 }

@@ -201,6 +201,8 @@ pub struct RunFig {
     pub server_us_per_txn: Option<f64>,
     /// Server CPU µs per transaction (utime+stime).
     pub server_us_per_txn_utime: Option<f64>,
+    /// Times the server was scheduled in, per transaction (its wake-ups).
+    pub server_runs_per_txn: Option<f64>,
     /// Server cores busy.
     pub server_cores: Option<f64>,
     /// Client CPU µs per transaction.
@@ -234,6 +236,7 @@ pub fn figures(v: &Value, round: usize, json: &str) -> RunFig {
         conns_per_s: g("/throughput/conns_per_s").unwrap_or(0.0),
         server_us_per_txn: per("/server_cpu/schedstat_us"),
         server_us_per_txn_utime: per("/server_cpu/utime_stime_us"),
+        server_runs_per_txn: per("/server_cpu/runs"),
         server_cores: g("/server_cpu/cores_busy"),
         client_us_per_txn: client_units
             .filter(|_| txns > 0.0)

@@ -291,19 +291,21 @@ pub fn markdown(
             );
         }
     }
-    let _ = writeln!(s, "\nPer run:\n\n| conns | server | round | ops/s | server µs/op | client µs/op | p50 µs | p99 µs | errors | load |");
-    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(s, "\nPer run:\n\n| conns | server | round | ops/s | server µs/op | server runs/op | client µs/op | p50 µs | p99 µs | errors | load |");
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|");
     for c in by_conns {
         for x in &c.servers {
             for r in &x.runs {
                 let _ = writeln!(
                     s,
-                    "| {} | {} | {} | {:.0} | {} | {} | {:.1} | {:.1} | {} | {} |",
+                    "| {} | {} | {} | {:.0} | {} | {} | {} | {:.1} | {:.1} | {} | {} |",
                     c.conns,
                     x.server.name,
                     r.round,
                     r.txns_per_s,
                     r.server_us_per_txn
+                        .map_or("–".into(), |v| format!("{v:.2}")),
+                    r.server_runs_per_txn
                         .map_or("–".into(), |v| format!("{v:.2}")),
                     r.client_us_per_txn
                         .map_or("–".into(), |v| format!("{v:.2}")),
@@ -330,7 +332,8 @@ pub fn markdown(
         s,
         "\nop = one request/response (crr and file64: one connection each; sessions: one HTTP request \
          of a session, not the session; kv1/kv100: one get, 1 or 100 per connection; sockperf: one 64-byte message and its pong). Server CPU is the server process's threads' \
-         schedstat run time over the measured window ÷ ops; on loopback the client's CPU also runs much of \
+         schedstat run time over the measured window ÷ ops (server runs/op: the times its threads were \
+         scheduled in ÷ ops, i.e. its wake-ups); on loopback the client's CPU also runs much of \
          the server's receive path, so throughput is client-bound and server CPU per op is the figure that \
          compares servers. Latency by percentile per server (median over rounds at each percentile): \
          the -latency-percentiles.svg plot{} beside this file."

@@ -162,6 +162,9 @@ pub struct GroupConfig {
     pub backlog_total: u32,
     /// Flow groups for eBPF overrides (power of two).
     pub flow_groups: u32,
+    /// `TCP_DEFER_ACCEPT` on every listener, seconds (`None`: off). For protocols where the
+    /// client speaks first: accept completes with the request already queued.
+    pub defer_accept_s: Option<u32>,
 }
 
 impl GroupConfig {
@@ -174,6 +177,7 @@ impl GroupConfig {
             steering: None,
             backlog_total: 4096,
             flow_groups: crate::bpf::FLOW_GROUPS_DEFAULT,
+            defer_accept_s: None,
         }
     }
 }
@@ -498,6 +502,7 @@ fn bind_addr(
             reuseport: !shared,
             incoming_cpu,
             backlog,
+            defer_accept_s: config.defer_accept_s,
         };
         let fd = socket::listen(bound, opts).map_err(io_context(format!("listen on {bound}")))?;
         if bound.port() == 0 {

@@ -156,6 +156,7 @@ mod tests {
                 reuseport: true,
                 incoming_cpu: None,
                 backlog: 8,
+                defer_accept_s: None,
             },
         )
         .unwrap();

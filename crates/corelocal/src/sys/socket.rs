@@ -58,6 +58,9 @@ pub struct ListenOptions {
     pub incoming_cpu: Option<usize>,
     /// The `listen()` backlog.
     pub backlog: u32,
+    /// `TCP_DEFER_ACCEPT` in seconds: a connection is queued for accept only once its first
+    /// data arrives (or, silent, after about this long).
+    pub defer_accept_s: Option<u32>,
 }
 
 /// Creates a non-blocking TCP listener bound to `addr`.
@@ -87,6 +90,10 @@ pub fn listen(addr: SocketAddr, opts: ListenOptions) -> io::Result<OwnedFd> {
     if let Some(cpu) = opts.incoming_cpu {
         let cpu = cpu as libc::c_int;
         setsockopt(raw, libc::SOL_SOCKET, SO_INCOMING_CPU, &cpu)?;
+    }
+    if let Some(secs) = opts.defer_accept_s {
+        let secs = secs.min(i32::MAX as u32) as libc::c_int;
+        setsockopt(raw, libc::IPPROTO_TCP, libc::TCP_DEFER_ACCEPT, &secs)?;
     }
     let (storage, len) = sockaddr_from(addr);
     // SAFETY: `storage` holds a valid sockaddr of `len` bytes for this address family.
