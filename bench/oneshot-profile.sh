@@ -80,6 +80,17 @@ for name in $order; do
     echo
     echo "## $name"
     echo
+    echo "By path: share of the server's samples under each kernel entry (perf report --children;"
+    echo "the paths nest only where noted, so they need not sum to 100%):"
+    echo
+    echo "| accept (do_accept) | send (tcp_sendmsg) | receive (tcp_recvmsg) | close (tcp_close: FIN, the peer's reply, teardown) | sleep/wake (__schedule) | user space |"
+    echo "|---|---|---|---|---|---|"
+    perf report -q -i "$tmp/$name.data" --children --sort sym --stdio -g none 2>/dev/null >"$tmp/$name.children" || true
+    perf report -q -i "$tmp/$name.data" --no-children --sort dso --stdio -g none 2>/dev/null >"$tmp/$name.dso" || true
+    share() { awk -v s="$1" '$NF == s { print $1; exit }' "$tmp/$name.children"; }
+    user=$(awk '$2 !~ /kernel/ { gsub("%", "", $1); u += $1 } END { printf "%.2f%%", u }' "$tmp/$name.dso")
+    echo "| $(share do_accept) | $(share tcp_sendmsg) | $(share tcp_recvmsg) | $(share tcp_close) | $(share __schedule) | $user |"
+    echo
     echo "Top symbols by self time (perf report --no-children --sort sym):"
     echo
     echo '```'

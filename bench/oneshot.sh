@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 15 (and issue 13's before/after): server CPU per operation, one-shot and keep-alive,
-# corelocal against nginx, the C epoll floor server and memcached, side by side (bench compare:
+# corelocal against nginx, the C epoll floor servers (HTTP and kv) and memcached, side by side (bench compare:
 # A B A B rounds, each run in a fresh network namespace, server on CPU 1, client on CPU 0).
 # usage: bench/oneshot.sh [ROUNDS] [BEFORE_BINARY]
 #   BEFORE_BINARY: an older `corelocal` to compare with (e.g. a build of an earlier commit).
@@ -37,10 +37,11 @@ run http-crr --workload crr --conns 16,64,256,1024 --baseline nginx \
 # Keep-alive HTTP.
 run http-ka --workload ka --conns 64 --baseline nginx \
     --server "corelocal=http:$bin $http" "${b_http[@]}" --peer nginx --peer floor
-# memcached gets: 1 and 100 per connection.
+# memcached gets: 1 and 100 per connection; kv-floor is the C epoll floor for this protocol.
 for w in kv1 kv100; do
     run "$w" --workload "$w" --conns 64 --baseline memcached \
-        --server "corelocal=kv:$bin $kv" "${b_kv[@]}" --peer memcached
+        --server "corelocal=kv:$bin $kv" --server "corelocal-epoll=kv:$bin $kv --backend epoll" \
+        "${b_kv[@]}" --peer memcached --peer kv-floor
 done
 # MegaPipe's one transaction per connection: io_uring against our own epoll.
 run rpc-crr-backends --workload crr --conns 64 --baseline epoll \

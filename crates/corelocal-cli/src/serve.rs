@@ -169,9 +169,11 @@ pub struct CommonArgs {
     /// Total listen() backlog per address, split evenly across the workers' listeners.
     #[arg(long, default_value_t = 4096)]
     backlog: u32,
-    /// TCP_DEFER_ACCEPT on the listeners, in seconds (0: off): a connection is accepted only
-    /// once its first request bytes arrive, or when this long passes with none.
-    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=3600))]
+    /// TCP_DEFER_ACCEPT on the listeners, in seconds (0: off). A connection is accepted with its
+    /// first request bytes, so accept and first read happen in one turn (every protocol here
+    /// has the client speak first); one that stays silent is accepted after about this long
+    /// (the kernel sends the SYN-ACK again and takes its ACK).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(0..=3600))]
     defer_accept: u32,
     /// Open connections per worker; at the limit a worker stops accepting and further
     /// connections wait in the kernel's accept queue (up to --backlog) until one closes.

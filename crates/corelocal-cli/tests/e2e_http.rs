@@ -514,6 +514,68 @@ fn half_closed_clients_are_answered_or_closed_and_others_still_served() {
     assert_eq!(s.terminate().0, 0);
 }
 
+/// The workers' accepted connections, from the metrics endpoint (not counting its own).
+fn accepted_total(metrics: std::net::SocketAddr) -> u64 {
+    common::http_get(metrics, "/metrics")
+        .lines()
+        .filter(|l| l.starts_with("corelocal_accepted_total{"))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+        .sum()
+}
+
+/// TCP_DEFER_ACCEPT (`--defer-accept`, 1 s by default): a connection is accepted with its
+/// first request; one that connects and speaks later (a preconnect, a pool's spare) is still
+/// answered; a silent one is accepted once the period passes. With it off, at once.
+#[test]
+fn deferred_accept_answers_late_speakers_and_takes_silent_ones_after_the_period() {
+    let s = Served::start("http", &["--metrics", "127.0.0.1:0"]);
+    let m = s.metrics.expect("metrics address");
+    let request = b"GET / HTTP/1.1\r\nHost: t\r\n\r\n";
+    let mut early = TcpStream::connect(s.addr).unwrap();
+    let mut late = TcpStream::connect(s.addr).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        accepted_total(m),
+        0,
+        "connections without data were accepted"
+    );
+    early.write_all(request).unwrap();
+    let reply = read_reply(&mut early, Duration::from_secs(2));
+    assert!(
+        reply.starts_with(b"HTTP/1.1 200"),
+        "{:?}",
+        String::from_utf8_lossy(&reply)
+    );
+    // The silent one: the SYN-ACK is sent again after 1 s, its ACK completes the accept.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while accepted_total(m) < 2 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(
+        accepted_total(m),
+        2,
+        "the silent connection was never accepted"
+    );
+    late.write_all(request).unwrap();
+    let reply = read_reply(&mut late, Duration::from_secs(2));
+    assert!(
+        reply.starts_with(b"HTTP/1.1 200"),
+        "{:?}",
+        String::from_utf8_lossy(&reply)
+    );
+    assert_eq!(s.terminate().0, 0);
+
+    let s = Served::start("http", &["--metrics", "127.0.0.1:0", "--defer-accept", "0"]);
+    let m = s.metrics.expect("metrics address");
+    let _silent = TcpStream::connect(s.addr).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_millis(900);
+    while accepted_total(m) < 1 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(accepted_total(m), 1, "--defer-accept 0 still deferred");
+    assert_eq!(s.terminate().0, 0);
+}
+
 #[test]
 fn slowloris_and_silent_clients_are_cut_off_while_others_are_served() {
     let t = site();

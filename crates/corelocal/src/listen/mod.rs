@@ -30,6 +30,7 @@ use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::str::FromStr;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// How connections are spread over workers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -401,6 +402,18 @@ impl ListenerGroup {
     /// (false without eBPF: the queues keep filling until the listeners close).
     pub fn begin_stop(&self) -> Result<bool, ListenError> {
         let mut refusing = !self.groups.is_empty();
+        if self.config.defer_accept_s.is_some() {
+            // Connections held for their first data are queued at their next SYN-ACK's ACK
+            // rather than after the whole period (see `stop_quiesce`).
+            for fd in self
+                .groups
+                .iter()
+                .flat_map(|g| g.listeners.iter().flatten())
+            {
+                socket::set_defer_accept(fd.as_raw_fd(), 0)
+                    .map_err(io_context("TCP_DEFER_ACCEPT off"))?;
+            }
+        }
         for g in &self.groups {
             match &g.ebpf {
                 Some(sel) => sel.set_stopping(true)?,
@@ -408,6 +421,15 @@ impl ListenerGroup {
             }
         }
         Ok(refusing)
+    }
+
+    /// On stop, how long connections whose handshake is done may take to reach the accept
+    /// queues: with `TCP_DEFER_ACCEPT`, one held for its first data is queued when that data
+    /// comes or when the kernel sends its SYN-ACK again (within the period) and the ACK
+    /// returns; `None` without it (the runtime's own short quiesce applies).
+    pub fn stop_quiesce(&self) -> Option<Duration> {
+        let secs = self.config.defer_accept_s?;
+        Some(Duration::from_secs(secs.into()) + Duration::from_millis(500))
     }
 
     /// How a closing listener's queued connections survive (see [`Migration`]).

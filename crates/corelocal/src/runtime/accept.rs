@@ -23,14 +23,14 @@ use std::time::{Duration, Instant};
 
 /// How long accepting pauses after accept() fails (EMFILE and friends).
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
-/// On stop, how long a worker keeps accepting before it may stop at an empty queue: time for
-/// handshakes in progress when the SYNs started being refused to land in the queue.
+/// On stop, how long a connection with nothing received yet is kept: time for a request already
+/// on its way to land. (The accept phase's own quiesce is [`Limits::accept_quiesce`].)
 pub(super) const DRAIN_QUIESCE: Duration = Duration::from_millis(100);
 /// While draining the accept queue, how often it is checked for emptiness.
 pub(super) const DRAIN_POLL: Duration = Duration::from_millis(5);
 
 /// The accept phase of a graceful stop: keep accepting until the queues are empty (after
-/// [`DRAIN_QUIESCE`]) or `until` (half the drain timeout), whichever comes first.
+/// [`Limits::accept_quiesce`]) or `until` (half the drain timeout), whichever comes first.
 #[derive(Debug, Clone, Copy)]
 struct AcceptDrain {
     quiet_at: Instant,
@@ -247,7 +247,7 @@ impl AcceptPath {
     pub(super) fn begin_drain<B: Backend>(&mut self, backend: &mut B, open: usize, now: Instant) {
         let timeout = self.limits.drain_timeout;
         self.drain = Some(AcceptDrain {
-            quiet_at: now + DRAIN_QUIESCE.min(timeout / 4),
+            quiet_at: now + self.limits.accept_quiesce.min(timeout / 2),
             until: now + timeout / 2,
             next_check: now,
         });

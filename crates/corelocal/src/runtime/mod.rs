@@ -56,6 +56,11 @@ pub struct Limits {
     pub idle_timeout: Duration,
     /// On stop, requests in progress get this long to finish.
     pub drain_timeout: Duration,
+    /// On stop, how long a worker keeps accepting before it may stop at an empty queue: time
+    /// for handshakes done before the stop to land there (100 ms; the server raises it to
+    /// cover `TCP_DEFER_ACCEPT`'s period, see `ListenerGroup::stop_quiesce`). At most half
+    /// the drain timeout is used.
+    pub accept_quiesce: Duration,
     /// Receive buffers per worker.
     pub recv_bufs: u32,
     /// Bytes per receive buffer.
@@ -71,6 +76,7 @@ impl Default for Limits {
             accept_batch_max: 16,
             idle_timeout: Duration::from_secs(60),
             drain_timeout: Duration::from_secs(5),
+            accept_quiesce: Duration::from_millis(100),
             recv_bufs: 256,
             recv_buf_bytes: 16 * 1024,
         }

@@ -297,6 +297,10 @@ impl Server {
         let released = Arc::new(AtomicBool::new(false));
         let net = Arc::new(NetSampler::new());
         let (ready_tx, ready_rx) = mpsc::channel();
+        let mut limits = config.limits;
+        if let Some(quiesce) = group.stop_quiesce() {
+            limits.accept_quiesce = limits.accept_quiesce.max(quiesce);
+        }
         let mut threads = Vec::with_capacity(workers);
         for (index, worker_stats) in stats.iter().enumerate() {
             let setup = WorkerSetup {
@@ -308,7 +312,7 @@ impl Server {
                 stats: worker_stats.clone(),
                 stop: stop.clone(),
                 released: released.clone(),
-                limits: config.limits,
+                limits,
                 balance: balance.clone(),
             };
             let ready = ready_tx.clone();

@@ -92,8 +92,7 @@ pub fn listen(addr: SocketAddr, opts: ListenOptions) -> io::Result<OwnedFd> {
         setsockopt(raw, libc::SOL_SOCKET, SO_INCOMING_CPU, &cpu)?;
     }
     if let Some(secs) = opts.defer_accept_s {
-        let secs = secs.min(i32::MAX as u32) as libc::c_int;
-        setsockopt(raw, libc::IPPROTO_TCP, libc::TCP_DEFER_ACCEPT, &secs)?;
+        set_defer_accept(raw, secs)?;
     }
     let (storage, len) = sockaddr_from(addr);
     // SAFETY: `storage` holds a valid sockaddr of `len` bytes for this address family.
@@ -133,6 +132,14 @@ pub fn attach_reuseport_ebpf(fd: RawFd, prog_fd: RawFd) -> io::Result<()> {
 pub fn detach_reuseport_bpf(fd: RawFd) -> io::Result<()> {
     let zero: libc::c_int = 0;
     setsockopt(fd, libc::SOL_SOCKET, SO_DETACH_REUSEPORT_BPF, &zero)
+}
+
+/// Sets `TCP_DEFER_ACCEPT` on a listener (0: off). Turning it off does not queue the
+/// connections it holds at once: each is queued with its first data, or when its SYN-ACK is
+/// sent again and acknowledged.
+pub fn set_defer_accept(fd: RawFd, secs: u32) -> io::Result<()> {
+    let secs = secs.min(i32::MAX as u32) as libc::c_int;
+    setsockopt(fd, libc::IPPROTO_TCP, libc::TCP_DEFER_ACCEPT, &secs)
 }
 
 /// `SO_INCOMING_CPU` of a socket: the CPU that processed its last received packet (-1 if none).
