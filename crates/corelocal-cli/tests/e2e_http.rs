@@ -576,6 +576,27 @@ fn deferred_accept_answers_late_speakers_and_takes_silent_ones_after_the_period(
     assert_eq!(s.terminate().0, 0);
 }
 
+/// A stop while a client has connected but not yet sent (its connection held by
+/// TCP_DEFER_ACCEPT, in no accept queue): the stop's accept phase lasts the period, so the
+/// request it sends 300 ms into the stop is still answered — the 100 ms quiesce of a server
+/// without the deferral would have closed the listener and reset it.
+#[test]
+fn a_stop_still_answers_a_client_that_connected_before_it_and_speaks_during_it() {
+    let s = Served::start("http", &["--drain-timeout", "5s"]);
+    let mut c = TcpStream::connect(s.addr).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let stopper = std::thread::spawn(move || s.terminate());
+    std::thread::sleep(Duration::from_millis(300));
+    c.write_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n").unwrap();
+    let reply = read_reply(&mut c, Duration::from_secs(3));
+    assert!(
+        reply.starts_with(b"HTTP/1.1 200"),
+        "{:?}",
+        String::from_utf8_lossy(&reply)
+    );
+    assert_eq!(stopper.join().unwrap().0, 0);
+}
+
 #[test]
 fn slowloris_and_silent_clients_are_cut_off_while_others_are_served() {
     let t = site();
