@@ -109,36 +109,32 @@ fn floor_bin(a: &CompareArgs, work: &Path) -> Result<PathBuf, String> {
     }
     let src = shared_dir()
         .ok_or("cannot find shared/tools/floor_server.c (set CORELOCAL_SHARED or --floor-bin)")?;
-    let bin = work.join("floor_server");
-    let st = Proc::new("gcc")
-        .args(["-O2", "-pthread"])
-        .arg(src.join("tools/floor_server.c"))
-        .arg("-o")
-        .arg(&bin)
-        .status()
-        .map_err(|e| format!("gcc: {e}"))?;
-    if !st.success() {
-        return Err("building floor_server failed".into());
-    }
-    Ok(bin)
+    compile_c(
+        &src.join("tools/floor_server.c"),
+        &work.join("floor_server"),
+    )
 }
 
 /// The kv counterpart of the floor server, built from the copy this crate carries.
 fn kv_floor_bin(work: &Path) -> Result<PathBuf, String> {
     let src = work.join("kv_floor_server.c");
     std::fs::write(&src, include_str!("kv_floor_server.c")).map_err(|e| e.to_string())?;
-    let bin = work.join("kv_floor_server");
+    compile_c(&src, &work.join("kv_floor_server"))
+}
+
+/// Builds a one-file C server with gcc (-O2, pthreads) into `bin`.
+fn compile_c(src: &Path, bin: &Path) -> Result<PathBuf, String> {
     let st = Proc::new("gcc")
         .args(["-O2", "-pthread"])
-        .arg(&src)
+        .arg(src)
         .arg("-o")
-        .arg(&bin)
+        .arg(bin)
         .status()
         .map_err(|e| format!("gcc: {e}"))?;
     if !st.success() {
-        return Err("building kv_floor_server failed".into());
+        return Err(format!("building {} failed", src.display()));
     }
-    Ok(bin)
+    Ok(bin.to_path_buf())
 }
 
 fn corelocal_bin(a: &CompareArgs) -> PathBuf {
