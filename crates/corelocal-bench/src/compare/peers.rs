@@ -122,6 +122,13 @@ fn kv_floor_bin(work: &Path) -> Result<PathBuf, String> {
     compile_c(&src, &work.join("kv_floor_server"))
 }
 
+/// The io_uring kv floor (raw syscalls, no liburing), built from the copy this crate carries.
+fn kv_uring_floor_bin(work: &Path) -> Result<PathBuf, String> {
+    let src = work.join("kv_uring_floor_server.c");
+    std::fs::write(&src, include_str!("kv_uring_floor_server.c")).map_err(|e| e.to_string())?;
+    compile_c(&src, &work.join("kv_uring_floor_server"))
+}
+
 /// Builds a one-file C server with gcc (-O2, pthreads) into `bin`.
 fn compile_c(src: &Path, bin: &Path) -> Result<PathBuf, String> {
     let st = Proc::new("gcc")
@@ -235,6 +242,10 @@ pub(super) fn preset(name: &str, a: &CompareArgs, work: &Path) -> Result<ServerD
             let b = kv_floor_bin(work)?;
             def("kv", format!("{} {{port}} 1 {{cpu}}", b.display()))
         }
+        "kv-uring-floor" => {
+            let b = kv_uring_floor_bin(work)?;
+            def("kv", format!("{} {{port}} 1 {{cpu}}", b.display()))
+        }
         "nginx" => {
             let nginx = which_or_install("nginx", "nginx-light")?;
             let dir = work.join("nginx");
@@ -302,6 +313,6 @@ pub(super) fn preset(name: &str, a: &CompareArgs, work: &Path) -> Result<ServerD
             "sockperf",
             format!("{} serve sockperf --listen 127.0.0.1:{{port}} --cpus {{cpu}} --stats-interval 0", cl.display()),
         ),
-        _ => Err(format!("unknown --peer {name:?}: floor, kv-floor, nginx, lighttpd, corelocal-rpc, corelocal-http, memcached, corelocal-kv, sockperf, corelocal-sockperf")),
+        _ => Err(format!("unknown --peer {name:?}: floor, kv-floor, kv-uring-floor, nginx, lighttpd, corelocal-rpc, corelocal-http, memcached, corelocal-kv, sockperf, corelocal-sockperf")),
     }
 }

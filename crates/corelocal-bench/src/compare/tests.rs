@@ -1,6 +1,6 @@
 //! Tests of argument building, presets and the summary table.
 
-use super::peers::site;
+use super::peers::{preset, site};
 use super::*;
 use std::path::Path;
 
@@ -474,4 +474,50 @@ fn percentile_plot_has_one_median_series_per_server() {
         "{svg}"
     );
     assert!(!svg.contains("NaN") && !svg.contains("inf"), "{svg}");
+}
+
+/// Both kv floors answer one `END` per request line, pipelined or not, and close on EOF:
+/// a floor that answered wrongly would make every kv comparison against it meaningless.
+#[test]
+fn kv_floor_presets_answer_each_get_and_close_on_eof() {
+    use std::io::{Read, Write};
+    let work = std::env::temp_dir().join(format!("corelocal-kv-floors-{}", std::process::id()));
+    std::fs::create_dir_all(&work).unwrap();
+    for name in ["kv-floor", "kv-uring-floor"] {
+        let def = preset(name, &args(CmpWorkload::Kv1), &work).unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let cmd = def
+            .cmd
+            .replace("{port}", &port.to_string())
+            .replace("{cpu}", "0");
+        let mut words = cmd.split_whitespace();
+        let mut server = std::process::Command::new(words.next().unwrap())
+            .args(words)
+            .spawn()
+            .unwrap();
+        let mut conn = (0..200)
+            .find_map(|_| {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+                std::net::TcpStream::connect(("127.0.0.1", port)).ok()
+            })
+            .unwrap_or_else(|| panic!("{name} did not listen"));
+        conn.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+            .unwrap();
+        conn.write_all(b"get a\r\n").unwrap();
+        let mut first = [0u8; 5];
+        conn.read_exact(&mut first).unwrap();
+        assert_eq!(&first, b"END\r\n", "{name}");
+        conn.write_all(b"get b\r\nget c\r\nget d\r\n").unwrap();
+        conn.shutdown(std::net::Shutdown::Write).unwrap();
+        let mut rest = Vec::new();
+        conn.read_to_end(&mut rest).unwrap();
+        server.kill().unwrap();
+        server.wait().unwrap();
+        assert_eq!(rest, b"END\r\n".repeat(3), "{name}");
+    }
+    std::fs::remove_dir_all(&work).unwrap();
 }
