@@ -6,7 +6,7 @@
 #   http: one HTTP request per connection (server closes): corelocal (io_uring, epoll), nginx,
 #         the C epoll floor server → results/oneshot-profile.md
 #   kv1:  one memcached get per connection (client closes): corelocal (io_uring, epoll),
-#         memcached -t 1 → results/oneshot-profile-kv1.md
+#         memcached -t 1, the io_uring kv floor → results/oneshot-profile-kv1.md
 # usage: bench/oneshot-profile.sh [SECONDS] [http|kv1]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,6 +25,7 @@ http { access_log off; client_body_temp_path $tmp/nginx/tmp; proxy_temp_path $tm
   server { listen 127.0.0.1:8080 reuseport backlog=4096; location = /hello { return 200 "hello\n"; } } }
 CONF
 gcc -O2 -o "$tmp/floor" ../shared/tools/floor_server.c
+gcc -O2 -pthread -o "$tmp/kv-uring-floor" crates/corelocal-bench/src/compare/kv_uring_floor_server.c
 declare -A servers
 case $workload in
   http)
@@ -43,8 +44,9 @@ case $workload in
       [corelocal-uring]="$bin serve kv --listen 127.0.0.1:8080 --cpus 1 --stats-interval 0 --backend uring"
       [corelocal-epoll]="$bin serve kv --listen 127.0.0.1:8080 --cpus 1 --stats-interval 0 --backend epoll"
       [memcached]="taskset -c 1 /usr/bin/memcached -l 127.0.0.1 -p 8080 -t 1 -U 0 -c 20000 -u nobody"
+      [kv-uring-floor]="$tmp/kv-uring-floor 8080 1 1"
     )
-    order="corelocal-uring corelocal-epoll memcached"
+    order="corelocal-uring corelocal-epoll memcached kv-uring-floor"
     client="kv --target 127.0.0.1:8080 --keys 1000 --get-ratio 1 --txns-per-conn 1"
     md=results/oneshot-profile-kv1.md
     title="One memcached get per connection" ;;

@@ -37,11 +37,12 @@ run http-crr --workload crr --conns 16,64,256,1024 --baseline nginx \
 # Keep-alive HTTP.
 run http-ka --workload ka --conns 64 --baseline nginx \
     --server "corelocal=http:$bin $http" "${b_http[@]}" --peer nginx --peer floor
-# memcached gets: 1 and 100 per connection; kv-floor is the C epoll floor for this protocol.
+# memcached gets: 1 and 100 per connection; kv-floor and kv-uring-floor are the C epoll and
+# io_uring floors for this protocol (no user work: what the kernel and the interface cost).
 for w in kv1 kv100; do
     run "$w" --workload "$w" --conns 64 --baseline memcached \
         --server "corelocal=kv:$bin $kv" --server "corelocal-epoll=kv:$bin $kv --backend epoll" \
-        "${b_kv[@]}" --peer memcached --peer kv-floor
+        "${b_kv[@]}" --peer memcached --peer kv-floor --peer kv-uring-floor
 done
 # MegaPipe's one transaction per connection: io_uring against our own epoll.
 run rpc-crr-backends --workload crr --conns 64 --baseline epoll \
