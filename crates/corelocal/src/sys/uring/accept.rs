@@ -1,0 +1,279 @@
+//! Accepting: each listener's multishot or budgeted one-shot accepts, steals from other
+//! workers' listeners, and a new direct descriptor's setup (its SO_INCOMING_CPU query and
+//! first receive) up to its `Accepted` report.
+
+use super::sqe::{as_getsockopt, with_ioprio};
+use super::state::{
+    user_data, RecvState, KIND_ACCEPT, KIND_ACCEPT_ONE, KIND_RECV, KIND_SOCKOPT, KIND_STEAL,
+};
+use super::{UringBackend, BUF_GROUP};
+use crate::runtime::backend::{Completion, ConnId, Origin};
+use io_uring::{cqueue, opcode, squeue, types};
+use std::io;
+use std::os::fd::RawFd;
+
+/// One-shot accepts kept in flight per listener when accepting with a budget.
+const ONESHOT_INFLIGHT_MAX: u32 = 4;
+/// A listener whose backlog cannot be read accepts multishot only with this much allowance.
+const MULTISHOT_ALLOWANCE_MIN_DEFAULT: u32 = 8192;
+/// `IORING_ACCEPT_DONTWAIT`: fail with EAGAIN instead of waiting for a connection.
+const IORING_ACCEPT_DONTWAIT: u16 = 2;
+
+/// A listener's multishot accept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Multishot {
+    Off,
+    Armed,
+    /// Cancelled; its last completion has not arrived yet.
+    Cancelling,
+}
+
+/// How a listener is being accepted from: multishot while the allowance is unlimited or large,
+/// else up to `remaining` more connections through at most [`ONESHOT_INFLIGHT_MAX`] one-shot
+/// accepts (exact: the table never receives more than allowed).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct ListenerState {
+    fd: RawFd,
+    active: bool,
+    pub(super) multishot: Multishot,
+    /// Connections still allowed (`None`: no limit); kept across pauses.
+    remaining: Option<u32>,
+    pub(super) inflight: u32,
+    /// Multishot only with at least this allowance: more than one pass of the kernel's
+    /// accept loop can take (twice the backlog, plus margin), so it is cancelled in time.
+    multishot_min: u32,
+}
+
+impl UringBackend {
+    fn arm_accept(&mut self, listener: u32, fd: RawFd) {
+        let entry = opcode::AcceptMulti::new(types::Fd(fd))
+            .allocate_file_index(true)
+            .build()
+            .user_data(user_data(KIND_ACCEPT, 0, listener));
+        self.sqe(entry);
+    }
+
+    pub(super) fn start_accepting(&mut self, listener: u32, fd: RawFd, budget: Option<u32>) {
+        let slot = listener as usize;
+        if self.listeners.len() <= slot {
+            self.listeners.resize(slot + 1, None);
+        }
+        let state = self.listeners[slot].get_or_insert_with(|| ListenerState {
+            fd,
+            active: false,
+            multishot: Multishot::Off,
+            remaining: None,
+            inflight: 0,
+            multishot_min: crate::sys::socket::listen_queue(fd)
+                .map_or(MULTISHOT_ALLOWANCE_MIN_DEFAULT, |q| {
+                    q.cap.saturating_mul(2).saturating_add(64)
+                }),
+        });
+        state.active = true;
+        state.remaining = budget.map(|k| state.remaining.unwrap_or(0).saturating_add(k));
+        self.arrange_accepts(listener);
+    }
+
+    /// Multishot while the allowance is unlimited or large; else cancels it and keeps
+    /// min(remaining, ONESHOT_INFLIGHT_MAX) one-shot accepts in flight.
+    fn arrange_accepts(&mut self, listener: u32) {
+        let Some(Some(state)) = self.listeners.get(listener as usize).copied() else {
+            return;
+        };
+        if !state.active {
+            return;
+        }
+        let wide = state.remaining.is_none_or(|r| r >= state.multishot_min);
+        let multishot = match (wide, state.multishot) {
+            (true, Multishot::Off) => {
+                self.arm_accept(listener, state.fd);
+                Multishot::Armed
+            }
+            (false, Multishot::Armed) => {
+                self.cancel(user_data(KIND_ACCEPT, 0, listener));
+                Multishot::Cancelling
+            }
+            (_, m) => m,
+        };
+        if let Some(Some(s)) = self.listeners.get_mut(listener as usize) {
+            s.multishot = multishot;
+        }
+        if !wide {
+            self.top_up_accepts(listener);
+        }
+    }
+
+    /// Keeps min(remaining, ONESHOT_INFLIGHT_MAX) one-shot accepts in flight.
+    fn top_up_accepts(&mut self, listener: u32) {
+        let Some(Some(state)) = self.listeners.get(listener as usize).copied() else {
+            return;
+        };
+        let Some(remaining) = state.remaining.filter(|_| state.active) else {
+            return;
+        };
+        let want = remaining.min(ONESHOT_INFLIGHT_MAX);
+        for _ in state.inflight..want {
+            let entry = opcode::Accept::new(
+                types::Fd(state.fd),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            )
+            .file_index(Some(types::DestinationSlot::auto_target()))
+            .build()
+            .user_data(user_data(KIND_ACCEPT_ONE, 0, listener));
+            self.sqe(entry);
+        }
+        if let Some(Some(s)) = self.listeners.get_mut(listener as usize) {
+            s.inflight = s.inflight.max(want);
+        }
+    }
+
+    pub(super) fn stop_accepting(&mut self, listener: u32) {
+        let Some(Some(state)) = self.listeners.get_mut(listener as usize) else {
+            return;
+        };
+        if !state.active {
+            return;
+        }
+        state.active = false;
+        let (multishot, inflight) = (state.multishot, state.inflight);
+        if multishot == Multishot::Armed {
+            state.multishot = Multishot::Cancelling;
+            self.cancel(user_data(KIND_ACCEPT, 0, listener));
+        }
+        if inflight > 0 {
+            // One cancel per request would not do: the one-shot accepts share a user_data, and
+            // a cancel only marks the request it finds (it leaves the hash in task work), so
+            // every cancel of a batch finds the same one and the others keep accepting.
+            self.cancel_all(user_data(KIND_ACCEPT_ONE, 0, listener));
+        }
+    }
+
+    /// One accept on another worker's listener into our table; EAGAIN if nothing waits.
+    pub(super) fn steal(&mut self, victim: u32, fd: RawFd) {
+        let entry = opcode::Accept::new(types::Fd(fd), std::ptr::null_mut(), std::ptr::null_mut())
+            .file_index(Some(types::DestinationSlot::auto_target()))
+            .build()
+            .user_data(user_data(KIND_STEAL, 0, victim));
+        self.steals_inflight += 1;
+        self.sqe(with_ioprio(entry, IORING_ACCEPT_DONTWAIT));
+    }
+
+    /// The socket uring_cmd that reads `SO_INCOMING_CPU` of a new direct descriptor.
+    fn incoming_cpu_query(&mut self, conn: ConnId) -> squeue::Entry {
+        let generation = self.slots[conn as usize].generation;
+        let optval = &mut self.cpu_vals[conn as usize] as *mut i32;
+        let entry = opcode::SetSockOpt::new(
+            types::Fixed(conn),
+            libc::SOL_SOCKET as u32,
+            crate::sys::socket::SO_INCOMING_CPU as u32,
+            optval as *const libc::c_void,
+            4,
+        )
+        .build()
+        .user_data(user_data(KIND_SOCKOPT, generation, conn));
+        as_getsockopt(entry)
+    }
+
+    pub(super) fn on_accept_one(&mut self, listener: u32, res: i32) {
+        let Some(Some(state)) = self.listeners.get_mut(listener as usize) else {
+            return;
+        };
+        state.inflight = state.inflight.saturating_sub(1);
+        if res >= 0 {
+            if let Some(r) = state.remaining.as_mut() {
+                *r = r.saturating_sub(1);
+            }
+            self.new_conn(res as u32, Origin::Local(listener));
+        } else if res != -libc::ECANCELED {
+            self.ready.push_back(Completion::AcceptFailed {
+                listener,
+                error: io::Error::from_raw_os_error(-res),
+            });
+        }
+        self.arrange_accepts(listener);
+    }
+
+    pub(super) fn on_accept(&mut self, listener: u32, res: i32, flags: u32) {
+        let more = cqueue::more(flags);
+        if let Some(Some(s)) = self.listeners.get_mut(listener as usize) {
+            if !more {
+                s.multishot = Multishot::Off;
+            }
+            if res >= 0 {
+                if let Some(r) = s.remaining.as_mut() {
+                    *r = r.saturating_sub(1);
+                }
+            }
+        }
+        if res >= 0 {
+            self.new_conn(res as u32, Origin::Local(listener));
+        } else if res != -libc::ECANCELED {
+            self.ready.push_back(Completion::AcceptFailed {
+                listener,
+                error: io::Error::from_raw_os_error(-res),
+            });
+        }
+        if !more {
+            let before = self.listeners.get(listener as usize).copied().flatten();
+            self.arrange_accepts(listener);
+            let after = self.listeners.get(listener as usize).copied().flatten();
+            if res != -libc::ECANCELED
+                && after.is_some_and(|s| s.multishot == Multishot::Armed)
+                && before.is_some_and(|s| s.multishot == Multishot::Off)
+            {
+                self.events.rearms += 1;
+            }
+        } else if res >= 0 {
+            self.arrange_accepts(listener);
+        }
+    }
+
+    /// A new direct descriptor: reset its slot and ask for its SO_INCOMING_CPU.
+    fn new_conn(&mut self, conn: ConnId, origin: Origin) {
+        let slot = &mut self.slots[conn as usize];
+        slot.generation = slot.generation.wrapping_add(1);
+        slot.origin = origin;
+        slot.recv = RecvState::Off;
+        slot.send = None;
+        slot.closing = false;
+        slot.close_linked = false;
+        self.cpu_vals[conn as usize] = -1;
+        self.unreported += 1;
+        // The SO_INCOMING_CPU query and the first receive in one submit, linked so that their
+        // CQEs come in that order (`Accepted` before any `Recv`): a request already queued is
+        // read in the same turn the connection is reported.
+        let query = self.incoming_cpu_query(conn);
+        let generation = self.slots[conn as usize].generation;
+        let first_recv = opcode::Recv::new(types::Fixed(conn), std::ptr::null_mut(), 0)
+            .buf_group(BUF_GROUP)
+            .build()
+            .flags(squeue::Flags::BUFFER_SELECT)
+            .user_data(user_data(KIND_RECV, generation, conn));
+        self.slots[conn as usize].recv = RecvState::First;
+        self.sqe_chain(&[query, first_recv]);
+    }
+
+    pub(super) fn on_steal(&mut self, victim: u32, res: i32) {
+        self.steals_inflight = self.steals_inflight.saturating_sub(1);
+        if res >= 0 {
+            self.new_conn(res as u32, Origin::Stolen(victim));
+        } else {
+            self.ready.push_back(Completion::StealFailed {
+                victim,
+                error: io::Error::from_raw_os_error(-res),
+            });
+        }
+    }
+
+    pub(super) fn on_sockopt(&mut self, conn: ConnId, res: i32) {
+        self.unreported = self.unreported.saturating_sub(1);
+        let cpu = self.cpu_vals[conn as usize];
+        self.ready.push_back(Completion::Accepted {
+            origin: self.slots[conn as usize].origin,
+            conn,
+            peer: None,
+            incoming_cpu: (res >= 0 && cpu >= 0).then_some(cpu as usize),
+        });
+    }
+}

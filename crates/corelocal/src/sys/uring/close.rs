@@ -1,0 +1,71 @@
+//! Closing: a plain close (cancelling the connection's receive and send first), the abort of
+//! a last send stuck before its linked close, and close completions.
+
+use super::state::{user_data, RecvState, KIND_CLOSE, KIND_RECV, KIND_SEND};
+use super::UringBackend;
+use crate::runtime::backend::{Completion, ConnId};
+use io_uring::{opcode, types};
+
+impl UringBackend {
+    /// The last send (linked to its close) still waits: cancel it; the broken link then
+    /// reissues the close (see `on_close`). A slot whose linked close already ran may hold a new
+    /// connection by now (`close_linked` is false there): nothing is done to it.
+    pub(super) fn abort_last_send(&mut self, conn: ConnId) {
+        let slot = &mut self.slots[conn as usize];
+        let generation = slot.generation;
+        if !slot.close_linked {
+            return;
+        }
+        if let Some(send) = slot.send.take() {
+            let ud = user_data(KIND_SEND, generation, conn);
+            self.cancel(ud);
+            self.graveyard.push((ud, send.buf));
+        }
+    }
+
+    pub(super) fn close(&mut self, conn: ConnId) {
+        let slot = &mut self.slots[conn as usize];
+        let generation = slot.generation;
+        assert!(
+            !slot.close_linked,
+            "a close is already linked behind the last send"
+        );
+        slot.closing = true;
+        let in_flight = matches!(slot.recv, RecvState::Armed | RecvState::First);
+        slot.recv = RecvState::Off;
+        if in_flight {
+            self.cancel(user_data(KIND_RECV, generation, conn));
+        }
+        if let Some(send) = self.slots[conn as usize].send.take() {
+            // A send waiting for socket space holds a reference to the socket: cancel it, or
+            // closing the slot leaves the socket open (and its buffer here) for as long as the
+            // peer does not read. The kernel may still read the buffer until the send's
+            // completion: keep it till then.
+            let ud = user_data(KIND_SEND, generation, conn);
+            self.cancel(ud);
+            self.graveyard.push((ud, send.buf));
+        }
+        let entry = opcode::Close::new(types::Fixed(conn))
+            .build()
+            .user_data(user_data(KIND_CLOSE, generation, conn));
+        self.sqe(entry);
+    }
+
+    /// A close completed — or, linked behind a send whose link broke, was cancelled: then it
+    /// is reissued once the send is over (a send cut short is re-sent with its close again).
+    pub(super) fn on_close(&mut self, conn: ConnId, res: i32) {
+        let slot = &mut self.slots[conn as usize];
+        if res == -libc::ECANCELED && slot.close_linked {
+            if slot.send.is_none() {
+                slot.close_linked = false;
+                let entry = opcode::Close::new(types::Fixed(conn))
+                    .build()
+                    .user_data(user_data(KIND_CLOSE, slot.generation, conn));
+                self.sqe(entry);
+            }
+            return;
+        }
+        slot.close_linked = false;
+        self.ready.push_back(Completion::Closed { conn });
+    }
+}

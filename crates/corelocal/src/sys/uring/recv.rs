@@ -1,0 +1,95 @@
+//! Receiving: arming multishot receives, their completions, and re-arming them after the
+//! first receive or once a receive starved of buffers can go on.
+
+use super::state::{user_data, RecvState, KIND_RECV};
+use super::{UringBackend, BUF_GROUP};
+use crate::runtime::backend::{BufId, Completion, ConnId};
+use io_uring::{cqueue, opcode, types};
+use std::io;
+
+impl UringBackend {
+    pub(super) fn arm_recv(&mut self, conn: ConnId) {
+        let generation = self.slots[conn as usize].generation;
+        self.slots[conn as usize].recv = RecvState::Armed;
+        let entry = opcode::RecvMulti::new(types::Fixed(conn), BUF_GROUP)
+            .build()
+            .user_data(user_data(KIND_RECV, generation, conn));
+        self.sqe(entry);
+    }
+
+    pub(super) fn on_recv(&mut self, conn: ConnId, res: i32, flags: u32) {
+        let more = cqueue::more(flags);
+        if res > 0 {
+            let bid = cqueue::buffer_select(flags).expect("multishot recv without a buffer");
+            self.ready.push_back(Completion::Recv {
+                conn,
+                buf: bid as BufId,
+                len: res as usize,
+            });
+            let state = self.slots[conn as usize].recv;
+            if !more && state == RecvState::Armed {
+                self.events.rearms += 1;
+                self.arm_recv(conn);
+            } else if state == RecvState::First {
+                let generation = self.slots[conn as usize].generation;
+                self.slots[conn as usize].recv = RecvState::ArmAtSubmit;
+                self.arm_at_submit.push((conn, generation));
+            }
+            return;
+        }
+        let slot = &mut self.slots[conn as usize];
+        let was_armed = matches!(slot.recv, RecvState::Armed | RecvState::First);
+        if !more {
+            slot.recv = RecvState::Off;
+        }
+        match res {
+            0 => self.ready.push_back(Completion::Eof { conn }),
+            e if e == -libc::ENOBUFS => {
+                if was_armed {
+                    slot.recv = RecvState::Starved;
+                    self.starved.push(conn);
+                    self.events.recv_starved += 1;
+                }
+            }
+            e if e == -libc::ECANCELED => {}
+            e => self.ready.push_back(Completion::RecvFailed {
+                conn,
+                error: io::Error::from_raw_os_error(-e),
+            }),
+        }
+    }
+
+    /// Arms multishot receives on connections whose first receive completed and that are
+    /// still open and not paused (see `RecvState::ArmAtSubmit`). While the answer to the
+    /// first request is being sent, arming waits: a one-shot connection closes right after it.
+    pub(super) fn arm_after_first_recv(&mut self) {
+        let pending = std::mem::take(&mut self.arm_at_submit);
+        let mut waiting = Vec::new();
+        for (conn, generation) in pending {
+            let slot = &self.slots[conn as usize];
+            if slot.generation != generation || slot.recv != RecvState::ArmAtSubmit || slot.closing
+            {
+                continue;
+            }
+            if slot.send.is_some() {
+                waiting.push((conn, generation));
+            } else {
+                self.arm_recv(conn);
+            }
+        }
+        self.arm_at_submit = waiting;
+    }
+
+    /// Re-arms receives that ran out of buffers, once buffers came back.
+    pub(super) fn feed_starved(&mut self) {
+        let starved = std::mem::take(&mut self.starved);
+        for conn in starved {
+            if self.slots[conn as usize].recv == RecvState::Starved
+                && !self.slots[conn as usize].closing
+            {
+                self.events.rearms += 1;
+                self.arm_recv(conn);
+            }
+        }
+    }
+}

@@ -1,0 +1,152 @@
+//! Sending: buffers and file regions (read in chunks: io_uring has no sendfile), and the last
+//! output with its close linked behind it.
+
+use super::state::{user_data, RecvState, SendState, KIND_CLOSE, KIND_RECV, KIND_SEND};
+use super::UringBackend;
+use crate::runtime::backend::{Completion, ConnId};
+use crate::runtime::handler::FileRegion;
+use io_uring::{opcode, types};
+use std::io;
+
+/// Bytes of a file region read per send on this backend (no sendfile here; see `SendFile`).
+const FILE_CHUNK_BYTES: usize = 256 * 1024;
+
+impl UringBackend {
+    fn send_next(&mut self, conn: ConnId) {
+        let slot = &mut self.slots[conn as usize];
+        let generation = slot.generation;
+        let Some(send) = slot.send.as_mut() else {
+            return;
+        };
+        let remaining = &send.buf[send.sent..];
+        let last = send.close_after && send.file.is_none();
+        // The last output goes whole (MSG_WAITALL: a short send breaks the link) and waits for
+        // the close (MSG_MORE), whose FIN then rides in the data's last segment.
+        let flags = if last {
+            libc::MSG_NOSIGNAL | libc::MSG_WAITALL | libc::MSG_MORE
+        } else {
+            libc::MSG_NOSIGNAL
+        };
+        let entry = opcode::Send::new(
+            types::Fixed(conn),
+            remaining.as_ptr(),
+            remaining.len().min(u32::MAX as usize) as u32,
+        )
+        .flags(flags)
+        .build()
+        .user_data(user_data(KIND_SEND, generation, conn));
+        if !last {
+            self.sqe(entry);
+            return;
+        }
+        let recv_in_flight = matches!(slot.recv, RecvState::Armed | RecvState::First);
+        slot.recv = RecvState::Off;
+        slot.closing = true;
+        slot.close_linked = true;
+        if recv_in_flight {
+            self.cancel(user_data(KIND_RECV, generation, conn));
+        }
+        let close = opcode::Close::new(types::Fixed(conn))
+            .build()
+            .user_data(user_data(KIND_CLOSE, generation, conn));
+        self.sqe_chain(&[entry, close]);
+    }
+
+    pub(super) fn start_send(
+        &mut self,
+        conn: ConnId,
+        buf: Vec<u8>,
+        file: Option<(FileRegion, u64)>,
+        close_after: bool,
+    ) {
+        let slot = &mut self.slots[conn as usize];
+        assert!(slot.send.is_none(), "one send at a time per connection");
+        slot.send = Some(SendState {
+            buf,
+            sent: 0,
+            file,
+            close_after,
+        });
+        self.continue_send(conn);
+    }
+
+    /// Sends what is left; refills from the file region when the buffer is done.
+    fn continue_send(&mut self, conn: ConnId) {
+        let slot = &mut self.slots[conn as usize];
+        let Some(send) = slot.send.as_mut() else {
+            return;
+        };
+        if send.sent == send.buf.len() {
+            if let Some((region, _)) = send.file.as_mut().filter(|(r, _)| r.len > 0) {
+                // io_uring has no sendfile: read the next chunk (page cache) and send it.
+                let chunk = region.len.min(FILE_CHUNK_BYTES as u64) as usize;
+                send.buf.resize(chunk, 0);
+                let n = read_at(region, &mut send.buf);
+                match n {
+                    Ok(n) if n > 0 => {
+                        send.buf.truncate(n);
+                        send.sent = 0;
+                        region.offset += n as u64;
+                        region.len -= n as u64;
+                    }
+                    other => {
+                        let error = other.err().unwrap_or_else(|| {
+                            io::Error::new(io::ErrorKind::UnexpectedEof, "file shrank")
+                        });
+                        slot.send = None;
+                        self.ready.push_back(Completion::SentFile {
+                            conn,
+                            result: Err(error),
+                        });
+                        return;
+                    }
+                }
+            } else {
+                let done = slot.send.take().expect("send in flight");
+                self.ready.push_back(match done.file {
+                    Some((_, total)) => Completion::SentFile {
+                        conn,
+                        result: Ok(total),
+                    },
+                    None => Completion::Sent {
+                        conn,
+                        result: Ok(done.sent),
+                        buf: done.buf,
+                    },
+                });
+                return;
+            }
+        }
+        self.send_next(conn);
+    }
+
+    pub(super) fn on_send(&mut self, conn: ConnId, res: i32) {
+        let slot = &mut self.slots[conn as usize];
+        let Some(send) = slot.send.as_mut() else {
+            return;
+        };
+        if res < 0 {
+            let send = slot.send.take().expect("send in flight");
+            let error = io::Error::from_raw_os_error(-res);
+            self.ready.push_back(match send.file {
+                Some(_) => Completion::SentFile {
+                    conn,
+                    result: Err(error),
+                },
+                None => Completion::Sent {
+                    conn,
+                    buf: send.buf,
+                    result: Err(error),
+                },
+            });
+            return;
+        }
+        send.sent += res as usize;
+        self.continue_send(conn);
+    }
+}
+
+fn read_at(region: &FileRegion, buf: &mut [u8]) -> io::Result<usize> {
+    use std::os::unix::fs::FileExt;
+    region.file.read_at(buf, region.offset)
+}

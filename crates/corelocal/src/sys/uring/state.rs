@@ -1,0 +1,61 @@
+//! Request identity and per-connection state: the `user_data` encoding (kind, slot
+//! generation, id) and each direct-descriptor slot's receive, send and close progress.
+
+use crate::runtime::backend::Origin;
+use crate::runtime::handler::FileRegion;
+
+pub(super) const KIND_ACCEPT: u64 = 1;
+pub(super) const KIND_RECV: u64 = 2;
+pub(super) const KIND_SEND: u64 = 3;
+pub(super) const KIND_CLOSE: u64 = 4;
+pub(super) const KIND_CANCEL: u64 = 5;
+pub(super) const KIND_WAKE: u64 = 6;
+pub(super) const KIND_SOCKOPT: u64 = 7;
+pub(super) const KIND_STEAL: u64 = 8;
+pub(super) const KIND_ACCEPT_ONE: u64 = 9;
+
+pub(super) fn user_data(kind: u64, generation: u32, id: u32) -> u64 {
+    (kind << 56) | ((generation as u64 & 0x00ff_ffff) << 32) | id as u64
+}
+
+pub(super) fn split(ud: u64) -> (u64, u32, u32) {
+    (ud >> 56, ((ud >> 32) & 0x00ff_ffff) as u32, ud as u32)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum RecvState {
+    Off,
+    /// A multishot receive is armed.
+    Armed,
+    /// Ran out of provided buffers: re-armed once buffers come back.
+    Starved,
+    /// A fresh connection's first receive: single-shot, linked behind its SO_INCOMING_CPU
+    /// query (both in one submit, CQEs in that order).
+    First,
+    /// The first receive completed: a multishot receive is armed at the next submit unless the
+    /// connection is closing or paused by then — a one-shot connection, answered and closed
+    /// in the same turn, never has a multishot receive to cancel before its close.
+    ArmAtSubmit,
+}
+
+#[derive(Debug)]
+pub(super) struct SendState {
+    pub(super) buf: Vec<u8>,
+    pub(super) sent: usize,
+    /// The connection's last output: its close goes out linked behind the send.
+    pub(super) close_after: bool,
+    /// For a file region: what is left to read after the bytes in `buf`, and the total.
+    pub(super) file: Option<(FileRegion, u64)>,
+}
+
+#[derive(Debug)]
+pub(super) struct Slot {
+    pub(super) generation: u32,
+    pub(super) origin: Origin,
+    pub(super) recv: RecvState,
+    pub(super) send: Option<SendState>,
+    pub(super) closing: bool,
+    /// A close is linked behind the send in flight (see `send_next`): if the link breaks
+    /// (the send failed or was cut short), its CQE is ECANCELED and the close is reissued.
+    pub(super) close_linked: bool,
+}

@@ -1,0 +1,209 @@
+//! Tests of the io_uring backend against real sockets: one-shot and kept connections, the
+//! last send with its linked close, and aborting a stuck last send.
+
+use super::*;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+
+fn backend() -> UringBackend {
+    UringBackend::new(UringConfig {
+        sq_entries: 64,
+        files: 16,
+        bufs: 8,
+        buf_bytes: 4096,
+    })
+    .expect("io_uring (this kernel allows it)")
+}
+
+/// A backend accepting on a fresh listener, a client that connected and sent "ping", and
+/// the connection once accepted (its first bytes released).
+fn accepted_after_ping() -> (UringBackend, TcpListener, TcpStream, ConnId) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut b = backend();
+    b.push(Op::Accept {
+        listener: 0,
+        fd: listener.as_raw_fd(),
+        exclusive: false,
+        budget: None,
+    });
+    let mut client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    client.write_all(b"ping").unwrap();
+    for _ in 0..50 {
+        let (_, out) = turn(&mut b);
+        let mut conn = None;
+        for c in out {
+            match c {
+                Completion::Accepted { conn: id, .. } => conn = Some(id),
+                Completion::Recv { buf, .. } => b.release(buf),
+                _ => {}
+            }
+        }
+        if let Some(conn) = conn {
+            return (b, listener, client, conn);
+        }
+    }
+    panic!("no connection accepted");
+}
+
+/// One submit / wait / reap turn; returns the completions.
+fn turn(b: &mut UringBackend) -> (usize, Vec<Completion>) {
+    let submitted = b.submit().unwrap();
+    b.wait(Some(Duration::from_millis(20))).unwrap();
+    let mut out = Vec::new();
+    b.reap(&mut out, 64);
+    (submitted, out)
+}
+
+/// A one-shot connection: the request is reported in the same reap as the connection
+/// (SO_INCOMING_CPU query and first receive linked in one submit), and closing it after
+/// the answer costs one SQE — no multishot receive is left to cancel.
+#[test]
+fn a_one_shot_connection_reads_at_once_and_closes_without_a_cancel() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut b = backend();
+    b.push(Op::Accept {
+        listener: 0,
+        fd: listener.as_raw_fd(),
+        exclusive: false,
+        budget: None,
+    });
+    let mut client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    client.write_all(b"ping").unwrap();
+    // `Accepted` waits for the SO_INCOMING_CPU query; the request comes with it.
+    let mut seen = Vec::new();
+    for _ in 0..50 {
+        let (_, out) = turn(&mut b);
+        if !out.is_empty() {
+            seen = out;
+            break;
+        }
+    }
+    let conn = match seen.as_slice() {
+        [Completion::Accepted { conn, .. }, Completion::Recv { conn: c2, buf, len }] => {
+            assert_eq!((conn, *len), (c2, 4));
+            assert_eq!(b.recv_data(*buf, *len), b"ping");
+            b.release(*buf);
+            *conn
+        }
+        other => panic!("expected Accepted then Recv in one reap: {other:?}"),
+    };
+    b.push(Op::Recv { conn }); // what the worker does on Accepted: must not double-arm
+    b.push(Op::Send {
+        conn,
+        buf: b"pong".to_vec(),
+        close_after: false,
+    });
+    let (_, out) = turn(&mut b);
+    assert!(
+        out.iter().any(|c| matches!(c, Completion::Sent { .. })),
+        "{out:?}"
+    );
+    b.push(Op::Close { conn });
+    let (submitted, out) = turn(&mut b);
+    assert_eq!(
+        submitted, 1,
+        "only the close: no receive was armed to cancel"
+    );
+    assert!(
+        matches!(out.as_slice(), [Completion::Closed { .. }]),
+        "{out:?}"
+    );
+    let mut answer = Vec::new();
+    client.read_to_end(&mut answer).unwrap();
+    assert_eq!(answer, b"pong");
+}
+
+/// A connection that lives on gets its multishot receive after the first one.
+#[test]
+fn a_kept_connection_keeps_receiving() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut b = backend();
+    b.push(Op::Accept {
+        listener: 0,
+        fd: listener.as_raw_fd(),
+        exclusive: false,
+        budget: None,
+    });
+    let mut client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    client.write_all(b"one").unwrap();
+    let mut got = Vec::new();
+    for round in 0..100 {
+        let (_, out) = turn(&mut b);
+        for c in out {
+            if let Completion::Recv { buf, len, .. } = c {
+                got.extend_from_slice(b.recv_data(buf, len));
+                b.release(buf);
+            }
+        }
+        if round == 5 {
+            client.write_all(b"two").unwrap();
+        }
+        if round == 10 {
+            client.write_all(b"three").unwrap();
+        }
+        if got == b"onetwothree" {
+            return;
+        }
+    }
+    panic!("received {:?}", String::from_utf8_lossy(&got));
+}
+
+/// The last answer with its close: two linked SQEs (send, close) in one submit, both
+/// completions in one reap, the peer gets the data then EOF.
+#[test]
+fn the_last_send_takes_the_close_with_it() {
+    let (mut b, _listener, mut client, conn) = accepted_after_ping();
+    b.push(Op::Send {
+        conn,
+        buf: b"pong".to_vec(),
+        close_after: true,
+    });
+    let (_, out) = turn(&mut b);
+    assert!(
+        matches!(
+            out.as_slice(),
+            [
+                Completion::Sent { result: Ok(4), .. },
+                Completion::Closed { .. }
+            ]
+        ),
+        "{out:?}"
+    );
+    let mut answer = Vec::new();
+    client.read_to_end(&mut answer).unwrap();
+    assert_eq!(answer, b"pong");
+    // Aborting a send that already completed touches nothing (the slot may be reused).
+    b.push(Op::AbortSend { conn });
+    let (submitted, out) = turn(&mut b);
+    assert_eq!((submitted, out.len()), (0, 0), "{out:?}");
+}
+
+/// A last send stuck behind a peer that does not read is aborted (idle timeout): the
+/// close is reissued once, and the connection reported closed once.
+#[test]
+fn a_stuck_last_send_is_aborted() {
+    let (mut b, _listener, client, conn) = accepted_after_ping();
+    // Far more than the socket buffers hold: the send waits for the reader.
+    b.push(Op::Send {
+        conn,
+        buf: vec![b'x'; 64 << 20],
+        close_after: true,
+    });
+    let (_, out) = turn(&mut b);
+    assert!(
+        out.is_empty(),
+        "nothing completes while the peer does not read: {out:?}"
+    );
+    b.push(Op::AbortSend { conn });
+    let mut closed = 0;
+    for _ in 0..20 {
+        let (_, out) = turn(&mut b);
+        closed += out
+            .iter()
+            .filter(|c| matches!(c, Completion::Closed { .. }))
+            .count();
+    }
+    assert_eq!(closed, 1);
+    drop(client);
+}
