@@ -8,7 +8,8 @@
 //!
 //! Flags: `--listen ADDR` (default 127.0.0.1:8080), `--cpus LIST` (default: all allowed),
 //! `--mode local|fine|stock` (default local), `--steering ebpf|incoming-cpu|cbpf` (default:
-//! best available), `--drain-timeout SECS` (default 5). SIGINT/SIGTERM stop it without losing
+//! best available), `--drain-timeout SECS` (default 5), `--defer-accept SECS` (default 0: off;
+//! `TCP_DEFER_ACCEPT`, see `Builder::defer_accept`). SIGINT/SIGTERM stop it without losing
 //! a queued connection; the final counters are printed as one JSON line on stderr.
 
 #[path = "common/app.rs"]
@@ -25,6 +26,7 @@ struct Args {
     mode: Mode,
     steering: Option<Steering>,
     drain_timeout: Duration,
+    defer_accept_s: u32,
 }
 
 fn parse() -> Result<Args, String> {
@@ -34,6 +36,7 @@ fn parse() -> Result<Args, String> {
         mode: Mode::Local,
         steering: None,
         drain_timeout: Duration::from_secs(5),
+        defer_accept_s: 0,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -54,10 +57,17 @@ fn parse() -> Result<Args, String> {
                 args.drain_timeout = Duration::try_from_secs_f64(secs)
                     .map_err(|e| format!("--drain-timeout {v}: {e}"))?;
             }
+            "--defer-accept" => {
+                let v = value()?;
+                args.defer_accept_s = v
+                    .parse()
+                    .map_err(|_| format!("--defer-accept {v}: not a whole number of seconds"))?;
+            }
             "-h" | "--help" => {
                 println!(
                     "usage: axum [--listen ADDR] [--cpus LIST] [--mode local|fine|stock] \
-                     [--steering ebpf|incoming-cpu|cbpf] [--drain-timeout SECS]"
+                     [--steering ebpf|incoming-cpu|cbpf] [--drain-timeout SECS] \
+                     [--defer-accept SECS]"
                 );
                 std::process::exit(0);
             }
@@ -77,7 +87,8 @@ fn main() -> ExitCode {
     };
     let mut builder = Server::builder()
         .mode(args.mode)
-        .drain_timeout(args.drain_timeout);
+        .drain_timeout(args.drain_timeout)
+        .defer_accept(args.defer_accept_s);
     if let Some(cpus) = args.cpus {
         builder = builder.cpus(cpus);
     }

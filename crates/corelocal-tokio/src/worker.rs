@@ -325,7 +325,7 @@ impl WorkerCtx {
         let now = Instant::now();
         let timeout = self.inner.limits.drain_timeout;
         self.inner.drain.set(Some(Drain {
-            quiet_at: now + DRAIN_QUIESCE.min(timeout / 4),
+            quiet_at: now + self.inner.limits.accept_quiesce.min(timeout / 2),
             until: now + timeout / 2,
             deadline: now + timeout,
         }));
