@@ -1,0 +1,56 @@
+//! Targets and URL lists: resolving HOST:PORT or http:// URLs, reading and parsing URL lists.
+
+use std::net::{SocketAddrV4, ToSocketAddrs};
+
+/// Resolves HOST:PORT (or http://HOST:PORT/…) to an IPv4 address.
+pub fn resolve(target: &str) -> Result<(SocketAddrV4, String, String), String> {
+    let (hostport, path) = if target.starts_with("http://") {
+        crate::serverstats::split_url(target)?
+    } else if target.contains("://") {
+        return Err(format!(
+            "unsupported target {target:?}: HOST:PORT or http://HOST:PORT/PATH"
+        ));
+    } else {
+        (target.to_string(), "/".to_string())
+    };
+    let addr = hostport
+        .to_socket_addrs()
+        .map_err(|e| format!("bad --target {target:?}: {e}"))?
+        .find_map(|a| match a {
+            std::net::SocketAddr::V4(v4) => Some(v4),
+            _ => None,
+        })
+        .ok_or_else(|| format!("--target {target:?} has no IPv4 address"))?;
+    Ok((addr, hostport, path))
+}
+
+/// Reads a URL list: one path or http URL per line; `#` comments and blanks skipped.
+pub fn load_urls(path: &std::path::Path) -> Result<Vec<String>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let urls = parse_urls(&text)?;
+    if urls.is_empty() {
+        return Err(format!("{}: no URLs", path.display()));
+    }
+    Ok(urls)
+}
+
+/// Parses a URL list (see [`load_urls`]).
+pub fn parse_urls(text: &str) -> Result<Vec<String>, String> {
+    let mut v = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let l = line.trim();
+        if l.is_empty() || l.starts_with('#') {
+            continue;
+        }
+        let p = if l.starts_with("http://") {
+            crate::serverstats::split_url(l)?.1
+        } else {
+            l.to_string()
+        };
+        if !p.starts_with('/') || p.contains(char::is_whitespace) {
+            return Err(format!("URL list line {}: {l:?} is not a path", n + 1));
+        }
+        v.push(p);
+    }
+    Ok(v)
+}

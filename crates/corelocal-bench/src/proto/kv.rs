@@ -1,0 +1,133 @@
+//! The memcached text-protocol client: get/set request builders and response parser.
+
+use super::{err, Progress, ProtoError, RespInfo, MAX_HEADER};
+
+/// Builds `get key\r\n`.
+pub fn kv_get(key: &str) -> Vec<u8> {
+    format!("get {key}\r\n").into_bytes()
+}
+
+/// Builds `set key 0 0 len\r\nvalue\r\n` with a deterministic value of `size` bytes.
+pub fn kv_set(key: &str, size: usize) -> Vec<u8> {
+    let mut v = format!("set {key} 0 0 {size}\r\n").into_bytes();
+    v.extend((0..size).map(|i| b'a' + (i % 26) as u8));
+    v.extend_from_slice(b"\r\n");
+    v
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum KvState {
+    Line,
+    Data(usize),
+}
+
+/// What a memcached request expects back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvExpect {
+    /// `VALUE …` blocks then `END`.
+    Get,
+    /// One status line (`STORED`, `NOT_STORED`, …).
+    Store,
+}
+
+/// Incremental memcached text-protocol response parser.
+#[derive(Debug, Clone)]
+pub struct KvParser {
+    expect: KvExpect,
+    line: Vec<u8>,
+    state: KvState,
+    info: RespInfo,
+}
+
+impl KvParser {
+    /// A parser for the response to a get or a store command.
+    pub fn new(expect: KvExpect) -> Self {
+        KvParser {
+            expect,
+            line: Vec::new(),
+            state: KvState::Line,
+            info: RespInfo::default(),
+        }
+    }
+
+    fn on_line(&mut self) -> Result<bool, ProtoError> {
+        let line =
+            std::str::from_utf8(&self.line).map_err(|_| ProtoError("non-UTF-8 reply".into()))?;
+        let line = line.trim_end_matches('\r');
+        if line.starts_with("SERVER_ERROR") || line.starts_with("CLIENT_ERROR") || line == "ERROR" {
+            return err(format!("memcached: {line}"));
+        }
+        match self.expect {
+            KvExpect::Store => {
+                match line {
+                    "STORED" | "NOT_STORED" | "EXISTS" | "NOT_FOUND" => {}
+                    _ => return err(format!("unexpected store reply {line:?}")),
+                }
+                Ok(true)
+            }
+            KvExpect::Get => {
+                if line == "END" {
+                    if self.info.hit.is_none() {
+                        self.info.hit = Some(false);
+                    }
+                    return Ok(true);
+                }
+                let mut f = line.split(' ');
+                if f.next() != Some("VALUE") {
+                    return err(format!("unexpected get reply {line:?}"));
+                }
+                let bytes: usize = f
+                    .nth(2)
+                    .and_then(|b| b.parse().ok())
+                    .ok_or_else(|| ProtoError(format!("bad VALUE line {line:?}")))?;
+                if bytes > 1 << 30 {
+                    return err("value too large");
+                }
+                self.info.hit = Some(true);
+                self.info.body += bytes;
+                self.state = KvState::Data(bytes + 2);
+                Ok(false)
+            }
+        }
+    }
+
+    /// Feeds bytes.
+    pub fn feed(&mut self, data: &[u8]) -> Result<Progress, ProtoError> {
+        let mut i = 0;
+        while i < data.len() {
+            match self.state {
+                KvState::Data(n) => {
+                    let take = n.min(data.len() - i);
+                    i += take;
+                    self.state = if take == n {
+                        KvState::Line
+                    } else {
+                        KvState::Data(n - take)
+                    };
+                }
+                KvState::Line => match data[i..].iter().position(|&b| b == b'\n') {
+                    Some(pos) => {
+                        self.line.extend_from_slice(&data[i..i + pos]);
+                        i += pos + 1;
+                        let done = self.on_line()?;
+                        self.line.clear();
+                        if done {
+                            return Ok(Progress::Done {
+                                consumed: i,
+                                info: self.info,
+                            });
+                        }
+                    }
+                    None => {
+                        self.line.extend_from_slice(&data[i..]);
+                        if self.line.len() > MAX_HEADER {
+                            return err("reply line too long");
+                        }
+                        return Ok(Progress::NeedMore);
+                    }
+                },
+            }
+        }
+        Ok(Progress::NeedMore)
+    }
+}
