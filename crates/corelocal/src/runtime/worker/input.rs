@@ -1,0 +1,161 @@
+//! Input: received bytes and EOF go to the handler, which runs over the buffered input until
+//! it needs more, asks to close, or its output reaches the limit (back-pressure pauses
+//! reading; reading resumes once the output drained).
+
+use super::{Conn, Worker, WorkerSetup};
+use crate::runtime::backend::{Backend, ConnId, Op};
+use crate::runtime::handler::{CloseReason, Handler, Next, Service};
+use crate::runtime::stats::ErrorKind;
+use crate::runtime::Limits;
+use std::time::Instant;
+
+/// `on_input` calls per received chunk, so one connection cannot starve the others.
+const HANDLER_ROUNDS_MAX: usize = 256;
+
+impl<S: Service, B: Backend> Worker<S, B> {
+    pub(super) fn on_recv(&mut self, id: ConnId, buf: u32, len: usize, now: Instant) {
+        self.setup.stats.bytes_in(len as u64);
+        let Some(conn) = self.conns.get_mut(id as usize).and_then(Option::as_mut) else {
+            return;
+        };
+        if conn.closing.is_some() {
+            return;
+        }
+        conn.last_active = now;
+        conn.input
+            .extend_from_slice(self.backend.recv_data(buf, len));
+        let verdict = process(conn, &self.setup, now);
+        let stuck = verdict.is_none() && is_stuck(conn, &self.setup.limits);
+        if stuck {
+            // The buffer is full and the handler still cannot make progress.
+            self.setup.stats.error(ErrorKind::TooLarge);
+            self.begin_close(id, CloseReason::TooLarge);
+            return;
+        }
+        self.after_process(id, verdict);
+    }
+
+    fn after_process(&mut self, id: ConnId, verdict: Option<CloseReason>) {
+        if let Some(reason) = verdict {
+            match reason {
+                CloseReason::BadRequest => self.setup.stats.error(ErrorKind::BadRequest),
+                CloseReason::TooLarge => self.setup.stats.error(ErrorKind::TooLarge),
+                CloseReason::Done => {}
+            }
+            self.begin_close(id, reason);
+            return;
+        }
+        if self.drain_deadline.is_some() {
+            // Close at a request boundary, unless the handler announces the close itself.
+            let idle = self.conns[id as usize]
+                .as_ref()
+                .is_some_and(|c| c.input.is_empty() && !c.drain_signalled);
+            if idle {
+                self.begin_close(id, CloseReason::Done);
+                return;
+            }
+        }
+        self.apply_backpressure(id);
+        self.flush(id);
+    }
+
+    pub(super) fn on_eof(&mut self, id: ConnId, now: Instant) {
+        let Some(conn) = self.conns.get_mut(id as usize).and_then(Option::as_mut) else {
+            return;
+        };
+        conn.eof = true;
+        if conn.closing.is_some() {
+            return;
+        }
+        let next = conn.handler.on_eof(&conn.input, &mut conn.output, now);
+        match next {
+            Next::Close(reason) => self.begin_close(id, reason),
+            // Half-closed: nothing more will arrive; close once the output is flushed.
+            Next::Read => self.begin_close(id, CloseReason::Done),
+        }
+    }
+
+    /// Output drained below half the limit: finish the requests already buffered first, and
+    /// read more only if they left room (else reading stays paused until the next drain).
+    pub(super) fn resume_reading(&mut self, id: ConnId, now: Instant) {
+        let limits = self.setup.limits;
+        let Some(conn) = self.conns.get_mut(id as usize).and_then(Option::as_mut) else {
+            return;
+        };
+        let mut verdict = if conn.closing.is_none() && !conn.input.is_empty() {
+            process(conn, &self.setup, now)
+        } else {
+            None
+        };
+        if verdict.is_none() && is_stuck(conn, &limits) {
+            verdict = Some(CloseReason::TooLarge);
+        }
+        if verdict.is_none() && conn.pending() < limits.output_bytes_max as u64 {
+            conn.recv_paused = false;
+            if !conn.eof && conn.closing.is_none() {
+                self.backend.push(Op::Recv { conn: id });
+            }
+        }
+        self.after_process(id, verdict);
+    }
+
+    fn apply_backpressure(&mut self, id: ConnId) {
+        let Some(conn) = self.conns.get_mut(id as usize).and_then(Option::as_mut) else {
+            return;
+        };
+        if !conn.recv_paused
+            && !conn.eof
+            && conn.pending() >= self.setup.limits.output_bytes_max as u64
+        {
+            conn.recv_paused = true;
+            self.setup.stats.backpressure();
+            self.backend.push(Op::RecvPause { conn: id });
+        }
+    }
+}
+
+/// Whether the input buffer is full and the handler, with room to answer, still made no
+/// progress (a request larger than the input limit). Not while back-pressured: then the
+/// unconsumed input is requests waiting for the output to drain.
+fn is_stuck<H>(conn: &Conn<H>, limits: &Limits) -> bool {
+    conn.input.len() >= limits.input_bytes_max && conn.pending() < limits.output_bytes_max as u64
+}
+
+/// Runs the handler over the connection's buffered input; returns a close reason if it asked
+/// to close. Stops early when the pending output reaches the limit (back-pressure).
+fn process<S: Service>(
+    conn: &mut Conn<S::Conn>,
+    setup: &WorkerSetup<S>,
+    now: Instant,
+) -> Option<CloseReason> {
+    let mut offset = 0;
+    let mut verdict = None;
+    let limit = setup.limits.output_bytes_max as u64;
+    conn.output.set_limit(limit.saturating_sub(conn.in_flight));
+    for _ in 0..HANDLER_ROUNDS_MAX {
+        if offset == conn.input.len() {
+            break;
+        }
+        let step = conn
+            .handler
+            .on_input(&conn.input[offset..], &mut conn.output, now);
+        assert!(
+            step.consumed <= conn.input.len() - offset,
+            "handler consumed more than it was given"
+        );
+        offset += step.consumed;
+        setup.stats.requests(step.requests as u64);
+        if step.requests > 0 {
+            conn.served = true;
+        }
+        if let Next::Close(reason) = step.next {
+            verdict = Some(reason);
+            break;
+        }
+        if step.consumed == 0 || conn.pending() >= limit {
+            break;
+        }
+    }
+    conn.input.drain(..offset);
+    verdict
+}

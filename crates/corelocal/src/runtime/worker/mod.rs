@@ -1,0 +1,240 @@
+//! The worker loop: one pinned thread owning its listeners, backend, connections and buffers.
+//! Generic over the [`Backend`] and the [`Service`], so apps never see which backend runs.
+//!
+//! Layout: this file holds the worker's setup and state, the loop and its turn (timeout,
+//! dispatch of completions, balancing); `lifecycle` opens and closes connections (accept,
+//! idle timeout, close); `input` feeds received bytes to the handler; `output` sends its
+//! output; `drain` runs the graceful stop.
+
+mod drain;
+mod input;
+mod lifecycle;
+mod output;
+
+use super::accept::AcceptPath;
+use super::backend::{Backend, Completion, ConnId};
+use super::balance::{BalanceShared, WorkerBalance};
+use super::handler::{CloseReason, Output, Service};
+use super::stats::{ErrorKind, WorkerStats};
+use super::Limits;
+use std::collections::VecDeque;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Completions handled per loop turn before submitting again.
+const REAP_BATCH_MAX: usize = 512;
+
+/// What a worker is given.
+pub struct WorkerSetup<S: Service> {
+    /// Worker index.
+    pub index: usize,
+    /// The CPU it is pinned to.
+    pub cpu: usize,
+    /// Its listeners.
+    pub listeners: Vec<std::os::fd::RawFd>,
+    /// Whether the listeners are shared with other workers (`stock`).
+    pub shared_listeners: bool,
+    /// The application.
+    pub service: Arc<S>,
+    /// Its counters.
+    pub stats: Arc<WorkerStats>,
+    /// Set to ask for a graceful stop.
+    pub stop: Arc<AtomicBool>,
+    /// Set (before `stop`) when the listeners were handed to a successor process that accepts
+    /// from the same queues: the stop then leaves the queues alone (see `begin_drain`).
+    pub released: Arc<AtomicBool>,
+    /// Limits.
+    pub limits: Limits,
+    /// Balancing state shared by the server's workers (`None`: no balancer).
+    pub balance: Option<Arc<BalanceShared>>,
+}
+
+struct Conn<H> {
+    handler: H,
+    generation: u64,
+    input: Vec<u8>,
+    output: Output,
+    sending: bool,
+    /// Bytes of the send in flight (taken out of `output`, not yet completed).
+    in_flight: u64,
+    recv_paused: bool,
+    eof: bool,
+    closing: Option<CloseReason>,
+    close_sent: bool,
+    /// The close went to the backend with the last send (`Op::Send::close_after`): no
+    /// `Op::Close` follows, unless the send must be aborted (idle timeout, stop deadline).
+    close_with_send: bool,
+    last_active: Instant,
+    /// Whether a request of this connection completed (or it closed): not waiting any more.
+    served: bool,
+    /// While stopping: the handler will tell the peer it closes (see `Handler::on_drain`).
+    drain_signalled: bool,
+}
+
+impl<H> Conn<H> {
+    /// Output not yet sent: queued plus in flight. Reading pauses when it reaches the limit.
+    fn pending(&self) -> u64 {
+        self.output.total_len() + self.in_flight
+    }
+}
+
+/// One worker's state.
+pub struct Worker<S: Service, B: Backend> {
+    setup: WorkerSetup<S>,
+    backend: B,
+    conns: Vec<Option<Conn<S::Conn>>>,
+    open: usize,
+    next_generation: u64,
+    /// Idle-timeout queue: (deadline, conn, generation). Lazily corrected: an entry whose
+    /// connection was active since is re-queued at its real deadline when it comes up.
+    idle: VecDeque<(Instant, ConnId, u64)>,
+    spare_bufs: Vec<Vec<u8>>,
+    /// Allowances, pacing, pauses, the steal in flight and the stop's accept phase.
+    accept: AcceptPath,
+    drain_deadline: Option<Instant>,
+    /// While stopping: when to close connections that stayed silent (see `sweep_silent`).
+    sweep_at: Option<Instant>,
+    balance: Option<WorkerBalance>,
+}
+
+impl<S: Service, B: Backend> Worker<S, B> {
+    /// A worker over `backend`.
+    pub fn new(setup: WorkerSetup<S>, backend: B) -> Self {
+        let balance = setup
+            .balance
+            .clone()
+            .map(|shared| WorkerBalance::new(shared, setup.index));
+        let accept = AcceptPath::new(
+            setup.listeners.clone(),
+            setup.shared_listeners,
+            balance.is_some(),
+            setup.limits,
+        );
+        Worker {
+            balance,
+            accept,
+            setup,
+            backend,
+            conns: Vec::new(),
+            open: 0,
+            next_generation: 0,
+            idle: VecDeque::new(),
+            spare_bufs: Vec::new(),
+            drain_deadline: None,
+            sweep_at: None,
+        }
+    }
+
+    /// Runs until a graceful stop completes.
+    pub fn run(mut self) -> std::io::Result<()> {
+        self.accept.set_accepting(&mut self.backend, 0, true);
+        let mut completions = Vec::with_capacity(REAP_BATCH_MAX);
+        loop {
+            let now = Instant::now();
+            if self.stop_requested(now) {
+                break;
+            }
+            let submitted = self.backend.submit()?;
+            self.setup.stats.submitted(submitted);
+            self.backend.wait(self.next_timeout(now))?;
+            let now = Instant::now();
+            self.backend.reap(&mut completions, REAP_BATCH_MAX);
+            self.setup.stats.reaped(completions.len());
+            self.setup.stats.backend_events(self.backend.take_events());
+            for c in completions.drain(..) {
+                self.handle(c, now);
+            }
+            self.expire_idle(now);
+            self.accept.maybe_resume(&mut self.backend, self.open, now);
+            self.balance_turn(now);
+            self.accept.turn(&mut self.backend, self.open);
+        }
+        self.backend.submit().map(|_| ())
+    }
+
+    fn next_timeout(&self, now: Instant) -> Option<Duration> {
+        let mut deadline = self.idle.front().map(|e| e.0);
+        let [resume, drain_check] = self.accept.deadlines();
+        let watch = self.balance.as_ref().and_then(|b| b.watch_at());
+        for d in [
+            resume,
+            self.drain_deadline,
+            drain_check,
+            self.sweep_at,
+            watch,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            deadline = Some(deadline.map_or(d, |x: Instant| x.min(d)));
+        }
+        deadline.map(|d| d.saturating_duration_since(now))
+    }
+
+    fn handle(&mut self, completion: Completion, now: Instant) {
+        match completion {
+            Completion::Accepted {
+                origin,
+                conn,
+                peer,
+                incoming_cpu,
+            } => self.on_accepted(origin, conn, peer, incoming_cpu, now),
+            Completion::StealFailed { victim, error } => {
+                self.accept.steal_failed();
+                if error.kind() != std::io::ErrorKind::WouldBlock {
+                    self.setup.stats.error(ErrorKind::Accept);
+                }
+                if let Some(b) = self.balance.as_mut() {
+                    b.steal_missed(victim as usize);
+                }
+            }
+            Completion::AcceptFailed { .. } => {
+                self.setup.stats.error(ErrorKind::Accept);
+                self.accept.failed(&mut self.backend, self.open, now);
+            }
+            Completion::Recv { conn, buf, len } => {
+                self.on_recv(conn, buf, len, now);
+                self.backend.release(buf);
+            }
+            Completion::Eof { conn } => self.on_eof(conn, now),
+            Completion::RecvFailed { conn, .. } => {
+                self.setup.stats.error(ErrorKind::Io);
+                self.force_close(conn);
+            }
+            Completion::Sent { conn, buf, result } => {
+                self.recycle(buf);
+                self.on_sent(conn, result.map(|n| n as u64), now);
+            }
+            Completion::SentFile { conn, result } => self.on_sent(conn, result, now),
+            Completion::Closed { conn } => self.on_closed(conn),
+        }
+    }
+
+    /// Samples the queue, steals and migrates (see [`super::balance`]). Not while draining.
+    fn balance_turn(&mut self, now: Instant) {
+        if self.drain_deadline.is_some() {
+            return;
+        }
+        let Some(b) = self.balance.as_mut() else {
+            return;
+        };
+        if let Some(gauge) = b.sample(now) {
+            self.setup.stats.queue(gauge.len, gauge.cap, gauge.busy);
+        }
+        let can_steal = self.accept.is_accepting()
+            && !self.accept.steal_pending()
+            && self.accept.has_room(self.open);
+        if can_steal {
+            if let Some(order) = b.steal_order() {
+                let queued =
+                    self.accept
+                        .try_steal(&mut self.backend, self.open, order.victim, order.fd);
+                debug_assert!(queued, "checked above");
+            }
+        }
+        if b.migrate(now).is_some() {
+            self.setup.stats.migrated_in();
+        }
+    }
+}

@@ -1,0 +1,91 @@
+//! Accepting: a listener's registration while it accepts with budget left, a batch of
+//! accepts per readiness event, and one accept (also a steal from another worker's listener).
+
+use super::{would_block, ConnIo, EpollBackend, TOKEN_LISTENER};
+use crate::runtime::backend::{Completion, ConnId, Origin};
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+
+/// Connections accepted per listener readiness event before going back to the loop.
+const ACCEPT_BATCH_MAX: usize = 64;
+
+impl EpollBackend {
+    /// Registers the listener in epoll while active with budget left, removes it otherwise.
+    pub(super) fn sync_listener(&mut self, listener: u32) -> io::Result<()> {
+        let Some(Some(l)) = self.listeners.get(listener as usize).copied() else {
+            return Ok(());
+        };
+        let want = l.active && l.budget != Some(0);
+        if want != l.registered {
+            let (op, events) = if want {
+                (libc::EPOLL_CTL_ADD, l.events)
+            } else {
+                (libc::EPOLL_CTL_DEL, 0)
+            };
+            self.ctl(op, l.fd, events, TOKEN_LISTENER | listener as u64)?;
+            if let Some(Some(state)) = self.listeners.get_mut(listener as usize) {
+                state.registered = want;
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn accept_batch(&mut self, listener: u32) -> io::Result<()> {
+        let Some(Some(l)) = self.listeners.get(listener as usize).copied() else {
+            return Ok(());
+        };
+        if !l.active {
+            return Ok(());
+        }
+        let limit = l
+            .budget
+            .map_or(ACCEPT_BATCH_MAX, |b| (b as usize).min(ACCEPT_BATCH_MAX));
+        let mut accepted = 0;
+        let mut failure = None;
+        while accepted < limit {
+            match self.accept_one(l.fd, Origin::Local(listener)) {
+                Ok(()) => accepted += 1,
+                Err(e) if would_block(&e) => break,
+                Err(error) => {
+                    failure = Some(error);
+                    break;
+                }
+            }
+        }
+        if let Some(error) = failure {
+            self.ready
+                .push_back(Completion::AcceptFailed { listener, error });
+        }
+        if let Some(Some(state)) = self.listeners.get_mut(listener as usize) {
+            if let Some(b) = state.budget.as_mut() {
+                *b -= accepted as u32;
+            }
+        }
+        self.sync_listener(listener)
+    }
+
+    pub(super) fn accept_one(&mut self, fd: RawFd, origin: Origin) -> io::Result<()> {
+        let a = crate::listen::accept(fd)?;
+        let conn = a.fd.as_raw_fd() as ConnId;
+        let slot = conn as usize;
+        if self.conns.len() <= slot {
+            self.conns.resize_with(slot + 1, || None);
+        }
+        self.conns[slot] = Some(ConnIo {
+            fd: a.fd,
+            recv_on: false,
+            registered: false,
+            interest: 0,
+            dirty: false,
+            pending: None,
+            close_after: false,
+        });
+        self.ready.push_back(Completion::Accepted {
+            origin,
+            conn,
+            peer: a.peer,
+            incoming_cpu: a.incoming_cpu,
+        });
+        Ok(())
+    }
+}

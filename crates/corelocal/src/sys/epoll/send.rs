@@ -1,0 +1,98 @@
+//! Sending: a send (bytes or a file region) is attempted at once and continued on EPOLLOUT
+//! until done or failed; a last send closes the connection after it.
+
+use super::{would_block, EpollBackend};
+use crate::runtime::backend::{Completion, ConnId};
+use crate::runtime::handler::FileRegion;
+use crate::sys::socket;
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+
+/// Bytes moved per sendfile call.
+const SENDFILE_CHUNK_BYTES: usize = 1 << 20;
+
+/// A send in progress (the socket buffer filled before all of it went out).
+#[derive(Debug)]
+pub(super) enum PendingSend {
+    Bytes { buf: Vec<u8>, sent: usize },
+    File { region: FileRegion, sent: u64 },
+}
+
+impl EpollBackend {
+    pub(super) fn start_send(&mut self, conn: ConnId, send: PendingSend) -> io::Result<()> {
+        let Some(c) = self.conn_mut(conn) else {
+            return Ok(());
+        };
+        assert!(c.pending.is_none(), "one send at a time per connection");
+        c.pending = Some(send);
+        self.continue_send(conn)
+    }
+
+    /// Pushes a pending send as far as the socket takes it; completes it when done or failed.
+    pub(super) fn continue_send(&mut self, conn: ConnId) -> io::Result<()> {
+        let Some(c) = self.conn_mut(conn) else {
+            return Ok(());
+        };
+        let fd = c.fd.as_raw_fd();
+        let close_after = c.close_after;
+        let Some(mut pending) = c.pending.take() else {
+            return Ok(());
+        };
+        let outcome = drive_send(fd, &mut pending, close_after);
+        match outcome {
+            Err(e) if would_block(&e) => {
+                c.pending = Some(pending);
+            }
+            result => self.ready.push_back(match pending {
+                PendingSend::Bytes { buf, .. } => Completion::Sent {
+                    conn,
+                    buf,
+                    result: result.map(|n| n as usize),
+                },
+                PendingSend::File { .. } => Completion::SentFile { conn, result },
+            }),
+        }
+        let done = self.conn_mut(conn).is_some_and(|c| c.pending.is_none());
+        if close_after && done {
+            // Dropping the descriptor closes it; the FIN follows the data (MSG_MORE).
+            if let Some(slot) = self.conns.get_mut(conn as usize) {
+                slot.take();
+            }
+            self.ready.push_back(Completion::Closed { conn });
+            return Ok(());
+        }
+        self.update_interest(conn)
+    }
+}
+
+fn drive_send(fd: RawFd, pending: &mut PendingSend, last: bool) -> io::Result<u64> {
+    loop {
+        match pending {
+            PendingSend::Bytes { buf, sent } => {
+                if *sent == buf.len() {
+                    return Ok(*sent as u64);
+                }
+                *sent += if last {
+                    socket::send_more(fd, &buf[*sent..])?
+                } else {
+                    socket::send(fd, &buf[*sent..])?
+                };
+            }
+            PendingSend::File { region, sent } => {
+                if *sent == region.len {
+                    return Ok(*sent);
+                }
+                let chunk = (region.len - *sent).min(SENDFILE_CHUNK_BYTES as u64) as usize;
+                let n =
+                    socket::sendfile(fd, region.file.as_raw_fd(), region.offset + *sent, chunk)?;
+                if n == 0 {
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "file shorter than the region to send",
+                    ));
+                }
+                *sent += n as u64;
+            }
+        }
+    }
+}

@@ -1,0 +1,124 @@
+//! Tests of the epoll backend against real sockets: a connection closed at EOF costs one
+//! `epoll_ctl`, and the last send takes the close with it.
+
+use super::*;
+use std::io::Write;
+use std::net::{TcpListener, TcpStream};
+
+/// Waits (bounded) until the backend reports a completion matching `want`.
+fn next(b: &mut EpollBackend, want: impl Fn(&Completion) -> bool) -> Completion {
+    let mut out = Vec::new();
+    for _ in 0..200 {
+        b.submit().unwrap();
+        b.wait(Some(Duration::from_millis(10))).unwrap();
+        b.reap(&mut out, 64);
+        if let Some(i) = out.iter().position(&want) {
+            return out.swap_remove(i);
+        }
+    }
+    panic!("no such completion; got {out:?}");
+}
+
+/// A one-shot connection (request, then the peer closes, then we close) costs exactly one
+/// `epoll_ctl`, its ADD: the interest change at EOF is dropped because the connection
+/// closes in the same turn.
+#[test]
+fn a_connection_closed_at_eof_costs_one_epoll_ctl() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let mut b = EpollBackend::new(PoolConfig {
+        bufs: 4,
+        buf_bytes: 4096,
+    })
+    .unwrap();
+    b.push(Op::Accept {
+        listener: 0,
+        fd: listener.as_raw_fd(),
+        exclusive: false,
+        budget: None,
+    });
+    let mut client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    client.write_all(b"ping").unwrap();
+    drop(client);
+    let Completion::Accepted { conn, .. } =
+        next(&mut b, |c| matches!(c, Completion::Accepted { .. }))
+    else {
+        unreachable!()
+    };
+    let before = b.ctl_calls();
+    b.push(Op::Recv { conn });
+    if let Completion::Recv { buf, .. } = next(&mut b, |c| matches!(c, Completion::Recv { .. })) {
+        b.release(buf);
+    }
+    next(&mut b, |c| matches!(c, Completion::Eof { .. }));
+    b.push(Op::Close { conn });
+    next(&mut b, |c| matches!(c, Completion::Closed { .. }));
+    b.submit().unwrap();
+    b.wait(Some(Duration::ZERO)).unwrap();
+    assert_eq!(b.ctl_calls() - before, 1, "only the connection's ADD");
+}
+
+/// The last answer with its close: `Sent` then `Closed` without an `Op::Close`, and the
+/// peer reads the data, then EOF.
+#[test]
+fn the_last_send_takes_the_close_with_it() {
+    use std::io::Read;
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let mut b = EpollBackend::new(PoolConfig {
+        bufs: 4,
+        buf_bytes: 4096,
+    })
+    .unwrap();
+    b.push(Op::Accept {
+        listener: 0,
+        fd: listener.as_raw_fd(),
+        exclusive: false,
+        budget: None,
+    });
+    let mut client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    let Completion::Accepted { conn, .. } =
+        next(&mut b, |c| matches!(c, Completion::Accepted { .. }))
+    else {
+        unreachable!()
+    };
+    b.push(Op::Send {
+        conn,
+        buf: b"pong".to_vec(),
+        close_after: true,
+    });
+    b.submit().unwrap();
+    b.wait(Some(Duration::ZERO)).unwrap();
+    let mut out = Vec::new();
+    b.reap(&mut out, 64);
+    assert!(
+        matches!(
+            out.as_slice(),
+            [
+                Completion::Sent { result: Ok(4), .. },
+                Completion::Closed { .. }
+            ]
+        ),
+        "{out:?}"
+    );
+    let mut answer = Vec::new();
+    client.read_to_end(&mut answer).unwrap();
+    assert_eq!(answer, b"pong");
+    // Aborting touches only a connection whose last send still waits: after the close the
+    // fd number may belong to a new connection (no last send of its own) — left alone.
+    b.push(Op::AbortSend { conn });
+    let mut second = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    let Completion::Accepted { conn: new_conn, .. } =
+        next(&mut b, |c| matches!(c, Completion::Accepted { .. }))
+    else {
+        unreachable!()
+    };
+    b.push(Op::AbortSend { conn: new_conn });
+    b.push(Op::Recv { conn: new_conn });
+    second.write_all(b"still open").unwrap();
+    let Completion::Recv { len, .. } = next(&mut b, |c| matches!(c, Completion::Recv { .. }))
+    else {
+        unreachable!()
+    };
+    assert_eq!(len, 10);
+}
