@@ -1,0 +1,115 @@
+//! The `corelocal serve` subcommand and each app's own arguments (the options every server
+//! shares are in `common`).
+
+use super::common::CommonArgs;
+use crate::duration::parse_duration;
+use clap::{Args, Subcommand};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// `corelocal serve` arguments.
+#[derive(Debug, Args)]
+pub struct Command {
+    #[command(subcommand)]
+    pub(super) app: App,
+}
+
+#[derive(Debug, Subcommand)]
+pub(super) enum App {
+    /// MegaPipe's RPC microbenchmark server: fixed-size request → fixed-size response.
+    ///
+    /// Examples:
+    ///   corelocal serve rpc
+    ///   corelocal serve rpc --listen 127.0.0.1:7000 --cpus 1 --mode local --one-shot
+    ///   corelocal serve rpc --req-size 64 --resp-size 1024 --stats-interval 1s --json
+    #[command(verbatim_doc_comment)]
+    Rpc(RpcArgs),
+    /// Static HTTP/1.1 file server (GET/HEAD, keep-alive, pipelining, 304, Range).
+    ///
+    /// Without --root it serves a built-in site: the Affinity-Accept paper's file set
+    /// (30,000 files, 30 B..5,670 B, generated in memory) with an index page.
+    ///
+    /// Examples:
+    ///   corelocal serve http
+    ///   corelocal serve http --listen 0.0.0.0:8080 --root /var/www --cpus 0-3
+    ///   curl -s http://127.0.0.1:8080/files/00/00000.txt
+    #[command(verbatim_doc_comment)]
+    Http(HttpArgs),
+    /// memcached text-protocol server (get/gets/set/add/replace/append/prepend/cas/delete/
+    /// incr/decr/touch/flush_all/stats), with LRU eviction under a memory cap.
+    ///
+    /// Examples:
+    ///   corelocal serve kv
+    ///   corelocal serve kv --listen 127.0.0.1:11211 --memory-mb 256 --item-max 1048576
+    #[command(verbatim_doc_comment)]
+    Kv(KvArgs),
+    /// The `sockperf server --tcp` protocol: answers ping-pong messages (client flag and
+    /// pong request set) with the same bytes, the client flag cleared.
+    ///
+    /// Examples:
+    ///   corelocal serve sockperf
+    ///   sockperf ping-pong --tcp -i 127.0.0.1 -p 11111 -m 64 -t 5
+    #[command(verbatim_doc_comment)]
+    Sockperf(SockperfArgs),
+}
+
+#[derive(Debug, Args)]
+pub(super) struct SockperfArgs {
+    #[command(flatten)]
+    pub(super) common: CommonArgs,
+    /// Largest message accepted, header included (sockperf server -m); longer closes.
+    #[arg(long, default_value_t = 65_507, value_parser = clap::value_parser!(u32).range(14..=65_507))]
+    pub(super) msg_size_max: u32,
+}
+
+#[derive(Debug, Args)]
+pub(super) struct HttpArgs {
+    #[command(flatten)]
+    pub(super) common: CommonArgs,
+    /// Directory to serve (default: the built-in paper file set).
+    #[arg(long)]
+    pub(super) root: Option<PathBuf>,
+    /// In-memory cache of small files, in MiB.
+    #[arg(long, default_value_t = 64)]
+    pub(super) cache_mb: u64,
+    /// Access log: off, stderr, or a file path.
+    #[arg(long, default_value = "off")]
+    pub(super) access_log: String,
+    /// A request head must be complete this long after its first byte, else 408 and close
+    /// (slowloris); the idle timeout alone would not catch a client that trickles bytes.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub(super) header_timeout: Duration,
+}
+
+#[derive(Debug, Args)]
+pub(super) struct KvArgs {
+    #[command(flatten)]
+    pub(super) common: CommonArgs,
+    /// Memory for items, in MiB (memcached -m).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=1_048_576))]
+    pub(super) memory_mb: u64,
+    /// Largest item in bytes (memcached -I).
+    #[arg(long, default_value_t = 1_048_576, value_parser = clap::value_parser!(u64).range(1024..=1_073_741_824))]
+    pub(super) item_max: u64,
+    /// Refuse flush_all (memcached -F): `CLIENT_ERROR flush_all not allowed`.
+    #[arg(long)]
+    pub(super) disable_flush_all: bool,
+    /// Keep no CAS uniques (memcached -C): gets reports 0 and cas of a present item stores.
+    #[arg(long)]
+    pub(super) disable_cas: bool,
+}
+
+#[derive(Debug, Args)]
+pub(super) struct RpcArgs {
+    #[command(flatten)]
+    pub(super) common: CommonArgs,
+    /// Request size in bytes.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
+    pub(super) req_size: u32,
+    /// Response size in bytes.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=16_777_216))]
+    pub(super) resp_size: u32,
+    /// Close after one response (connection-rate services).
+    #[arg(long)]
+    pub(super) one_shot: bool,
+}

@@ -1,0 +1,104 @@
+//! `corelocal serve`: run a server on the per-core runtime.
+//!
+//! Layout: this file holds [`serve`], which starts a service and runs it until a signal or a
+//! handover, and its error exits; `args` holds the subcommand and each app's arguments,
+//! `common` the options every server shares; `apps` turns each app's arguments into its
+//! service and serves it ([`run`]); `config` builds the runtime's [`ServerConfig`]; `stats`
+//! prints stats while serving and the stop summary; `upgrade` handles `--takeover` and
+//! `--upgrade-socket`.
+
+mod apps;
+mod args;
+mod common;
+mod config;
+mod stats;
+mod upgrade;
+
+pub use apps::run;
+pub use args::Command;
+pub use common::CommonArgs;
+
+use config::server_config;
+use corelocal::runtime::{Server, ServerConfig, Service};
+use corelocal::sys::signal;
+use stats::{finish, open_stats_file, wait_for_stop};
+use std::process::ExitCode;
+use std::sync::Arc;
+use upgrade::{bind_upgrade_early, start_server, start_upgrade_socket, take_over};
+
+/// Starts `service`, prints stats until SIGINT/SIGTERM (or until a successor took the
+/// listening sockets over the upgrade socket), then stops gracefully.
+pub fn serve<S: Service>(common: &CommonArgs, service: Arc<S>) -> ExitCode {
+    let name = service.name();
+    let config = match server_config(common) {
+        Ok(c) => c,
+        Err(e) => return fail(&e),
+    };
+    if let Err(e) = signal::block_termination_signals() {
+        return fail(&format!("blocking signals: {e}"));
+    }
+    // Opened before the workers start: once they accept, descriptors may run out (EMFILE).
+    let mut stats_file = match open_stats_file(common) {
+        Ok(f) => f,
+        Err(e) => return fail(&e),
+    };
+    let early_upgrade = match bind_upgrade_early(common) {
+        Ok(l) => l,
+        Err(e) => return fail(&e),
+    };
+    let (server, successor) = match start_server(common, &config, service) {
+        Ok(started) => started,
+        Err(e) => return fail(&e),
+    };
+    print_listening(name, &config, &server);
+    let metrics = crate::metrics::start_for(common.metrics, &server, name, &config);
+    let taken = metrics.and_then(|m| take_over(common, &server, successor).map(|()| m));
+    let _metrics = match taken {
+        Ok(m) => m,
+        Err(e) => return abandon(server, &e),
+    };
+    let upgrade = start_upgrade_socket(common, &server, early_upgrade);
+    let stop = wait_for_stop(common, &server, upgrade.as_ref(), stats_file.as_mut());
+    let handed_over = upgrade.is_some_and(|u| u.shutdown());
+    match (handed_over, stop) {
+        (true, _) => eprintln!(
+            "corelocal serve {name}: listening sockets handed over, draining (up to {:?})",
+            common.drain_timeout
+        ),
+        (false, Some(signal)) => eprintln!(
+            "corelocal serve {name}: signal {signal}, draining (up to {:?})",
+            common.drain_timeout
+        ),
+        (false, None) => {}
+    }
+    server.stop();
+    finish(name, server, stats_file.as_mut())
+}
+
+fn print_listening(name: &str, config: &ServerConfig, server: &Server) {
+    let addrs: Vec<String> = server.local_addrs().iter().map(|a| a.to_string()).collect();
+    eprintln!(
+        "corelocal serve {name}: listening on {} | workers on CPUs {} | mode {} | steering {} | backend {} | balancer {}",
+        addrs.join(", "),
+        config.listen.worker_cpus.iter().map(|c| c.to_string()).collect::<Vec<_>>().join(","),
+        config.listen.mode,
+        server.steering(),
+        server.backend(),
+        if config.balance.is_some() { "on" } else { "off" },
+    );
+}
+
+/// Gives up after the server started ([`Server::abandon`]: after a socket takeover without
+/// disturbing the sockets the old server still serves from).
+fn abandon(server: Server, message: &str) -> ExitCode {
+    server.abandon();
+    fail(message)
+}
+
+fn fail(message: &str) -> ExitCode {
+    eprintln!("corelocal serve: {message}");
+    ExitCode::FAILURE
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,156 @@
+//! Stats while serving and at the stop: the wait for a signal or a handover, which samples the
+//! listen-path counters and prints per-worker lines (text or JSON, also to `--stats-file`),
+//! and the stop summary.
+
+use super::common::CommonArgs;
+use super::fail;
+use corelocal::runtime::{Server, Snapshot, UpgradeServer};
+use corelocal::sys::signal;
+use std::io::Write;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+/// How often the main thread looks whether a successor took the sockets over.
+const HANDOVER_POLL: Duration = Duration::from_millis(50);
+
+/// How often the listen-path counters are sampled when stats printing is off.
+const NET_SAMPLE_DEFAULT: Duration = Duration::from_secs(1);
+
+/// Samples the namespace's listen-path counters and prints stats every `--stats-interval`
+/// (sampling every second when printing is off) until SIGINT/SIGTERM (returned) or a handover over
+/// the upgrade socket (`None`); the handover flag is looked at every [`HANDOVER_POLL`].
+pub(super) fn wait_for_stop(
+    common: &CommonArgs,
+    server: &Server,
+    upgrade: Option<&UpgradeServer>,
+    mut stats_file: Option<&mut std::fs::File>,
+) -> Option<i32> {
+    let started = Instant::now();
+    let mut last = server.stats();
+    let printing = !common.stats_interval.is_zero();
+    let tick = if printing {
+        common.stats_interval
+    } else {
+        NET_SAMPLE_DEFAULT
+    };
+    let mut next_tick = started + tick;
+    loop {
+        let now = Instant::now();
+        let wait = next_tick.saturating_duration_since(now).min(HANDOVER_POLL);
+        if let Some(sig) = signal::wait_termination(wait) {
+            return Some(sig);
+        }
+        if upgrade.is_some_and(|u| u.handed_over()) {
+            return None;
+        }
+        if Instant::now() < next_tick {
+            continue;
+        }
+        next_tick = (next_tick + tick).max(Instant::now());
+        server.sample_net();
+        if !printing {
+            continue;
+        }
+        let now = server.stats();
+        if let Some(f) = stats_file.as_mut() {
+            let _ = writeln!(f, "{}", now.to_json());
+        }
+        print_stats(&now, &last, started.elapsed(), tick, common.json);
+        last = now;
+    }
+}
+
+/// Waits for the workers and prints the stop summary.
+pub(super) fn finish(
+    name: &str,
+    server: Server,
+    stats_file: Option<&mut std::fs::File>,
+) -> ExitCode {
+    let (result, report) = server.join_report();
+    if let Some(f) = stats_file {
+        let _ = writeln!(f, "{}", report.stats.to_json());
+    }
+    if report.handed_over {
+        eprintln!(
+            "corelocal serve {name}: stopped | handed over | accepted while draining {} | lost at close 0 (the successor holds the sockets and their queues){}",
+            report.stats.total.drain_accepted,
+            overload_summary(&report.stats),
+        );
+    } else {
+        eprintln!(
+            "corelocal serve {name}: stopped | accepted while draining {} | new SYNs refused {} | migration {} | lost at close {}{}",
+            report.stats.total.drain_accepted, report.refused_new_syns, report.migration, report.lost_at_close,
+            overload_summary(&report.stats),
+        );
+    }
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(&e.to_string()),
+    }
+}
+
+/// The overload counters for the stop line: SYN cookies and listen drops of the namespace,
+/// pauses at the connection limit and for output back-pressure.
+fn overload_summary(s: &Snapshot) -> String {
+    format!(
+        " | syncookies sent {} recv {} | listen overflows {} drops {} | conn-limit pauses {} | backpressure pauses {}",
+        s.net.syncookies_sent,
+        s.net.syncookies_recv,
+        s.net.listen_overflows,
+        s.net.listen_drops,
+        s.total.conn_limit_pauses,
+        s.total.backpressure_pauses,
+    )
+}
+
+pub(super) fn open_stats_file(common: &CommonArgs) -> Result<Option<std::fs::File>, String> {
+    let Some(path) = &common.stats_file else {
+        return Ok(None);
+    };
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map(Some)
+        .map_err(|e| format!("opening {}: {e}", path.display()))
+}
+
+fn print_stats(now: &Snapshot, last: &Snapshot, elapsed: Duration, tick: Duration, json: bool) {
+    if json {
+        println!("{}", now.to_json());
+        return;
+    }
+    let secs = tick.as_secs_f64();
+    let mut line = format!("t={:>5.1}s", elapsed.as_secs_f64());
+    for (w, l) in now.workers.iter().zip(&last.workers) {
+        let accepted = w.accepted - l.accepted;
+        let local = w.accepted_local - l.accepted_local;
+        let local_pct = if accepted == 0 {
+            100.0
+        } else {
+            100.0 * local as f64 / accepted as f64
+        };
+        line += &format!(
+            " | w{} cpu{} conn/s {:.0} local {:.1}% stolen {} q {}{} req/s {:.0} open {} err {}",
+            w.worker,
+            w.cpu,
+            accepted as f64 / secs,
+            local_pct,
+            w.stolen - l.stolen,
+            w.queue_len,
+            if w.busy { " BUSY" } else { "" },
+            (w.requests - l.requests) as f64 / secs,
+            w.open,
+            w.errors.total() - l.errors.total(),
+        );
+    }
+    if !now.net.is_zero() {
+        let (n, l) = (&now.net, &last.net);
+        line += &format!(
+            " | net syncookies +{} listen drops +{}",
+            n.syncookies_sent - l.syncookies_sent.min(n.syncookies_sent),
+            n.listen_drops - l.listen_drops.min(n.listen_drops),
+        );
+    }
+    println!("{line}");
+}

@@ -1,0 +1,116 @@
+//! Binary upgrades: `--takeover` (start on a running server's sockets, or join its reuseport
+//! group and signal it) and `--upgrade-socket` (hand this server's sockets to a successor).
+
+use super::common::{CommonArgs, Takeover};
+use corelocal::listen::transfer::{self, Successor, UpgradeListener};
+use corelocal::listen::{ActiveSteering, Steering};
+use corelocal::runtime::{Server, ServerConfig, Service, UpgradeServer};
+use corelocal::sys::signal;
+use std::sync::Arc;
+
+/// Binds and starts the server, or with `--takeover SOCKET` receives the running server's
+/// sockets and starts on them; then the old server is waiting for this one's answer.
+pub(super) fn start_server<S: Service>(
+    common: &CommonArgs,
+    config: &ServerConfig,
+    service: Arc<S>,
+) -> Result<(Server, Option<Successor>), String> {
+    let Some(Takeover::Socket(path)) = &common.takeover else {
+        return Server::start(config.clone(), service)
+            .map(|s| (s, None))
+            .map_err(|e| e.to_string());
+    };
+    let context = |e: &dyn std::fmt::Display| format!("--takeover {}: {e}", path.display());
+    let incoming = transfer::request(path, common.takeover_timeout).map_err(|e| context(&e))?;
+    let (pid, sockets) = (incoming.peer().pid, incoming.layout().socket_count());
+    let (group, successor) = incoming
+        .adopt(config.listen.clone())
+        .map_err(|e| context(&e))?;
+    match Server::start_with_listeners(config.clone(), service, group) {
+        Ok(server) => {
+            eprintln!("corelocal serve: received {sockets} listening sockets from pid {pid}");
+            Ok((server, Some(successor)))
+        }
+        Err(e) => {
+            successor.abort(&e.to_string());
+            Err(context(&e))
+        }
+    }
+}
+
+/// The server runs: finish the takeover. PID: this server's listeners joined the old group and
+/// its eBPF program steers the group's SYNs now; SIGTERM the old server so it drains and
+/// exits. SOCKET: tell the old server this one serves; it stops accepting and exits.
+pub(super) fn take_over(
+    common: &CommonArgs,
+    server: &Server,
+    successor: Option<Successor>,
+) -> Result<(), String> {
+    if let Some(successor) = successor {
+        // Serving already: a missing "done" is worth a warning, not a stop.
+        if let Err(e) = successor.ready() {
+            eprintln!("corelocal serve: --takeover: the old server did not confirm: {e}");
+        }
+        eprintln!(
+            "corelocal serve: took over the listening sockets (the old server drains and exits)"
+        );
+        return Ok(());
+    }
+    let Some(Takeover::Pid(pid)) = common.takeover else {
+        return Ok(());
+    };
+    if server.steering() != ActiveSteering::Local(Steering::Ebpf) {
+        return Err(format!(
+            "--takeover PID needs --mode local with eBPF steering (this server has {}): only a \
+             program attached by the new process moves the group's SYNs to it (--takeover \
+             SOCKET works in every mode)",
+            server.steering()
+        ));
+    }
+    signal::terminate(pid).map_err(|e| format!("--takeover: signalling pid {pid}: {e}"))?;
+    eprintln!("corelocal serve: took over from pid {pid} (SIGTERM sent; it drains and exits)");
+    Ok(())
+}
+
+/// `--upgrade-socket` is bound before the server starts (a live socket there fails early),
+/// except when it is the path this process takes over from: the old server gives that path
+/// up only at the end of the handover.
+pub(super) fn bind_upgrade_early(common: &CommonArgs) -> Result<Option<UpgradeListener>, String> {
+    let Some(path) = &common.upgrade_socket else {
+        return Ok(None);
+    };
+    if common.takeover == Some(Takeover::Socket(path.clone())) {
+        return Ok(None);
+    }
+    UpgradeListener::bind(path)
+        .map(Some)
+        .map_err(|e| format!("--upgrade-socket: {e}"))
+}
+
+/// Starts waiting for a successor. Binding late (after taking over from the same path) can
+/// only fail if something else grabbed the path meanwhile: this server keeps serving, without
+/// an upgrade socket, rather than drop what it took over.
+pub(super) fn start_upgrade_socket(
+    common: &CommonArgs,
+    server: &Server,
+    early: Option<UpgradeListener>,
+) -> Option<UpgradeServer> {
+    let path = common.upgrade_socket.as_ref()?;
+    let listener = match early.map_or_else(|| UpgradeListener::bind(path), Ok) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("corelocal serve: --upgrade-socket: {e}; serving without it");
+            return None;
+        }
+    };
+    match UpgradeServer::start(listener, server.release_handle(), common.takeover_timeout) {
+        Ok(u) => {
+            eprintln!("corelocal serve: upgrade socket {}", path.display());
+            Some(u)
+        }
+        Err(e) => {
+            eprintln!("corelocal serve: --upgrade-socket: {e}; serving without it");
+            None
+        }
+    }
+}

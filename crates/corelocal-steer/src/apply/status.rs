@@ -1,0 +1,153 @@
+//! `status`: what is attached to each group, its per-CPU counters and whether it is stale;
+//! and every `cl_cpu_pick` program loaded on the host.
+
+use super::incoming::incoming_state;
+use super::maps::{find_attached, installed_map, wanted_map};
+use super::{Dups, SteerError};
+use crate::discover;
+use crate::plan::{GroupPlan, Plan};
+use corelocal::bpf::cpu_pick::{CpuPick, PickCounts};
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// One CPU's counters in `status`.
+#[derive(Debug, Clone, Serialize)]
+pub struct CpuCounts {
+    /// The CPU.
+    pub cpu: usize,
+    /// SYNs steered to the listener of the worker pinned there.
+    pub steered: u64,
+    /// SYNs that fell back to the kernel's hash.
+    pub fallback: u64,
+    /// Of those: no worker mapped to this CPU.
+    pub no_worker: u64,
+    /// Of those: the mapped listener was closed.
+    pub listener_gone: u64,
+}
+
+/// `status` of one group.
+#[derive(Debug, Clone, Serialize)]
+pub struct GroupStatus {
+    /// The plan (listeners, workers, CPU map, notes) as discovered now.
+    pub group: GroupPlan,
+    /// `ebpf`, `incoming-cpu` or `hash` (nothing attached by steer).
+    pub method: &'static str,
+    /// The program id (eBPF).
+    pub prog_id: Option<u32>,
+    /// Per-CPU counters (eBPF).
+    pub counts: Vec<CpuCounts>,
+    /// Whether the installed CPU map differs from what the server looks like now.
+    pub stale: bool,
+    /// What differs, when stale.
+    pub stale_detail: Vec<String>,
+    /// Why an eBPF attachment could not be looked for (no CAP_SYS_ADMIN).
+    pub ebpf_unreadable: Option<String>,
+}
+
+/// Reads back what is attached to each group of the plan.
+pub fn status(plan: &Plan, dups: &Dups) -> Result<Vec<GroupStatus>, SteerError> {
+    let mut out = Vec::new();
+    for g in &plan.groups {
+        let want = wanted_map(g);
+        let cookie_inode: BTreeMap<u64, u64> =
+            g.listeners.iter().map(|l| (l.cookie, l.inode)).collect();
+        let describe = |m: &BTreeMap<usize, Vec<u64>>| -> String {
+            m.iter()
+                .map(|(c, ks)| {
+                    let inodes: Vec<String> = ks
+                        .iter()
+                        .map(|k| {
+                            cookie_inode
+                                .get(k)
+                                .map_or("?".to_string(), |i| i.to_string())
+                        })
+                        .collect();
+                    format!("cpu {c}→inode {}", inodes.join("+"))
+                })
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let (pick, unreadable) = match find_attached(g) {
+            Ok(p) => (p, None),
+            Err(e) => (None, Some(e.0)),
+        };
+        let mut st = GroupStatus {
+            group: g.clone(),
+            method: "hash",
+            prog_id: None,
+            counts: Vec::new(),
+            stale: false,
+            stale_detail: Vec::new(),
+            ebpf_unreadable: unreadable,
+        };
+        if let Some(pick) = pick {
+            st.method = "ebpf";
+            st.prog_id = Some(pick.prog_id());
+            let counts = pick
+                .counts(discover::possible_cpus())
+                .map_err(|e| SteerError(e.to_string()))?;
+            st.counts = counts
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| **c != PickCounts::default())
+                .map(|(cpu, c)| CpuCounts {
+                    cpu,
+                    steered: c.steered,
+                    fallback: c.fallback(),
+                    no_worker: c.no_worker,
+                    listener_gone: c.listener_gone,
+                })
+                .collect();
+            let have = installed_map(&pick);
+            if have != want {
+                st.stale = true;
+                st.stale_detail.push(format!(
+                    "installed: {}; the server now: {} (run `corelocal steer attach` again, or \
+                     keep `corelocal steer watch` running)",
+                    describe(&have),
+                    describe(&want)
+                ));
+            }
+        } else {
+            let inc = incoming_state(g, dups);
+            if inc.iter().any(|&(_, now, _)| now >= 0) {
+                st.method = "incoming-cpu";
+                let bad: Vec<String> = inc
+                    .iter()
+                    .filter(|&&(_, now, want)| now != want)
+                    .map(|(i, now, want)| format!("inode {i}: set {now}, worker cpu {want}"))
+                    .collect();
+                if !bad.is_empty() {
+                    st.stale = true;
+                    st.stale_detail = bad;
+                }
+            }
+        }
+        out.push(st);
+    }
+    Ok(out)
+}
+
+/// A loaded `cl_cpu_pick` program: (program id, cookies of the listeners in its sockarray,
+/// per-CPU counters).
+pub type LoadedProgram = (u32, Vec<u64>, Vec<PickCounts>);
+
+/// All `cl_cpu_pick` programs loaded on the host with their counters (for `status` without
+/// `--pid`).
+pub fn programs() -> Result<Vec<LoadedProgram>, SteerError> {
+    let ids = CpuPick::find().map_err(|e| SteerError(format!("listing programs: {e}")))?;
+    let mut out = Vec::new();
+    for id in ids {
+        let Ok(pick) = CpuPick::open(id) else {
+            continue;
+        };
+        let cookies = (0..pick.slots())
+            .filter_map(|s| pick.listener_cookie(s).ok().flatten())
+            .collect();
+        let counts = pick
+            .counts(discover::possible_cpus())
+            .map_err(|e| SteerError(e.to_string()))?;
+        out.push((id, cookies, counts));
+    }
+    Ok(out)
+}
