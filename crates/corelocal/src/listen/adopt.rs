@@ -3,11 +3,11 @@
 //! ([`ListenerGroup::release_steering`], [`ListenerGroup::restore_steering`]), and how the new
 //! process rebuilds a group from the received sockets ([`ListenerGroup::adopt`]).
 
+use super::error::io_context;
+use super::group::validate;
 use super::handover::Layout;
-use super::{
-    attach_cbpf, attach_ebpf, first_listener, io_context, validate, ActiveSteering, AddrGroup,
-    GroupConfig, ListenError, ListenerGroup, Mode, Steering,
-};
+use super::steering::{attach_cbpf, attach_ebpf, first_listener};
+use super::{ActiveSteering, AddrGroup, GroupConfig, ListenError, ListenerGroup, Mode, Steering};
 use crate::bpf::ReuseportSelect;
 use crate::sys::socket;
 use std::net::SocketAddr;
