@@ -31,6 +31,7 @@ import json
 import os
 import random
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -262,7 +263,12 @@ def run(a):
         t.join(timeout=STOP_TIMEOUT_S)
     for s in servers.values():
         s.stop()
-    return write_results(a, tmp, servers, legs, bad, rss_rows, takeovers, order)
+    code = write_results(a, tmp, servers, legs, bad, rss_rows, takeovers, order)
+    if code == 0:
+        shutil.rmtree(tmp, ignore_errors=True)  # the results are in --out
+    else:
+        print(f"soak: the servers' and legs' raw files are kept in {tmp}", file=sys.stderr)
+    return code
 
 
 def write_results(a, tmp, servers, legs, bad, rss_rows, takeovers, order):

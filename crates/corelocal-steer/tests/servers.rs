@@ -10,12 +10,12 @@
 
 use corelocal::cpu::{current_affinity, pin_current_thread, CpuSet};
 use corelocal::sys::{pidfd, socket};
-use corelocal::testing::{inside_private_netns, set_up_loopback, sh};
+use corelocal::testing::{inside_private_netns, set_up_loopback, sh, ScratchDir};
 use corelocal_steer::apply::{self, Method};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::os::fd::AsRawFd;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -54,10 +54,9 @@ fn have(bin: &str) -> bool {
     ok
 }
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("corelocal-steer-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+/// A scratch dir the servers' unprivileged workers can write to; removed when dropped.
+fn scratch(name: &str) -> ScratchDir {
+    let dir = ScratchDir::new(&format!("corelocal-steer-{name}"));
     sh(&format!("chmod 0777 {}", dir.display()));
     dir
 }
@@ -73,7 +72,7 @@ fn wait_listening(addr: SocketAddr) {
 /// nginx with one worker per word of `affinity` (e.g. "01 10"), reuseport or not, `$pid`
 /// logged.
 struct Nginx {
-    dir: PathBuf,
+    dir: ScratchDir,
     master: u32,
     addr: SocketAddr,
 }

@@ -65,3 +65,40 @@ pub fn set_up_loopback(rps_cpus: Option<&crate::cpu::CpuSet>) {
         );
     }
 }
+
+/// A fresh directory under the system's temp dir for one test, removed with all it holds when
+/// dropped (tests that left theirs behind filled /tmp run after run). Derefs to its [`Path`].
+///
+/// [`Path`]: std::path::Path
+#[derive(Debug)]
+pub struct ScratchDir {
+    path: std::path::PathBuf,
+}
+
+impl ScratchDir {
+    /// Creates `TMP/NAME-PID-N` afresh (N counts this process's scratch dirs, so tests running
+    /// in parallel threads never share one). Panics if it cannot: a test cannot go on then.
+    pub fn new(name: &str) -> ScratchDir {
+        static MADE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!("{name}-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path)
+            .unwrap_or_else(|e| panic!("creating {}: {e}", path.display()));
+        ScratchDir { path }
+    }
+}
+
+impl std::ops::Deref for ScratchDir {
+    type Target = std::path::Path;
+
+    fn deref(&self) -> &std::path::Path {
+        &self.path
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}

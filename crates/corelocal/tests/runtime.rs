@@ -27,13 +27,17 @@ struct LineConn {
     draining: bool,
 }
 
-/// A 1 MB file of a known pattern (`i % 251` at offset `i`), made once per test process.
+/// A 1 MB file of a known pattern (`i % 251` at offset `i`), made once per test process. One
+/// name for every run (not one per process, which filled /tmp): written beside it and renamed
+/// into place, so concurrent test processes only ever see the whole file.
 fn test_file() -> std::path::PathBuf {
     static MADE: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
     MADE.get_or_init(|| {
-        let path = std::env::temp_dir().join(format!("corelocal-rt-{}.bin", std::process::id()));
+        let path = std::env::temp_dir().join("corelocal-rt-pattern-1mb.bin");
+        let part = std::env::temp_dir().join(format!("corelocal-rt-{}.part", std::process::id()));
         let data: Vec<u8> = (0..1_000_000u32).map(|i| (i % 251) as u8).collect();
-        std::fs::write(&path, data).unwrap();
+        std::fs::write(&part, data).unwrap();
+        std::fs::rename(&part, &path).unwrap();
         path
     })
     .clone()

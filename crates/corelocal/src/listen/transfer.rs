@@ -374,11 +374,11 @@ mod tests {
     use crate::listen::Mode;
     use std::time::Instant;
 
-    fn temp_path(tag: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("corelocal-xfer-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        dir.join("upgrade.sock")
+    /// A socket path in a scratch dir of its own, removed when the returned guard drops.
+    fn temp_path(tag: &str) -> (crate::testing::ScratchDir, PathBuf) {
+        let dir = crate::testing::ScratchDir::new(&format!("corelocal-xfer-{tag}"));
+        let path = dir.join("upgrade.sock");
+        (dir, path)
     }
 
     fn fine_group() -> ListenerGroup {
@@ -404,7 +404,7 @@ mod tests {
 
     #[test]
     fn a_successor_adopts_the_sockets_and_the_path_is_released() {
-        let path = temp_path("ok");
+        let (_path_dir, path) = temp_path("ok");
         let group = fine_group();
         let addrs = group.local_addrs();
         let old = old_side(UpgradeListener::bind(&path).unwrap(), group);
@@ -425,7 +425,7 @@ mod tests {
 
     #[test]
     fn a_refusing_successor_leaves_the_old_side_serving() {
-        let path = temp_path("refused");
+        let (_path_dir, path) = temp_path("refused");
         let old = old_side(UpgradeListener::bind(&path).unwrap(), fine_group());
         let incoming = request(&path, Duration::from_secs(5)).unwrap();
         let mut config = GroupConfig::new(
@@ -445,7 +445,7 @@ mod tests {
 
     #[test]
     fn a_silent_peer_times_out_instead_of_hanging() {
-        let path = temp_path("silent");
+        let (_path_dir, path) = temp_path("silent");
         let listener = UpgradeListener::bind(&path).unwrap();
         let started = Instant::now();
         let e = request(&path, Duration::from_millis(200)).unwrap_err();
@@ -456,25 +456,26 @@ mod tests {
 
     #[test]
     fn a_live_socket_is_refused_a_stale_one_replaced_and_a_file_kept() {
-        let path = temp_path("stale");
+        let (_path_dir, path) = temp_path("stale");
         let live = UpgradeListener::bind(&path).unwrap();
         let e = UpgradeListener::bind(&path).unwrap_err();
         assert!(e.to_string().contains("another server listens"), "{e}");
         drop(live);
         assert!(!path.exists(), "removed with its listener");
         // A stale socket file, what a killed server leaves behind: nobody listens on it.
-        let path2 = temp_path("stale2");
+        let (_path2_dir, path2) = temp_path("stale2");
         drop(scm::listen_seqpacket(&path2, 0o600, 1).unwrap());
         let e = request(&path2, Duration::from_secs(1)).unwrap_err();
         assert!(e.to_string().contains("stale"), "{e}");
         let replaced = UpgradeListener::bind(&path2).unwrap();
         assert!(scm::connect_seqpacket(replaced.path()).is_ok());
-        let path3 = temp_path("file");
+        let (_path3_dir, path3) = temp_path("file");
         std::fs::write(&path3, b"keep me").unwrap();
         let e = UpgradeListener::bind(&path3).unwrap_err();
         assert!(e.to_string().contains("not a socket"), "{e}");
         assert_eq!(std::fs::read(&path3).unwrap(), b"keep me");
-        let e = request(&temp_path("none"), Duration::from_secs(1)).unwrap_err();
+        let (_none_dir, none) = temp_path("none");
+        let e = request(&none, Duration::from_secs(1)).unwrap_err();
         assert!(e.to_string().contains("no such socket"), "{e}");
     }
 }
