@@ -36,6 +36,15 @@ fn accepted(running: &Running) -> u64 {
     running.stats().snapshot().total.accepted
 }
 
+/// Waits until `n` connections were accepted, at most `within`.
+fn wait_accepted(running: &Running, n: u64, within: Duration, what: &str) {
+    let deadline = Instant::now() + within;
+    while accepted(running) < n {
+        assert!(Instant::now() < deadline, "{what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 fn connect(addr: SocketAddr) -> TcpStream {
     let s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
@@ -63,14 +72,8 @@ fn silent_connections_are_accepted_after_the_period_and_speakers_at_once() {
     assert_eq!(accepted(&running), 1);
     // A connection that never speaks is still accepted once the period is over.
     let _quiet = connect(addr);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while accepted(&running) < 2 {
-        assert!(
-            Instant::now() < deadline,
-            "the silent connection was never accepted"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let never = "the silent connection was never accepted";
+    wait_accepted(&running, 2, Duration::from_secs(10), never);
     running.stop();
     running.join().unwrap();
 }
@@ -79,14 +82,8 @@ fn silent_connections_are_accepted_after_the_period_and_speakers_at_once() {
 fn without_it_a_silent_connection_is_accepted_at_once() {
     let (running, addr) = start(0);
     let _silent = connect(addr);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while accepted(&running) < 1 {
-        assert!(
-            Instant::now() < deadline,
-            "not accepted without defer-accept"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let late = "not accepted at once without defer-accept";
+    wait_accepted(&running, 1, Duration::from_secs(5), late);
     running.stop();
     running.join().unwrap();
 }
