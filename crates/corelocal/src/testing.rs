@@ -102,3 +102,25 @@ impl Drop for ScratchDir {
         let _ = std::fs::remove_dir_all(&self.path);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::ScratchDir;
+
+    #[test]
+    fn a_scratch_dir_is_fresh_and_gone_with_its_contents_when_dropped() {
+        let a = ScratchDir::new("corelocal-scratch-test");
+        let b = ScratchDir::new("corelocal-scratch-test");
+        assert_ne!(
+            a.to_path_buf(),
+            b.to_path_buf(),
+            "two scratch dirs share a path"
+        );
+        std::fs::create_dir_all(a.join("sub")).unwrap();
+        std::fs::write(a.join("sub/file"), b"x").unwrap();
+        let path = a.to_path_buf();
+        drop(a);
+        assert!(!path.exists(), "{} survived its drop", path.display());
+        assert!(b.is_dir());
+    }
+}
