@@ -142,8 +142,8 @@ impl Builder {
 
     /// `TCP_DEFER_ACCEPT` on the listeners (default off; 0 turns it off): a connection is
     /// accepted once its first bytes arrived, so the accept and the first read happen in one
-    /// wake-up (what `corelocal serve --defer-accept 1` does; it saved 15% server CPU per
-    /// one-shot HTTP connection there). A connection that stays silent is accepted after about
+    /// wake-up (what `corelocal serve --defer-accept 1` does): 0.91–0.94× server CPU per
+    /// one-shot request for the axum example (results/tokio-defer-accept-crr.md). A connection that stays silent is accepted after about
     /// `secs` (the kernel's next SYN-ACK retransmission). On stop it is turned off and the
     /// accept phase waits `secs` + 0.5 s (within half the drain timeout), so a client that
     /// connected before the stop and speaks during it is still answered.
@@ -229,9 +229,7 @@ impl Builder {
         config.defer_accept_s = self.defer_accept_s;
         let group = Arc::new(ListenerGroup::bind(config).map_err(Error::Listen)?);
         let mut limits = self.limits;
-        if let Some(quiesce) = group.stop_quiesce() {
-            limits.accept_quiesce = quiesce.max(DRAIN_QUIESCE);
-        }
+        limits.accept_quiesce = group.stop_quiesce().unwrap_or(DRAIN_QUIESCE);
         let stats = Stats {
             reader: StatsReader::for_group(group.clone()),
             group: group.clone(),

@@ -76,8 +76,9 @@ impl CmpWorkload {
 pub struct CompareArgs {
     /// A preset server: floor (shared/tools/floor_server), kv-floor (its memcached-protocol
     /// counterpart, for kv1/kv100), kv-uring-floor (the same with io_uring: multishot accept
-    /// into direct descriptors, DEFER_TASKRUN, TCP_DEFER_ACCEPT as `serve` sets it), nginx, lighttpd, corelocal-rpc,
-    /// corelocal-http, memcached, corelocal-kv, sockperf, corelocal-sockperf (Debian peers are
+    /// into direct descriptors, DEFER_TASKRUN, TCP_DEFER_ACCEPT as `serve` sets it), nginx,
+    /// lighttpd, corelocal-rpc, corelocal-http, memcached, corelocal-kv, sockperf,
+    /// corelocal-sockperf (Debian peers are
     /// installed when missing). Repeat; the first is the baseline of the ratios.
     #[arg(long)]
     pub peer: Vec<String>,
