@@ -50,6 +50,26 @@ TAKEOVER_WINDOW_S = (-2.0, 8.0)  # errors this near a takeover are charged to it
 # the bench timeline counts whole seconds from a truncated start time)
 STARTUP_TIMEOUT_S = 10.0
 STOP_TIMEOUT_S = 30.0
+TAKEOVER_SETTLE_S = 10.0  # a new process still running after this took over
+
+
+def describe(pid):
+    """What a process looks like (for a failed takeover): its threads' states and wait
+    channels, and its descriptors."""
+    out = {}
+    try:
+        for tid in sorted(os.listdir(f"/proc/{pid}/task")):
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                stat = f.read()
+            with open(f"/proc/{pid}/task/{tid}/wchan") as f:
+                wchan = f.read()
+            comm = stat[stat.index("(") + 1:stat.rindex(")")]
+            out.setdefault("threads", []).append(f"{tid} {comm} {stat[stat.rindex(')') + 2]} {wchan}")
+        out["fds"] = {fd: os.readlink(f"/proc/{pid}/fd/{fd}")
+                      for fd in sorted(os.listdir(f"/proc/{pid}/fd"), key=int)}
+    except OSError as e:
+        out["error"] = str(e)
+    return out
 
 
 def parse_args():
@@ -105,6 +125,8 @@ class Server:
         self.sock = None  # the current process's upgrade socket
         self.stopped = []  # (pid, exit code)
         self.takeovers = {"pid": 0, "socket": 0}
+        self.failed_takeovers = []
+        self.settlers = []  # one thread per takeover: the new process's first seconds
 
     def spawn(self, takeover=None):
         self.generation += 1
@@ -124,10 +146,31 @@ class Server:
 
     def take_over(self):
         """Replaces the process, alternating `--takeover PID` and `--takeover SOCKET`."""
-        old, form = self.proc, "pid" if self.generation % 2 else "socket"
-        self.proc = self.spawn(takeover=old.pid if form == "pid" else self.sock)
+        old, old_sock = self.proc, self.sock
+        form = "pid" if self.generation % 2 else "socket"
+        new = self.spawn(takeover=old.pid if form == "pid" else self.sock)
+        self.proc = new
         self.takeovers[form] += 1
-        threading.Thread(target=self.reap, args=(old,), daemon=True).start()
+        settler = threading.Thread(target=self.settle, args=(old, old_sock, new, form),
+                                   daemon=True)
+        settler.start()
+        self.settlers.append(settler)
+
+    def settle(self, old, old_sock, new, form):
+        """A new process that exits within TAKEOVER_SETTLE_S failed its takeover: the old one
+        still serves, so it stays the current process (killing it would leave the port
+        unserved, which is not what a failed upgrade does); the failure is recorded with what
+        the old process looked like. Otherwise the old process is reaped."""
+        try:
+            code = new.wait(timeout=TAKEOVER_SETTLE_S)
+        except subprocess.TimeoutExpired:
+            self.reap(old)
+            return
+        self.failed_takeovers.append({"form": form, "new_pid": new.pid, "exit": code,
+                                      "old_pid": old.pid, "old_state": describe(old.pid)})
+        self.stopped.append((new.pid, code))
+        if self.proc is new:
+            self.proc, self.sock = old, old_sock
 
     def reap(self, proc):
         try:
@@ -138,6 +181,10 @@ class Server:
         self.stopped.append((proc.pid, code))
 
     def stop(self):
+        # A takeover still settling finishes first: a SIGTERM to a process still starting
+        # would read as a failed takeover.
+        for t in self.settlers:
+            t.join(timeout=TAKEOVER_SETTLE_S + STOP_TIMEOUT_S)
         self.proc.terminate()
         self.reap(self.proc)
 
@@ -283,7 +330,7 @@ def write_results(a, tmp, servers, legs, bad, rss_rows, takeovers, order):
         stops = s.stop_reports()
         per_server[n] = {
             "processes": len(s.stopped), "exit_codes": [c for _, c in s.stopped],
-            "takeovers_by_form": s.takeovers,
+            "takeovers_by_form": s.takeovers, "failed_takeovers": s.failed_takeovers,
             "stop_reports": stops, "lost_at_close": sum(r["lost_at_close"] for r in stops),
             "rss_kib": {"min": min(rss, default=0), "max": max(rss, default=0)},
             "misbehaving": bad[n]}
@@ -293,6 +340,7 @@ def write_results(a, tmp, servers, legs, bad, rss_rows, takeovers, order):
            "servers": per_server}
     res["pass"] = (all(l["ok"] for l in res["legs"].values())
                    and all(s["lost_at_close"] == 0 and all(c == 0 for c in s["exit_codes"])
+                           and not s["failed_takeovers"]
                            and len(s["stop_reports"]) == s["processes"]
                            for s in per_server.values()))
     with open(os.path.join(a.out, a.name + ".json"), "w") as f:
@@ -327,6 +375,11 @@ def markdown(a, res):
         lines.append(f"| {n} | {s['processes']} | {t['pid']} / {t['socket']} | {s['lost_at_close']} | {drained} | "
                      f"{s['rss_kib']['min']}–{s['rss_kib']['max']} | {m['garbage']} / {m['slow']} "
                      f"| {m['errors'] or 0} |")
+    for n, s in res["servers"].items():
+        for f in s["failed_takeovers"]:
+            lines.append(f"- **{n}: failed takeover** ({f['form']}): new pid {f['new_pid']} exited "
+                         f"{f['exit']}; old pid {f['old_pid']} kept serving (its state: "
+                         f"{a.name}.json)")
     lines += ["", f"RSS per second: {a.name}-rss.csv.", ""]
     return "\n".join(lines)
 

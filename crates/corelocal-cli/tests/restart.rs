@@ -179,6 +179,50 @@ fn takeover_under_load_refuses_nothing() {
     assert!(line.contains("lost at close 0"), "{line}");
 }
 
+/// `--takeover PID` given a process that is not running or that is not the server (a stale
+/// PID file, a typo): refused before the new process joins the group, so the old server keeps
+/// every new connection. Without the check the new process attached its program, failed to
+/// signal, exited, and the port refused everything.
+#[test]
+fn a_takeover_of_the_wrong_pid_leaves_the_port_served() {
+    if outer("a_takeover_of_the_wrong_pid_leaves_the_port_served") {
+        return;
+    }
+    let old = serve(&["--stats-interval", "0"], None);
+    let mut bystander = Command::new("sleep").arg("30").spawn().unwrap();
+    let gone = {
+        let mut c = Command::new("true").spawn().unwrap();
+        c.wait().unwrap();
+        c.id()
+    };
+    for (pid, why) in [(bystander.id(), "does not listen on"), (gone, "no process")] {
+        let out = Command::new(BIN)
+            .args([
+                "serve",
+                "rpc",
+                "--one-shot",
+                "--listen",
+                ADDR,
+                "--cpus",
+                &cpus(),
+            ])
+            .args(["--takeover", &pid.to_string()])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{err}");
+        assert!(err.contains(why) && !err.contains("listening on"), "{err}");
+        let addr: SocketAddr = ADDR.parse().unwrap();
+        for _ in 0..50 {
+            one_request(addr).expect("the old server still answers");
+        }
+    }
+    let _ = bystander.kill();
+    let _ = bystander.wait();
+    let (ok, line) = old.stop();
+    assert!(ok && line.contains("lost at close 0"), "{line}");
+}
+
 #[test]
 fn graceful_stop_under_load_resets_nothing() {
     if outer("graceful_stop_under_load_resets_nothing") {

@@ -255,6 +255,24 @@ pub fn parse_schedstat_runs(text: &str) -> Option<u64> {
     text.split_whitespace().nth(2)?.parse().ok()
 }
 
+/// Listening sockets of a `/proc/net/tcp` or `/proc/net/tcp6` file: (local port, socket
+/// inode) of every row in state LISTEN (`0A`).
+pub fn parse_tcp_listeners(text: &str) -> Vec<(u16, u64)> {
+    text.lines()
+        .skip(1)
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            if f.get(3) != Some(&"0A") {
+                return None;
+            }
+            let port = u16::from_str_radix(f.get(1)?.rsplit(':').next()?, 16).ok()?;
+            let inode = f.get(9)?.parse().ok()?;
+            Some((port, inode))
+        })
+        .take(ROWS_MAX)
+        .collect()
+}
+
 /// The three load averages of `/proc/loadavg`.
 pub fn parse_loadavg(text: &str) -> Option<[f64; 3]> {
     let mut f = text.split_whitespace().map(|x| x.parse::<f64>().ok());
@@ -264,6 +282,18 @@ pub fn parse_loadavg(text: &str) -> Option<[f64; 3]> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tcp_listeners_are_the_rows_in_listen_state() {
+        let text = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n\
+   0: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 4209580 1 0 100 0 0 10 0\n\
+   1: 0100007F:1F90 0100007F:C350 01 00000000:00000000 00:00000000 00000000     0        0 4209999 1 0 20 4 30 10 -1\n\
+   2: 00000000000000000000000000000000:2CAB 00000000000000000000000000000000:0000 0A 0:0 00:0 0 0 0 77 1\n";
+        assert_eq!(
+            parse_tcp_listeners(text),
+            vec![(8080, 4209580), (11435, 77)]
+        );
+    }
 
     #[test]
     fn stat_lines_and_split() {

@@ -274,6 +274,11 @@ impl Handler for HttpConn {
         true
     }
 
+    /// The last request's body is not all here yet: the client is still sending it.
+    fn expects_input(&self) -> bool {
+        self.skip_body > 0
+    }
+
     fn on_input(&mut self, input: &[u8], out: &mut Output, now: Instant) -> Step {
         let mut consumed = 0;
         let mut requests = 0;
@@ -302,7 +307,10 @@ impl Handler for HttpConn {
                     self.skip_body = request.content_length;
                     requests += 1;
                     if let Err(why) = self.serve(&request, out, now) {
-                        break Step::close(input.len(), requests, why);
+                        // What follows the request (pipelined requests, the body's unread
+                        // rest) stays unconsumed: the runtime then closes lingering.
+                        consumed += self.skip(&input[consumed..]);
+                        break Step::close(consumed, requests, why);
                     }
                 }
                 Err(e) => {

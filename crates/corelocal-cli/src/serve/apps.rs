@@ -20,6 +20,11 @@ const KV_INPUT_LIMIT_DEFAULT: u64 = memcache::GET_LINE_BYTES_MAX_DEFAULT as u64 
 
 /// Runs `corelocal serve`.
 pub fn run(cmd: Command) -> ExitCode {
+    // Before the app is built (the built-in site takes a while): a SIGTERM during start-up then
+    // waits and stops the server once it serves, instead of killing it half-started.
+    if let Err(e) = corelocal::sys::signal::block_termination_signals() {
+        return fail(&format!("blocking signals: {e}"));
+    }
     match cmd.app {
         App::Http(mut args) => {
             default_listen(&mut args.common, "127.0.0.1:8080");

@@ -24,7 +24,7 @@ use corelocal::sys::signal;
 use stats::{finish, open_stats_file, wait_for_stop};
 use std::process::ExitCode;
 use std::sync::Arc;
-use upgrade::{bind_upgrade_early, start_server, start_upgrade_socket, take_over};
+use upgrade::{bind_upgrade_early, start_server, start_upgrade_socket, take_over, OldServer};
 
 /// Starts `service`, prints stats until SIGINT/SIGTERM (or until a successor took the
 /// listening sockets over the upgrade socket), then stops gracefully.
@@ -42,6 +42,10 @@ pub fn serve<S: Service>(common: &CommonArgs, service: Arc<S>) -> ExitCode {
         Ok(f) => f,
         Err(e) => return fail(&e),
     };
+    let old_server = match OldServer::check(common) {
+        Ok(old) => old,
+        Err(e) => return fail(&e),
+    };
     let early_upgrade = match bind_upgrade_early(common) {
         Ok(l) => l,
         Err(e) => return fail(&e),
@@ -52,7 +56,7 @@ pub fn serve<S: Service>(common: &CommonArgs, service: Arc<S>) -> ExitCode {
     };
     print_listening(name, &config, &server);
     let metrics = crate::metrics::start_for(common.metrics, &server, name, &config);
-    let taken = metrics.and_then(|m| take_over(common, &server, successor).map(|()| m));
+    let taken = metrics.and_then(|m| take_over(&server, successor, old_server).map(|()| m));
     let _metrics = match taken {
         Ok(m) => m,
         Err(e) => return abandon(server, &e),

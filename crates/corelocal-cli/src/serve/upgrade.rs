@@ -4,9 +4,78 @@
 use super::common::{CommonArgs, Takeover};
 use corelocal::listen::transfer::{self, Successor, UpgradeListener};
 use corelocal::listen::{ActiveSteering, Steering};
+use corelocal::procfs;
 use corelocal::runtime::{Server, ServerConfig, Service, UpgradeServer};
-use corelocal::sys::signal;
+use corelocal::sys::pidfd;
+use std::net::SocketAddr;
+use std::os::fd::OwnedFd;
 use std::sync::Arc;
+
+/// The running server a `--takeover PID` replaces, checked before this process binds anything:
+/// it exists and listens on every address this one serves, so a stale PID file or a typo is
+/// refused while the old server's group is still untouched. Held as a pidfd, so the SIGTERM
+/// can never reach a later process that reused the number.
+pub(super) struct OldServer {
+    pid: i32,
+    pidfd: OwnedFd,
+}
+
+impl OldServer {
+    /// Checks `--takeover PID` (nothing to check for the socket form).
+    pub(super) fn check(common: &CommonArgs) -> Result<Option<OldServer>, String> {
+        let Some(Takeover::Pid(pid)) = common.takeover else {
+            return Ok(None);
+        };
+        let pidfd = pidfd::pidfd_open(pid as u32).map_err(|e| match e.raw_os_error() {
+            Some(libc::ESRCH) => format!(
+                "--takeover {pid}: no process {pid} is running (a stale PID file?); give the \
+                 PID of the running server, or its --upgrade-socket path"
+            ),
+            _ => format!("--takeover {pid}: pidfd_open: {e}"),
+        })?;
+        for addr in &common.listen {
+            if !listens_on(pid, *addr)? {
+                return Err(format!(
+                    "--takeover {pid}: process {pid} ({}) does not listen on {addr}; give the \
+                     PID of the server that does (`ss -ltnp sport = :{}`)",
+                    comm(pid),
+                    addr.port()
+                ));
+            }
+        }
+        Ok(Some(OldServer { pid, pidfd }))
+    }
+}
+
+/// Whether process `pid` holds a TCP listening socket on `addr`'s port (its `/proc/PID/fd`
+/// links against the LISTEN rows of `/proc/net/tcp` and `tcp6`).
+fn listens_on(pid: i32, addr: SocketAddr) -> Result<bool, String> {
+    let mut inodes = Vec::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        if let Ok(text) = procfs::read_text(std::path::Path::new(table)) {
+            inodes.extend(
+                procfs::parse_tcp_listeners(&text)
+                    .into_iter()
+                    .filter(|&(port, _)| port == addr.port())
+                    .map(|(_, inode)| format!("socket:[{inode}]")),
+            );
+        }
+    }
+    let dir = format!("/proc/{pid}/fd");
+    let entries = std::fs::read_dir(&dir).map_err(|e| {
+        format!("--takeover {pid}: reading {dir}: {e} (run as the server's user or root)")
+    })?;
+    Ok(entries.flatten().any(|entry| {
+        std::fs::read_link(entry.path())
+            .is_ok_and(|target| inodes.iter().any(|i| target.as_os_str() == i.as_str()))
+    }))
+}
+
+fn comm(pid: i32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .map(|c| c.trim().to_string())
+        .unwrap_or_else(|_| "?".into())
+}
 
 /// Binds and starts the server, or with `--takeover SOCKET` receives the running server's
 /// sockets and starts on them; then the old server is waiting for this one's answer.
@@ -42,9 +111,9 @@ pub(super) fn start_server<S: Service>(
 /// its eBPF program steers the group's SYNs now; SIGTERM the old server so it drains and
 /// exits. SOCKET: tell the old server this one serves; it stops accepting and exits.
 pub(super) fn take_over(
-    common: &CommonArgs,
     server: &Server,
     successor: Option<Successor>,
+    old: Option<OldServer>,
 ) -> Result<(), String> {
     if let Some(successor) = successor {
         // Serving already: a missing "done" is worth a warning, not a stop.
@@ -56,7 +125,7 @@ pub(super) fn take_over(
         );
         return Ok(());
     }
-    let Some(Takeover::Pid(pid)) = common.takeover else {
+    let Some(old) = old else {
         return Ok(());
     };
     if server.steering() != ActiveSteering::Local(Steering::Ebpf) {
@@ -67,8 +136,23 @@ pub(super) fn take_over(
             server.steering()
         ));
     }
-    signal::terminate(pid).map_err(|e| format!("--takeover: signalling pid {pid}: {e}"))?;
-    eprintln!("corelocal serve: took over from pid {pid} (SIGTERM sent; it drains and exits)");
+    // This server's program steers the group's SYNs now: from here on it keeps serving
+    // whatever happens, since exiting would leave the port to listeners that get no SYNs.
+    match pidfd::pidfd_send_signal(&old.pidfd, libc::SIGTERM) {
+        Ok(()) => eprintln!(
+            "corelocal serve: took over from pid {} (SIGTERM sent; it drains and exits)",
+            old.pid
+        ),
+        Err(e) if e.raw_os_error() == Some(libc::ESRCH) => eprintln!(
+            "corelocal serve: took over from pid {} (it had exited already)",
+            old.pid
+        ),
+        Err(e) => eprintln!(
+            "corelocal serve: took over the port, but signalling pid {} failed: {e}; it gets \
+             no new connections and keeps its open ones: stop it yourself",
+            old.pid
+        ),
+    }
     Ok(())
 }
 

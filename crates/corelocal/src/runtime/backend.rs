@@ -84,6 +84,13 @@ pub enum Op {
         /// The region.
         region: FileRegion,
     },
+    /// Shut down the connection's sending side (`SHUT_WR`) once its output is sent: the peer
+    /// reads the end of the answer and its FIN, while receiving goes on (the lingering close:
+    /// the worker reads and discards what the peer still sends, then closes). No completion.
+    Shutdown {
+        /// The connection.
+        conn: ConnId,
+    },
     /// Close the connection; [`Completion::Closed`] follows, after which the id may be reused.
     Close {
         /// The connection.

@@ -264,6 +264,16 @@ pub trait Handler: Send + 'static {
     fn on_drain(&mut self) -> bool {
         false
     }
+
+    /// Asked when a normal close ([`CloseReason::Done`]) begins: whether the peer still has
+    /// input on its way that this handler will not read (the rest of a request body it
+    /// skips). The runtime then closes lingering — sending side shut down after the answer,
+    /// the rest read and discarded — instead of closing with the last answer, which would
+    /// make the kernel reset the connection and destroy the answer. Unconsumed bytes already
+    /// buffered count without asking. The default: nothing more is expected.
+    fn expects_input(&self) -> bool {
+        false
+    }
 }
 
 /// A server application: shared state plus a factory of per-connection handlers.

@@ -65,6 +65,16 @@ pub struct Limits {
     pub recv_bufs: u32,
     /// Bytes per receive buffer.
     pub recv_buf_bytes: usize,
+    /// Lingering close (nginx's `lingering_time`): the longest a closing connection whose
+    /// peer may still be sending is read and discarded after its last answer. Zero turns
+    /// lingering off: such a close then happens with the last answer (and the kernel resets
+    /// the connection if input is left unread).
+    pub linger_time: Duration,
+    /// Lingering close (nginx's `lingering_timeout`): a lingering connection closes when the
+    /// peer stays silent this long.
+    pub linger_timeout: Duration,
+    /// Lingering close: at most this many bytes are read and discarded before the close.
+    pub linger_bytes_max: u64,
 }
 
 impl Default for Limits {
@@ -79,6 +89,9 @@ impl Default for Limits {
             accept_quiesce: Duration::from_millis(100),
             recv_bufs: 256,
             recv_buf_bytes: 16 * 1024,
+            linger_time: Duration::from_secs(30),
+            linger_timeout: Duration::from_secs(5),
+            linger_bytes_max: 16 << 20,
         }
     }
 }

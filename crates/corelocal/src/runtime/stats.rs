@@ -52,6 +52,7 @@ pub struct WorkerStats {
     drain_accepted: AtomicU64,
     conn_limit: AtomicU64,
     backpressure: AtomicU64,
+    lingered: AtomicU64,
     /// Written by the workers that take groups from this one (atomic add, rare).
     migrated_out: AtomicU64,
     busy_transitions: AtomicU64,
@@ -180,6 +181,12 @@ impl WorkerStats {
         bump(&self.backpressure, 1);
     }
 
+    /// Counts a lingering close (the peer may still have been sending when the answer was
+    /// out: the sending side was shut down and its input read and discarded until the close).
+    pub fn lingered(&self) {
+        bump(&self.lingered, 1);
+    }
+
     /// Counts received bytes.
     pub fn bytes_in(&self, n: u64) {
         bump(&self.bytes_in, n);
@@ -224,6 +231,7 @@ impl WorkerStats {
             drain_accepted: get(&self.drain_accepted),
             conn_limit_pauses: get(&self.conn_limit),
             backpressure_pauses: get(&self.backpressure),
+            lingered: get(&self.lingered),
             migrated_out: get(&self.migrated_out),
             busy_transitions: get(&self.busy_transitions),
             queue_samples: get(&self.queue_samples),
@@ -366,6 +374,8 @@ pub struct WorkerSnapshot {
     pub conn_limit_pauses: u64,
     /// Times reading paused on a connection because its pending output hit the output limit.
     pub backpressure_pauses: u64,
+    /// Closes that lingered (answer out, sending side shut down, the peer's input discarded).
+    pub lingered: u64,
     /// Flow groups migrated away from this worker.
     pub migrated_out: u64,
     /// Busy ↔ not-busy changes.
@@ -390,6 +400,7 @@ impl WorkerSnapshot {
         self.drain_accepted += o.drain_accepted;
         self.conn_limit_pauses += o.conn_limit_pauses;
         self.backpressure_pauses += o.backpressure_pauses;
+        self.lingered += o.lingered;
         self.requests += o.requests;
         self.bytes_in += o.bytes_in;
         self.bytes_out += o.bytes_out;

@@ -53,6 +53,25 @@ pub fn pidfd_getfd(pidfd: &OwnedFd, target_fd: RawFd) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(rc as RawFd) })
 }
 
+/// Sends signal `sig` to the process behind `pidfd` (`pidfd_send_signal(2)`, Linux ≥ 5.1):
+/// unlike `kill(2)` it can never reach a later process that reused the number.
+pub fn pidfd_send_signal(pidfd: &OwnedFd, sig: libc::c_int) -> io::Result<()> {
+    // SAFETY: plain syscall with integer arguments (no siginfo: a null pointer, flags 0).
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            sig,
+            std::ptr::null::<libc::siginfo_t>(),
+            0 as libc::c_uint,
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// The CPUs task `tid` (a process or thread id) may run on.
 pub fn affinity_of(tid: u32) -> io::Result<CpuSet> {
     const WORDS: usize = AFFINITY_CPUS_MAX / 64;

@@ -8,6 +8,13 @@ use std::mem::{size_of, MaybeUninit};
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
+/// Shuts down the sending side of a connected socket (`shutdown(fd, SHUT_WR)`): the peer reads
+/// the end of the stream after what was sent, and receiving goes on.
+pub fn shutdown_write(fd: RawFd) -> io::Result<()> {
+    // SAFETY: shutdown(2) on a descriptor; no memory is involved.
+    cvt(unsafe { libc::shutdown(fd, libc::SHUT_WR) }).map(|_| ())
+}
+
 /// `SO_INCOMING_CPU`.
 pub const SO_INCOMING_CPU: libc::c_int = 49;
 /// `SO_ATTACH_REUSEPORT_CBPF`.

@@ -2,7 +2,7 @@
 //! handlers the server stops, closing idle and silent connections, and deciding when the
 //! worker may exit.
 
-use super::Worker;
+use super::{Closing, Worker};
 use crate::runtime::accept::{DRAIN_POLL, DRAIN_QUIESCE};
 use crate::runtime::backend::{Backend, ConnId};
 use crate::runtime::handler::{CloseReason, Handler, Service};
@@ -74,7 +74,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
     /// Tells the handler the server is stopping (it may announce the close to its peer).
     pub(super) fn signal_drain(&mut self, id: ConnId) {
         if let Some(conn) = self.conns.get_mut(id as usize).and_then(Option::as_mut) {
-            if conn.closing.is_none() && !conn.drain_signalled {
+            if conn.closing == Closing::Open && !conn.drain_signalled {
                 conn.drain_signalled = conn.handler.on_drain();
             }
         }
@@ -100,7 +100,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
                         DRAIN_QUIESCE
                     };
                     (!c.served || c.drain_signalled)
-                        && c.closing.is_none()
+                        && c.closing == Closing::Open
                         && c.input.is_empty()
                         && c.output.is_empty()
                         && !c.sending
@@ -116,7 +116,11 @@ impl<S: Service, B: Backend> Worker<S, B> {
 
     fn live_conn_ids(&self) -> Vec<ConnId> {
         (0..self.conns.len())
-            .filter(|&i| self.conns[i].as_ref().is_some_and(|c| !c.close_sent))
+            .filter(|&i| {
+                self.conns[i]
+                    .as_ref()
+                    .is_some_and(|c| c.closing != Closing::CloseQueued)
+            })
             .map(|i| i as ConnId)
             .collect()
     }
@@ -130,7 +134,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
                         && c.input.is_empty()
                         && c.output.is_empty()
                         && !c.sending
-                        && !c.close_sent
+                        && c.closing == Closing::Open
                 })
             })
             .map(|i| i as ConnId)

@@ -2,7 +2,7 @@
 //! it needs more, asks to close, or its output reaches the limit (back-pressure pauses
 //! reading; reading resumes once the output drained).
 
-use super::{Conn, Worker, WorkerSetup};
+use super::{Closing, Conn, Worker, WorkerSetup};
 use crate::runtime::backend::{Backend, ConnId, Op};
 use crate::runtime::handler::{CloseReason, Handler, Next, Service};
 use crate::runtime::stats::ErrorKind;
@@ -18,8 +18,14 @@ impl<S: Service, B: Backend> Worker<S, B> {
         let Some(conn) = self.conns.get_mut(id as usize).and_then(Option::as_mut) else {
             return;
         };
-        if conn.closing.is_some() {
-            return;
+        match conn.closing {
+            Closing::Open => {}
+            Closing::Lingering { .. } => return self.discard(id, len, now),
+            _ => {
+                // More input after the close began: the close must linger.
+                conn.unread = true;
+                return;
+            }
         }
         conn.last_active = now;
         conn.input
@@ -64,8 +70,10 @@ impl<S: Service, B: Backend> Worker<S, B> {
             return;
         };
         conn.eof = true;
-        if conn.closing.is_some() {
-            return;
+        match conn.closing {
+            Closing::Open => {}
+            Closing::Lingering { .. } => return self.force_close(id),
+            _ => return,
         }
         let next = conn.handler.on_eof(&conn.input, &mut conn.output, now);
         match next {
@@ -82,7 +90,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
         let Some(conn) = self.conns.get_mut(id as usize).and_then(Option::as_mut) else {
             return;
         };
-        let mut verdict = if conn.closing.is_none() && !conn.input.is_empty() {
+        let mut verdict = if conn.closing == Closing::Open && !conn.input.is_empty() {
             process(conn, &self.setup, now)
         } else {
             None
@@ -92,7 +100,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
         }
         if verdict.is_none() && conn.pending() < limits.output_bytes_max as u64 {
             conn.recv_paused = false;
-            if !conn.eof && conn.closing.is_none() {
+            if !conn.eof && conn.closing == Closing::Open {
                 self.backend.push(Op::Recv { conn: id });
             }
         }

@@ -1,9 +1,10 @@
 //! Connection lifecycle: a new connection's state and first receive, the idle timeout,
-//! closing (after the pending output, or at once) and the close's completion.
+//! closing (after the pending output, with the last answer or lingering, or at once) and the
+//! close's completion.
 
-use super::{Conn, Worker};
+use super::{Closing, Conn, Worker};
 use crate::runtime::backend::{Backend, ConnId, Op, Origin};
-use crate::runtime::handler::{CloseReason, ConnInfo, Output, Service};
+use crate::runtime::handler::{CloseReason, ConnInfo, Handler, Output, Service};
 use crate::runtime::stats::ErrorKind;
 use std::time::Instant;
 
@@ -49,9 +50,8 @@ impl<S: Service, B: Backend> Worker<S, B> {
             in_flight: 0,
             recv_paused: false,
             eof: false,
-            closing: None,
-            close_sent: false,
-            close_with_send: false,
+            closing: Closing::Open,
+            unread: false,
             last_active: now,
             served: false,
             drain_signalled: false,
@@ -90,16 +90,22 @@ impl<S: Service, B: Backend> Worker<S, B> {
         self.accept.closed(&mut self.backend, self.open);
     }
 
-    /// Closes after the pending output is flushed.
+    /// Closes after the pending output is flushed: with the last answer when the input is
+    /// known to be finished, else lingering (see [`Closing::Lingering`]).
     pub(super) fn begin_close(&mut self, id: ConnId, reason: CloseReason) {
         let Some(conn) = self.conns.get_mut(id as usize).and_then(Option::as_mut) else {
             return;
         };
-        if conn.closing.is_none() {
-            conn.closing = Some(reason);
-            // A client that broke the protocol stops being read at once. After a normal end
-            // (one-shot answer, `Connection: close`) input is dropped on arrival until the close
-            // (a few µs later): not worth an extra epoll_ctl / cancel per connection.
+        if conn.closing == Closing::Open {
+            conn.closing = Closing::Flushing(reason);
+            conn.unread |= reason != CloseReason::Done
+                || !conn.input.is_empty()
+                || conn.handler.expects_input();
+            conn.input = Vec::new();
+            // A client that broke the protocol is not read while its answer goes out (what it
+            // sends waits in the kernel; lingering reads it afterwards). After a normal end
+            // input is dropped on arrival (and makes the close linger): not worth an extra
+            // epoll_ctl / cancel per connection.
             let hostile = reason != CloseReason::Done;
             if hostile && !conn.recv_paused && !conn.eof {
                 conn.recv_paused = true;
@@ -109,24 +115,99 @@ impl<S: Service, B: Backend> Worker<S, B> {
         self.flush(id);
     }
 
+    /// The output is flushed: close now if the input is finished (or lingering is off), else
+    /// shut down the sending side and linger.
+    pub(super) fn finish_close(&mut self, id: ConnId) {
+        let linger_time = self.setup.limits.linger_time;
+        let Some(conn) = self.conns.get_mut(id as usize).and_then(Option::as_mut) else {
+            return;
+        };
+        debug_assert!(matches!(conn.closing, Closing::Flushing(_)) && !conn.sending);
+        if conn.input_finished() || linger_time.is_zero() {
+            conn.closing = Closing::CloseQueued;
+            self.backend.push(Op::Close { conn: id });
+            return;
+        }
+        let now = Instant::now();
+        conn.closing = Closing::Lingering {
+            until: now + linger_time,
+            discarded: 0,
+        };
+        conn.last_active = now;
+        self.backend.push(Op::Shutdown { conn: id });
+        if conn.recv_paused {
+            conn.recv_paused = false;
+            self.backend.push(Op::Recv { conn: id });
+        }
+        let timeout = self.setup.limits.linger_timeout.min(linger_time);
+        self.linger.push_back((now + timeout, id, conn.generation));
+        self.setup.stats.lingered();
+    }
+
+    /// While lingering: input is counted and dropped; past the byte bound the connection
+    /// closes at once.
+    pub(super) fn discard(&mut self, id: ConnId, len: usize, now: Instant) {
+        let limit = self.setup.limits.linger_bytes_max;
+        let Some(conn) = self.conns.get_mut(id as usize).and_then(Option::as_mut) else {
+            return;
+        };
+        let Closing::Lingering { discarded, .. } = &mut conn.closing else {
+            return;
+        };
+        *discarded += len as u64;
+        conn.last_active = now;
+        if *discarded > limit {
+            self.force_close(id);
+        }
+    }
+
     /// Closes now, dropping pending output. A last send that carries the close is aborted
     /// instead (never a second close: the backend may already have freed the id).
     pub(super) fn force_close(&mut self, id: ConnId) {
         let Some(conn) = self.conns.get_mut(id as usize).and_then(Option::as_mut) else {
             return;
         };
-        if conn.close_sent || (conn.close_with_send && !conn.sending) {
-            return;
+        match conn.closing {
+            Closing::CloseQueued => {}
+            // Sent already: its close is done or on its way.
+            Closing::LastSend if !conn.sending => {}
+            Closing::LastSend => {
+                conn.closing = Closing::CloseQueued;
+                self.backend.push(Op::AbortSend { conn: id });
+            }
+            Closing::Open | Closing::Flushing(_) | Closing::Lingering { .. } => {
+                conn.output.clear();
+                conn.closing = Closing::CloseQueued;
+                self.backend.push(Op::Close { conn: id });
+            }
         }
-        if conn.close_with_send {
-            conn.close_sent = true;
-            self.backend.push(Op::AbortSend { conn: id });
-            return;
+    }
+
+    /// Lingering connections whose peer stayed silent for `linger_timeout`, or that lingered
+    /// `linger_time` in all, close.
+    pub(super) fn expire_linger(&mut self, now: Instant) {
+        let timeout = self.setup.limits.linger_timeout;
+        while let Some(&(deadline, id, generation)) = self.linger.front() {
+            if deadline > now {
+                break;
+            }
+            self.linger.pop_front();
+            let Some(conn) = self.conns.get(id as usize).and_then(Option::as_ref) else {
+                continue;
+            };
+            let Closing::Lingering { until, .. } = conn.closing else {
+                continue;
+            };
+            if conn.generation != generation {
+                continue;
+            }
+            let real_deadline = (conn.last_active + timeout).min(until);
+            if real_deadline > now {
+                self.linger.push_back((real_deadline, id, generation));
+            } else {
+                self.force_close(id);
+            }
         }
-        conn.closing = Some(CloseReason::Done);
-        conn.output.clear();
-        conn.close_sent = true;
-        self.backend.push(Op::Close { conn: id });
     }
 
     pub(super) fn expire_idle(&mut self, now: Instant) {
@@ -139,7 +220,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
             let Some(conn) = self.conns.get(id as usize).and_then(Option::as_ref) else {
                 continue;
             };
-            if conn.generation != generation || conn.close_sent {
+            if conn.generation != generation || conn.closing == Closing::CloseQueued {
                 continue;
             }
             let real_deadline = conn.last_active + timeout;

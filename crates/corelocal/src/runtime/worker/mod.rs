@@ -50,6 +50,34 @@ pub struct WorkerSetup<S: Service> {
     pub balance: Option<Arc<BalanceShared>>,
 }
 
+/// Where a connection is on its way out: one state instead of flags (monoio's
+/// `uring/lifecycle.rs`). A send in flight is tracked apart (`Conn::sending`): open connections
+/// send too.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Closing {
+    /// Reading and answering.
+    Open,
+    /// Asked to close (by the handler, the peer's EOF, a limit, the stop): the pending output
+    /// goes first.
+    Flushing(CloseReason),
+    /// The last output is with the backend with the close fused behind it
+    /// (`Op::Send::close_after`): the input was known to be finished. No `Op::Close` follows,
+    /// unless the send must be aborted (idle timeout, stop deadline: `Op::AbortSend`).
+    LastSend,
+    /// The answer is out and the sending side shut down; what the peer still sends is read and
+    /// discarded until its FIN or the lingering bounds, then the connection closes (nginx's
+    /// lingering close, RFC 9112 §9.6). A close with input left unread would make the kernel
+    /// reset the connection and drop the answer from the peer's receive queue.
+    Lingering {
+        /// The lingering ends here at the latest (`Limits::linger_time`).
+        until: Instant,
+        /// Bytes read and discarded so far (`Limits::linger_bytes_max`).
+        discarded: u64,
+    },
+    /// `Op::Close` or `Op::AbortSend` is with the backend: `Completion::Closed` follows.
+    CloseQueued,
+}
+
 struct Conn<H> {
     handler: H,
     generation: u64,
@@ -60,11 +88,11 @@ struct Conn<H> {
     in_flight: u64,
     recv_paused: bool,
     eof: bool,
-    closing: Option<CloseReason>,
-    close_sent: bool,
-    /// The close went to the backend with the last send (`Op::Send::close_after`): no
-    /// `Op::Close` follows, unless the send must be aborted (idle timeout, stop deadline).
-    close_with_send: bool,
+    closing: Closing,
+    /// The peer sent input this connection will not read, or may still be sending: its close
+    /// must linger. Set when the close begins (a protocol error, unconsumed input, an unread
+    /// body: [`super::handler::Handler::expects_input`]) and when input arrives during it.
+    unread: bool,
     last_active: Instant,
     /// Whether a request of this connection completed (or it closed): not waiting any more.
     served: bool,
@@ -76,6 +104,12 @@ impl<H> Conn<H> {
     /// Output not yet sent: queued plus in flight. Reading pauses when it reaches the limit.
     fn pending(&self) -> u64 {
         self.output.total_len() + self.in_flight
+    }
+
+    /// Whether the close may go with the last answer: the input is known to be finished (the
+    /// peer's FIN was read, or the requests were read to their end and nothing else came).
+    fn input_finished(&self) -> bool {
+        self.eof || !self.unread
     }
 }
 
@@ -89,6 +123,8 @@ pub struct Worker<S: Service, B: Backend> {
     /// Idle-timeout queue: (deadline, conn, generation). Lazily corrected: an entry whose
     /// connection was active since is re-queued at its real deadline when it comes up.
     idle: VecDeque<(Instant, ConnId, u64)>,
+    /// Lingering closes: (deadline, conn, generation), lazily corrected like `idle`.
+    linger: VecDeque<(Instant, ConnId, u64)>,
     spare_bufs: Vec<Vec<u8>>,
     /// Allowances, pacing, pauses, the steal in flight and the stop's accept phase.
     accept: AcceptPath,
@@ -120,6 +156,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
             open: 0,
             next_generation: 0,
             idle: VecDeque::new(),
+            linger: VecDeque::new(),
             spare_bufs: Vec::new(),
             drain_deadline: None,
             sweep_at: None,
@@ -146,6 +183,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
                 self.handle(c, now);
             }
             self.expire_idle(now);
+            self.expire_linger(now);
             self.accept.maybe_resume(&mut self.backend, self.open, now);
             self.balance_turn(now);
             self.accept.turn(&mut self.backend, self.open);
@@ -155,9 +193,11 @@ impl<S: Service, B: Backend> Worker<S, B> {
 
     fn next_timeout(&self, now: Instant) -> Option<Duration> {
         let mut deadline = self.idle.front().map(|e| e.0);
+        let linger = self.linger.front().map(|e| e.0);
         let [resume, drain_check] = self.accept.deadlines();
         let watch = self.balance.as_ref().and_then(|b| b.watch_at());
         for d in [
+            linger,
             resume,
             self.drain_deadline,
             drain_check,

@@ -1,7 +1,7 @@
 //! Output: sending the handler's output one chunk at a time (the last one may carry the
 //! close), send completions, and the spare send buffers kept for reuse.
 
-use super::Worker;
+use super::{Closing, Worker};
 use crate::runtime::backend::{Backend, ConnId, Op};
 use crate::runtime::handler::{Chunk, Service};
 use crate::runtime::stats::ErrorKind;
@@ -43,7 +43,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
         let Some(conn) = self.conns.get_mut(id as usize).and_then(Option::as_mut) else {
             return;
         };
-        if conn.sending || conn.close_sent || conn.close_with_send {
+        if conn.sending || !matches!(conn.closing, Closing::Open | Closing::Flushing(_)) {
             return;
         }
         let spare = self.spare_bufs.pop().unwrap_or_default();
@@ -51,10 +51,15 @@ impl<S: Service, B: Backend> Worker<S, B> {
             Some(Chunk::Bytes(buf)) => {
                 conn.sending = true;
                 conn.in_flight = buf.len() as u64;
-                // The last output of a closing connection: the backend closes after it (one
-                // turn and, on loopback, one packet fewer than send, then close).
-                let close_after = conn.closing.is_some() && conn.output.is_empty();
-                conn.close_with_send = close_after;
+                // The last output of a closing connection whose input is finished: the backend
+                // closes after it (one turn and, on loopback, one packet fewer than send, then
+                // close). Else the close waits for the send and lingers (`finish_close`).
+                let close_after = matches!(conn.closing, Closing::Flushing(_))
+                    && conn.output.is_empty()
+                    && (conn.input_finished() || self.setup.limits.linger_time.is_zero());
+                if close_after {
+                    conn.closing = Closing::LastSend;
+                }
                 self.backend.push(Op::Send {
                     conn: id,
                     buf,
@@ -67,9 +72,8 @@ impl<S: Service, B: Backend> Worker<S, B> {
                 self.backend.push(Op::SendFile { conn: id, region });
             }
             None => {
-                if conn.closing.is_some() {
-                    conn.close_sent = true;
-                    self.backend.push(Op::Close { conn: id });
+                if matches!(conn.closing, Closing::Flushing(_)) {
+                    self.finish_close(id);
                 }
             }
         }

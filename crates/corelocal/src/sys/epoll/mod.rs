@@ -190,6 +190,12 @@ impl EpollBackend {
             Op::SendFile { conn, region } => {
                 self.start_send(conn, PendingSend::File { region, sent: 0 })?
             }
+            Op::Shutdown { conn } => {
+                // A failure (the peer reset already) shows up in the next receive.
+                if let Some(c) = self.conn_mut(conn) {
+                    let _ = crate::sys::socket::shutdown_write(c.fd.as_raw_fd());
+                }
+            }
             Op::Close { conn } => {
                 // Dropping the descriptor closes it, which also removes it from the epoll set.
                 if let Some(slot) = self.conns.get_mut(conn as usize) {

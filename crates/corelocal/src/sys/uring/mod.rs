@@ -34,7 +34,7 @@ use buf_ring::BufRing;
 use io_uring::{opcode, types, IoUring};
 use state::{
     split, user_data, RecvState, Slot, KIND_ACCEPT, KIND_ACCEPT_ONE, KIND_CANCEL, KIND_CLOSE,
-    KIND_RECV, KIND_SEND, KIND_SOCKOPT, KIND_STEAL, KIND_WAKE,
+    KIND_RECV, KIND_SEND, KIND_SHUTDOWN, KIND_SOCKOPT, KIND_STEAL, KIND_WAKE,
 };
 use std::collections::VecDeque;
 use std::io;
@@ -200,6 +200,14 @@ impl UringBackend {
                 let total = region.len;
                 self.start_send(conn, Vec::new(), Some((region, total)), false);
             }
+            Op::Shutdown { conn } => {
+                // The result is not needed: a failure (the peer reset) ends the receive too.
+                let entry = opcode::Shutdown::new(types::Fixed(conn), libc::SHUT_WR)
+                    .build()
+                    .flags(io_uring::squeue::Flags::SKIP_SUCCESS)
+                    .user_data(user_data(KIND_SHUTDOWN, 0, conn));
+                self.sqe(entry);
+            }
             Op::Close { conn } => self.close(conn),
             Op::AbortSend { conn } => self.abort_last_send(conn),
         }
@@ -212,7 +220,7 @@ impl UringBackend {
             KIND_ACCEPT => self.on_accept(id, res, flags),
             KIND_ACCEPT_ONE => self.on_accept_one(id, res),
             KIND_STEAL => self.on_steal(id, res),
-            KIND_CANCEL => {}
+            KIND_CANCEL | KIND_SHUTDOWN => {}
             _ => {
                 let Some(slot) = self.slots.get(id as usize) else {
                     return;

@@ -13,6 +13,7 @@ pub(super) const KIND_WAKE: u64 = 6;
 pub(super) const KIND_SOCKOPT: u64 = 7;
 pub(super) const KIND_STEAL: u64 = 8;
 pub(super) const KIND_ACCEPT_ONE: u64 = 9;
+pub(super) const KIND_SHUTDOWN: u64 = 10;
 
 pub(super) fn user_data(kind: u64, generation: u32, id: u32) -> u64 {
     (kind << 56) | ((generation as u64 & 0x00ff_ffff) << 32) | id as u64
