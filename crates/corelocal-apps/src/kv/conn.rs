@@ -409,9 +409,9 @@ impl Handler for KvConn {
                         write_line(out.bytes_mut(), r.reply);
                     }
                 }
-                Ok(Command::Quit) => {
-                    return Step::close(input.len(), requests, CloseReason::Done);
-                }
+                // What follows `quit` stays unconsumed: the close then lingers, so the
+                // answers before it reach a client that pipelined more behind it.
+                Ok(Command::Quit) => return Step::close(consumed, requests, CloseReason::Done),
                 Ok(Command::CrossProtocol) => {
                     return Step::close(input.len(), requests, CloseReason::BadRequest);
                 }

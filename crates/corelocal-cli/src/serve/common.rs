@@ -77,6 +77,21 @@ pub struct CommonArgs {
     /// Close connections idle this long (e.g. 60s, 500ms).
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     pub(super) idle_timeout: Duration,
+    /// Lingering close (nginx's lingering_time): when a connection closes while its client may
+    /// still be sending (an error answered before the request was read to its end, an unread
+    /// body, requests pipelined after `Connection: close`), the answer goes out, the sending
+    /// side is shut down, and what the client still sends is read and discarded for at most
+    /// this long before the close; a plain close would reset the connection and destroy the
+    /// answer. 0 turns lingering off.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub(super) linger_time: Duration,
+    /// Lingering close (nginx's lingering_timeout): close a lingering connection whose client
+    /// stayed silent this long.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub(super) linger_timeout: Duration,
+    /// Lingering close: close once this many bytes were read and discarded.
+    #[arg(long, default_value = "16MiB", value_parser = parse_bytes)]
+    pub(super) linger_bytes: u64,
     /// On SIGINT/SIGTERM, let requests in progress finish for up to this long.
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     pub(super) drain_timeout: Duration,

@@ -28,6 +28,9 @@ pub(super) fn server_config(common: &CommonArgs) -> Result<ServerConfig, String>
     config.backend = common.backend.parse::<BackendKind>()?;
     config.limits.idle_timeout = common.idle_timeout.max(Duration::from_millis(1));
     config.limits.drain_timeout = common.drain_timeout;
+    config.limits.linger_time = common.linger_time;
+    config.limits.linger_timeout = common.linger_timeout.max(Duration::from_millis(1));
+    config.limits.linger_bytes_max = common.linger_bytes;
     config.limits.conns_per_worker_max = common.conns_per_worker as usize;
     config.limits.accept_batch_max = common.accept_batch as usize;
     config.limits.output_bytes_max = usize::try_from(common.output_limit).unwrap_or(usize::MAX);

@@ -98,9 +98,11 @@ impl<S: Service, B: Backend> Worker<S, B> {
         if verdict.is_none() && is_stuck(conn, &limits) {
             verdict = Some(CloseReason::TooLarge);
         }
-        if verdict.is_none() && conn.pending() < limits.output_bytes_max as u64 {
+        // A closing connection stays paused: its lingering close resumes reading, to discard.
+        let open = conn.closing == Closing::Open;
+        if verdict.is_none() && open && conn.pending() < limits.output_bytes_max as u64 {
             conn.recv_paused = false;
-            if !conn.eof && conn.closing == Closing::Open {
+            if !conn.eof {
                 self.backend.push(Op::Recv { conn: id });
             }
         }
