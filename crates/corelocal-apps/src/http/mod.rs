@@ -166,7 +166,9 @@ impl HttpService {
                     .create(true)
                     .append(true)
                     .open(p)
-                    .map_err(|e| io::Error::new(e.kind(), format!("access log {}: {e}", p.display())))?,
+                    .map_err(|e| {
+                        io::Error::new(e.kind(), format!("access log {}: {e}", p.display()))
+                    })?,
             ))),
         };
         Ok(HttpService {

@@ -2,9 +2,9 @@
 //! service's config and serves it.
 
 use super::args::{App, Command, HttpArgs};
-use crate::check;
 use super::common::CommonArgs;
 use super::{fail, serve};
+use crate::check;
 use corelocal_apps::http::{AccessLog, HttpConfig, HttpService};
 use corelocal_apps::kv::{KvConfig, KvService};
 use corelocal_apps::rpc::{RpcConfig, RpcService};

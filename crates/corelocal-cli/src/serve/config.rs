@@ -17,7 +17,9 @@ fn check_common(common: &CommonArgs) -> Result<(), String> {
     }
     for (i, addr) in common.listen.iter().enumerate() {
         if addr.port() != 0 && common.listen[..i].contains(addr) {
-            return Err(format!("--listen {addr} is given twice; give each address once"));
+            return Err(format!(
+                "--listen {addr} is given twice; give each address once"
+            ));
         }
     }
     check::positive("--idle-timeout", common.idle_timeout, "60s")?;

@@ -50,7 +50,10 @@ fn balancer_pairs_name_the_bad_part_and_a_right_one() {
 fn cpus_parse_errors_show_the_forms() {
     use super::common::parse_cpus;
     let e = parse_cpus("abc").unwrap_err();
-    assert!(e.contains("\"abc\"") && e.contains("a cpulist like 0-3,8"), "{e}");
+    assert!(
+        e.contains("\"abc\"") && e.contains("a cpulist like 0-3,8"),
+        "{e}"
+    );
     let e = parse_cpus(" ").unwrap_err();
     assert!(e.starts_with("empty CPU set"), "{e}");
 }

@@ -76,7 +76,11 @@ impl fmt::Display for UnavailableCpus {
         let mut sep = "";
         if !self.offline.is_empty() {
             let online = &self.online;
-            write!(f, "{} not online on this host (online: {online})", cpus_noun(&self.offline))?;
+            write!(
+                f,
+                "{} not online on this host (online: {online})",
+                cpus_noun(&self.offline)
+            )?;
             sep = "; ";
         }
         if !self.refused.is_empty() {
@@ -140,9 +144,15 @@ mod tests {
 
     #[test]
     fn unavailable_names_missing_and_refused_cpus_and_the_usable_ones() {
-        assert_eq!(UnavailableCpus::find(&set("0-1"), &set("0-1"), &set("0-1")), None);
+        assert_eq!(
+            UnavailableCpus::find(&set("0-1"), &set("0-1"), &set("0-1")),
+            None
+        );
         let u = UnavailableCpus::find(&set("0-7"), &set("0-1"), &set("0-1")).unwrap();
-        assert_eq!((u.offline.clone(), u.refused.clone()), (set("2-7"), set("")));
+        assert_eq!(
+            (u.offline.clone(), u.refused.clone()),
+            (set("2-7"), set(""))
+        );
         assert_eq!(
             u.to_string(),
             "CPUs 2-7 are not online on this host (online: 0-1); CPUs this process can use: 0-1"
