@@ -32,7 +32,8 @@ enum Action {
 pub fn run(cmd: Command) -> ExitCode {
     match cmd.action {
         Action::Gen { out } => match check_out(&out).and_then(|()| {
-            corelocal_apps::http::write_default_site(&out).map_err(|e| e.to_string())
+            corelocal_apps::http::write_default_site(&out)
+                .map_err(|e| format!("cannot write the files there: {e}"))
         }) {
             Ok(written) => {
                 let bytes: usize = (0..fileset::FILE_COUNT).map(fileset::size).sum();
@@ -46,10 +47,7 @@ pub fn run(cmd: Command) -> ExitCode {
                 ExitCode::SUCCESS
             }
             Err(e) => {
-                eprintln!(
-                    "corelocal files gen: --out {}: cannot write the files there: {e}",
-                    out.display()
-                );
+                eprintln!("corelocal files gen: --out {}: {e}", out.display());
                 ExitCode::FAILURE
             }
         },

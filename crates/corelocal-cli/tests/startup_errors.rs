@@ -309,3 +309,155 @@ fn conflicting_and_missing_targets_are_named() {
         ],
     );
 }
+
+#[test]
+fn bench_checks_its_flags_before_it_connects() {
+    let t = ScratchDir::new("startup-bench");
+    let online = corelocal::cpu::online().expect("online CPUs");
+    let beyond = (online.max().unwrap() + 4).to_string();
+    // Port 1 on loopback refuses: any message below comes before the connect.
+    let bench = |args: &[&str], parts: &[&str]| {
+        let mut v = vec![
+            "bench",
+            "rpc",
+            "--target",
+            "127.0.0.1:1",
+            "--progress",
+            "never",
+        ];
+        v.extend_from_slice(args);
+        let err = fails(&v, 2, parts);
+        assert!(!err.contains("cannot connect"), "{args:?}: {err}");
+    };
+    bench(
+        &["--cpus", &beyond],
+        &[
+            &format!("--cpus {beyond}: CPU {beyond} is not online"),
+            "can use: ",
+        ],
+    );
+    bench(
+        &["--json", &show(&t)],
+        &[
+            &format!("--json {}: is a directory", show(&t)),
+            "bench.json",
+        ],
+    );
+    bench(
+        &["--server-pid", "2147483647"],
+        &["--server-pid 2147483647: no process 2147483647 is running"],
+    );
+    bench(
+        &["--src", "192.0.2.7"],
+        &[
+            "--src 192.0.2.7: 192.0.2.7 is not an address of this host",
+            "--src auto",
+        ],
+    );
+    bench(
+        &["--timeout", "0"],
+        &["--timeout 0: must be positive, e.g. --timeout 5s"],
+    );
+    bench(
+        &["--msg-size", "99999999999"],
+        &["--msg-size 99999999999: must be 1 to 16777216 bytes"],
+    );
+    bench(
+        &["--conns", "100000000"],
+        &["--conns 100000000: at most 1000000"],
+    );
+    bench(
+        &["--max-error-rate", "5"],
+        &["--max-error-rate 5: a fraction from 0 to 1"],
+    );
+    fails(
+        &["bench", "rpc", "--target", "127.0.0.1"],
+        2,
+        &["--target 127.0.0.1: no port; write HOST:PORT"],
+    );
+    fails(
+        &["bench", "rpc", "--target", "127.0.0.1:1"],
+        2,
+        &["cannot connect to 127.0.0.1:1", "is the server running"],
+    );
+}
+
+#[test]
+fn sim_files_top_tune_sweep_and_steer_name_their_bad_values() {
+    let t = ScratchDir::new("startup-tools");
+    fails(
+        &["sim", "--hog-start", "5", "--hog-end", "1"],
+        2,
+        &["--hog-end 1: before --hog-start 5"],
+    );
+    fails(
+        &["sim", "--cores", "0"],
+        2,
+        &["--cores 0: a number of cores from 1 to 1024"],
+    );
+    fails(
+        &["sim", "--groups", "1000"],
+        2,
+        &["--groups 1000: must be a power of two"],
+    );
+    fails(
+        &["sim", "--svg", &show(&t)],
+        2,
+        &[&format!("--svg {}: is a directory", show(&t))],
+    );
+    let file = t.join("f");
+    std::fs::write(&file, "x").unwrap();
+    fails(
+        &["files", "gen", "--out", &show(&file.join("site"))],
+        1,
+        &[
+            &format!(
+                "--out {}: {} is a file, not a directory",
+                show(&file.join("site")),
+                show(&file)
+            ),
+            "created if missing",
+        ],
+    );
+    fails(
+        &["top", "--count", "0", "--json"],
+        2,
+        &["--count 0: at least 1 view"],
+    );
+    fails(
+        &["tune", "--root", &show(&t), "show"],
+        2,
+        &[&format!("--root {}: not the root of a /sys tree", show(&t))],
+    );
+    fails(
+        &["tune", "plan", "--profile", "rps", "--output", &show(&t)],
+        2,
+        &[
+            &format!("--output {}: is a directory", show(&t)),
+            "tune-plan.json",
+        ],
+    );
+    let prefix = t.join("no/sweep");
+    fails(
+        &["sweep", "--out", &show(&prefix)],
+        2,
+        &[&format!(
+            "--out {}: directory {} does not exist",
+            show(&prefix),
+            show(&t.join("no"))
+        )],
+    );
+    fails(
+        &["steer", "status", "--pid", "2147483647"],
+        1,
+        &[
+            "--pid 2147483647: no process 2147483647 is running",
+            "pgrep",
+        ],
+    );
+    fails(
+        &["steer", "attach", "--pid", "1", "--listen", "foo"],
+        2,
+        &["'foo' for '--listen", "expected ADDR:PORT"],
+    );
+}
