@@ -307,7 +307,9 @@ fn run_thread(spec: &RunSpec, plan: Plan, cpu: usize) -> Result<ThreadResult, St
 pub fn probe_target(target: SocketAddrV4) -> Result<(), String> {
     match TcpStream::connect_timeout(&target.into(), Duration::from_secs(2)) {
         Ok(_) => Ok(()),
-        Err(e) => Err(format!("cannot connect to {target}: {e}")),
+        Err(e) => Err(format!(
+            "--target: cannot connect to {target}: {e}; is the server running and listening there?"
+        )),
     }
 }
 

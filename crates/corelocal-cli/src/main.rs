@@ -3,6 +3,7 @@
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
+mod check;
 mod duration;
 mod files;
 mod metrics;

@@ -199,7 +199,7 @@ pub fn start_for(
         ("steering", server.steering().to_string()),
     ];
     let endpoint = Endpoint::start(addr, server.stats_reader(), info)
-        .map_err(|e| format!("metrics endpoint on {addr}: {e}"))?;
+        .map_err(|e| crate::check::bind_error("--metrics", addr, &e))?;
     eprintln!(
         "corelocal serve {app}: metrics on http://{}/metrics (and /metrics.json)",
         endpoint.local_addr()

@@ -1,7 +1,9 @@
 //! `corelocal sim`: the many-core balancer simulation (seed 000 §6.5). The simulator itself
 //! is `corelocal::balance::sim`; this file parses arguments and writes files.
 
-use corelocal::balance::sim::{self, BalancerMode, SimConfig};
+use crate::check;
+use corelocal::balance::sim::{self, BalancerMode, SimConfig, CORES_MAX};
+use corelocal::balance::FLOW_GROUPS_MAX;
 use std::process::ExitCode;
 
 /// `corelocal sim` arguments.
@@ -27,7 +29,7 @@ pub struct Command {
     #[arg(long)]
     hog_end: Option<f64>,
     /// Balancer: on (stealing + migration), steal (stealing only) or off.
-    #[arg(long, default_value = "on")]
+    #[arg(long, default_value = "on", value_parser = ["on", "steal", "off"])]
     balancer: String,
     /// RNG seed.
     #[arg(long, default_value_t = 0)]
@@ -56,11 +58,93 @@ pub struct Command {
     svg: Option<std::path::PathBuf>,
 }
 
-fn seconds_to_ms(what: &str, s: f64) -> Result<u64, String> {
-    if !s.is_finite() || !(0.0..=86_400.0).contains(&s) {
-        return Err(format!("{what} must be 0..=86400 seconds"));
+fn seconds_to_ms(s: f64) -> u64 {
+    (s * 1000.0).round() as u64
+}
+
+/// Checks every flag before the run, naming the flag, its value and the accepted range.
+fn check_args(cmd: &Command) -> Result<(), String> {
+    let range = |flag: &str, value: u64, lo: u64, hi: u64, what: &str| {
+        if (lo..=hi).contains(&value) {
+            Ok(())
+        } else {
+            Err(format!("{flag} {value}: {what} from {lo} to {hi}"))
+        }
+    };
+    range(
+        "--cores",
+        cmd.cores as u64,
+        1,
+        CORES_MAX as u64,
+        "a number of cores",
+    )?;
+    if cmd.hog > cmd.cores {
+        return Err(format!(
+            "--hog {}: more hogged cores than --cores {}; at most {}",
+            cmd.hog, cmd.cores, cmd.cores
+        ));
     }
-    Ok((s * 1000.0).round() as u64)
+    range("--hog-share", cmd.hog_share.into(), 0, 100, "a percentage")?;
+    range(
+        "--load",
+        cmd.load.into(),
+        1,
+        100,
+        "a percentage of all cores' CPU time",
+    )?;
+    range(
+        "--queue-cap",
+        cmd.queue_cap.into(),
+        1,
+        65_536,
+        "a queue length",
+    )?;
+    range(
+        "--inflight-max",
+        cmd.inflight_max.into(),
+        1,
+        1_000_000,
+        "a connection count",
+    )?;
+    if !cmd.groups.is_power_of_two() || cmd.groups > FLOW_GROUPS_MAX {
+        return Err(format!(
+            "--groups {}: must be a power of two from 1 to {FLOW_GROUPS_MAX}, e.g. 4096",
+            cmd.groups
+        ));
+    }
+    let seconds = |flag: &str, s: f64, hi: f64| {
+        if s.is_finite() && (0.0..=hi).contains(&s) {
+            Ok(())
+        } else {
+            Err(format!("{flag} {s}: seconds from 0 to {hi}"))
+        }
+    };
+    seconds("--duration", cmd.duration, 3600.0)?;
+    if seconds_to_ms(cmd.duration) == 0 {
+        return Err(format!(
+            "--duration {}: must be at least 0.001 seconds, e.g. --duration 60",
+            cmd.duration
+        ));
+    }
+    seconds("--hog-start", cmd.hog_start, 86_400.0)?;
+    if let Some(end) = cmd.hog_end {
+        seconds("--hog-end", end, 86_400.0)?;
+        if end < cmd.hog_start {
+            return Err(format!(
+                "--hog-end {end}: before --hog-start {}; the hog must end after it starts",
+                cmd.hog_start
+            ));
+        }
+    }
+    for (flag, path, example) in [
+        ("--json", &cmd.json, "sim.json"),
+        ("--svg", &cmd.svg, "sim.svg"),
+    ] {
+        if let Some(p) = path {
+            check::output_file(flag, p, example)?;
+        }
+    }
+    Ok(())
 }
 
 fn config(cmd: &Command) -> Result<SimConfig, String> {
@@ -68,12 +152,9 @@ fn config(cmd: &Command) -> Result<SimConfig, String> {
     let mut c = SimConfig::new(cmd.cores, cmd.hog, mode, cmd.seed);
     c.hog_share_pct = cmd.hog_share;
     c.busy_detection = cmd.busy_detection.parse()?;
-    c.hog_start_ms = seconds_to_ms("--hog-start", cmd.hog_start)?;
-    c.hog_end_ms = cmd
-        .hog_end
-        .map(|s| seconds_to_ms("--hog-end", s))
-        .transpose()?;
-    c.duration_ms = seconds_to_ms("--duration", cmd.duration)?;
+    c.hog_start_ms = seconds_to_ms(cmd.hog_start);
+    c.hog_end_ms = cmd.hog_end.map(seconds_to_ms);
+    c.duration_ms = seconds_to_ms(cmd.duration);
     c.load_pct = cmd.load;
     c.queue_cap = cmd.queue_cap;
     c.flow_groups = cmd.groups;
@@ -83,7 +164,10 @@ fn config(cmd: &Command) -> Result<SimConfig, String> {
 
 /// Runs `corelocal sim`.
 pub fn run(cmd: Command) -> ExitCode {
-    let report = match config(&cmd).and_then(|c| sim::run(&c)) {
+    let report = match check_args(&cmd)
+        .and_then(|()| config(&cmd))
+        .and_then(|c| sim::run(&c))
+    {
         Ok(r) => r,
         Err(e) => {
             eprintln!("corelocal sim: {e}");
@@ -125,4 +209,67 @@ pub fn run(cmd: Command) -> ExitCode {
         }
     }
     ExitCode::SUCCESS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct T {
+        #[command(flatten)]
+        c: Command,
+    }
+
+    fn error(args: &[&str]) -> String {
+        let mut v = vec!["sim"];
+        v.extend_from_slice(args);
+        check_args(&T::try_parse_from(v).unwrap().c).unwrap_err()
+    }
+
+    #[test]
+    fn each_bad_value_is_named_with_its_range() {
+        assert_eq!(check_args(&T::try_parse_from(["sim"]).unwrap().c), Ok(()));
+        for (args, want) in [
+            (
+                &["--cores", "0"][..],
+                "--cores 0: a number of cores from 1 to 1024",
+            ),
+            (
+                &["--cores", "4", "--hog", "5"][..],
+                "--hog 5: more hogged cores than --cores 4",
+            ),
+            (
+                &["--hog-share", "101"][..],
+                "--hog-share 101: a percentage from 0 to 100",
+            ),
+            (&["--load", "0"][..], "--load 0: a percentage"),
+            (
+                &["--queue-cap", "0"][..],
+                "--queue-cap 0: a queue length from 1 to 65536",
+            ),
+            (&["--inflight-max", "0"][..], "--inflight-max 0"),
+            (
+                &["--groups", "1000"][..],
+                "--groups 1000: must be a power of two",
+            ),
+            (
+                &["--duration", "7200"][..],
+                "--duration 7200: seconds from 0 to 3600",
+            ),
+            (
+                &["--duration", "0"][..],
+                "--duration 0: must be at least 0.001 seconds",
+            ),
+            (
+                &["--hog-start", "5", "--hog-end", "1"][..],
+                "--hog-end 1: before --hog-start 5",
+            ),
+            (&["--json", "/"][..], "--json /: is a directory"),
+        ] {
+            let e = error(args);
+            assert!(e.contains(want), "{args:?}: {e}");
+        }
+    }
 }

@@ -439,7 +439,7 @@ fn metrics_flag_errors_are_clear() {
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("metrics endpoint") && err.contains("in use"),
+        err.contains(&format!("--metrics {port}")) && err.contains("in use"),
         "{err}"
     );
 }

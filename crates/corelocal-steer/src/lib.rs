@@ -43,10 +43,10 @@ pub struct Command {
 #[derive(Debug, Args)]
 struct Target {
     /// The server's PID (its master); its children are found from /proc.
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pid: u32,
     /// Only these groups: ADDR:PORT, or PORT for every address (repeatable).
-    #[arg(long = "listen")]
+    #[arg(long = "listen", value_parser = parse_listen_filter)]
     listen: Vec<String>,
 }
 
@@ -66,10 +66,10 @@ enum Action {
     /// Per group: listeners, worker PID → CPU, method, per-CPU steered vs fallback counts.
     Status {
         /// The server's PID; without it, every loaded cl_cpu_pick program is listed.
-        #[arg(long)]
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
         pid: Option<u32>,
         /// Only these groups: ADDR:PORT or PORT (repeatable).
-        #[arg(long = "listen")]
+        #[arg(long = "listen", value_parser = parse_listen_filter)]
         listen: Vec<String>,
         /// JSON output.
         #[arg(long)]
@@ -100,8 +100,45 @@ enum Action {
     },
 }
 
+/// A `--listen` filter: `ADDR:PORT` (`0.0.0.0:80`, `[::]:80`) or `PORT` (1 to 65535).
+fn parse_listen_filter(text: &str) -> Result<String, String> {
+    let t = text.trim();
+    match t.parse::<u16>() {
+        Ok(0) => {
+            Err("port 0 is never a listening port; give the port the server listens on".into())
+        }
+        Ok(_) => Ok(t.to_string()),
+        Err(_) if t.parse::<std::net::SocketAddr>().is_ok() => Ok(t.to_string()),
+        Err(_) => Err(format!(
+            "expected ADDR:PORT (e.g. 0.0.0.0:80 or [::]:80) or a PORT alone for every address \
+             (e.g. 80), got {t:?}"
+        )),
+    }
+}
+
+/// The process `--pid` names is running.
+fn check_pid(pid: u32) -> Result<(), SteerError> {
+    if std::path::Path::new(&format!("/proc/{pid}")).exists() {
+        return Ok(());
+    }
+    Err(SteerError(format!(
+        "--pid {pid}: no process {pid} is running; give the PID of the server's master process \
+         (e.g. `pgrep -o nginx`)"
+    )))
+}
+
 /// Runs `corelocal steer`.
 pub fn run(cmd: Command) -> ExitCode {
+    let pid = match &cmd.action {
+        Action::Attach { target, .. }
+        | Action::Detach { target }
+        | Action::Watch { target, .. } => Some(target.pid),
+        Action::Status { pid, .. } => *pid,
+    };
+    if let Some(Err(e)) = pid.map(check_pid) {
+        eprintln!("corelocal steer: {e}");
+        return ExitCode::FAILURE;
+    }
     let result = match cmd.action {
         Action::Attach {
             target,
@@ -351,4 +388,27 @@ fn watch_cmd(
         &stop,
         &mut |m| eprintln!("{} {m}", watch::clock()),
     )
+}
+
+#[cfg(test)]
+mod flag_tests {
+    use super::*;
+
+    #[test]
+    fn listen_filters_and_pids_say_what_is_right() {
+        assert_eq!(parse_listen_filter("80"), Ok("80".into()));
+        assert_eq!(parse_listen_filter("0.0.0.0:80"), Ok("0.0.0.0:80".into()));
+        let e = parse_listen_filter("foo").unwrap_err();
+        assert!(
+            e.contains("expected ADDR:PORT") && e.contains("\"foo\""),
+            "{e}"
+        );
+        assert!(parse_listen_filter("0").unwrap_err().contains("port 0"));
+        assert!(check_pid(std::process::id()).is_ok());
+        let e = check_pid(u32::MAX).unwrap_err().to_string();
+        assert!(
+            e.contains("--pid 4294967295: no process 4294967295 is running"),
+            "{e}"
+        );
+    }
 }

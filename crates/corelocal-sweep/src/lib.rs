@@ -202,6 +202,7 @@ fn dispatch(cmd: &Command) -> Result<ExitCode, SweepError> {
         cell::send_forever(dst, &cfg, cmd.send_for).map_err(SweepError::Failed)?;
         return Ok(ExitCode::SUCCESS);
     }
+    check_out(&cmd.out)?;
     let report = sweep(cmd, &topo)?;
     write_outputs(cmd, &report)?;
     let complete = report.cells.iter().all(|c| c.gbps.is_some());
@@ -210,6 +211,40 @@ fn dispatch(cmd: &Command) -> Result<ExitCode, SweepError> {
     } else {
         ExitCode::from(1)
     })
+}
+
+/// `--out PREFIX`: PREFIX.json and PREFIX.svg go into an existing directory (checked before
+/// the sweep, not after it).
+fn check_out(prefix: &Path) -> Result<(), SweepError> {
+    let dir = match prefix.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    if prefix.is_dir() {
+        return Err(SweepError::Input(format!(
+            "--out {}: is a directory; give a file name prefix inside it (PREFIX.json and \
+             PREFIX.svg are written), e.g. --out {}",
+            prefix.display(),
+            prefix.join("sweep").display()
+        )));
+    }
+    if prefix.as_os_str().is_empty() || prefix.to_string_lossy().ends_with('/') {
+        return Err(SweepError::Input(format!(
+            "--out {:?}: a file name prefix, not a directory (PREFIX.json and PREFIX.svg are \
+             written), e.g. --out {}sweep",
+            prefix.display().to_string(),
+            prefix.display()
+        )));
+    }
+    if !dir.is_dir() {
+        return Err(SweepError::Input(format!(
+            "--out {}: directory {} does not exist; create it or give a prefix in an existing \
+             directory (PREFIX.json and PREFIX.svg are written)",
+            prefix.display(),
+            dir.display()
+        )));
+    }
+    Ok(())
 }
 
 /// The matrix CPUs: `--cpus` (must be online) or every online CPU.
@@ -238,11 +273,21 @@ pub fn matrix_cpus(spec: Option<&str>, topo: &Topology) -> Result<CpuSet, SweepE
 fn cell_config(cmd: &Command, topo: &Topology, matrix: &CpuSet) -> Result<CellConfig, SweepError> {
     for (name, d) in [("--duration", cmd.duration), ("--warmup", cmd.warmup)] {
         if d > DURATION_MAX {
-            return Err(SweepError::Input(format!("{name} is at most 600s")));
+            return Err(SweepError::Input(format!(
+                "{name} {:?}: at most {}s",
+                d,
+                DURATION_MAX.as_secs()
+            )));
         }
     }
     if usize::from(cmd.port) + usize::from(cmd.flows) > 65535 {
-        return Err(SweepError::Input("--port + --flows exceeds 65535".into()));
+        return Err(SweepError::Input(format!(
+            "--port {} with --flows {}: the flows use ports {}.., past 65535; use --port at most {}",
+            cmd.port,
+            cmd.flows,
+            cmd.port,
+            65535 - usize::from(cmd.flows)
+        )));
     }
     let sender_cpu = match cmd.sender_cpu.as_str() {
         "auto" => placement::sender_cpu(topo, matrix, &topo.online),
@@ -252,7 +297,10 @@ fn cell_config(cmd: &Command, topo: &Topology, matrix: &CpuSet) -> Result<CellCo
                 SweepError::Input(format!("--sender-cpu {n:?}: a CPU, auto or none"))
             })?;
             if !topo.online.contains(c) {
-                return Err(SweepError::Input(format!("--sender-cpu {c} is not online")));
+                return Err(SweepError::Input(format!(
+                    "--sender-cpu {c}: CPU {c} is not online (online: {}); or auto, none",
+                    topo.online.to_list()
+                )));
             }
             Some(c)
         }
@@ -491,6 +539,30 @@ fn write_outputs(cmd: &Command, report: &Report) -> Result<(), SweepError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn out_prefix_must_be_in_an_existing_directory() {
+        assert!(check_out(Path::new("sweep")).is_ok());
+        assert!(check_out(&std::env::temp_dir().join("sweep")).is_ok());
+        let e = check_out(Path::new("/nonexistent-sweep-dir/x"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(
+                "--out /nonexistent-sweep-dir/x: directory /nonexistent-sweep-dir does not exist"
+            ),
+            "{e}"
+        );
+        let e = check_out(Path::new("/tmp/")).unwrap_err().to_string();
+        assert!(
+            e.contains("is a directory; give a file name prefix inside it"),
+            "{e}"
+        );
+        let e = check_out(Path::new("/nonexistent-sweep-dir/"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("a file name prefix, not a directory"), "{e}");
+    }
 
     #[test]
     fn durations_and_sizes() {

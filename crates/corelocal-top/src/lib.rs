@@ -99,7 +99,23 @@ fn check(cmd: &Command) -> Result<Duration, String> {
         ));
     }
     if !cmd.root.join("proc").is_dir() {
-        return Err(format!("--root {}: no proc directory", cmd.root.display()));
+        return Err(format!(
+            "--root {}: no proc directory under it; give / for this host or a fixture directory \
+             holding proc/ and sys/",
+            cmd.root.display()
+        ));
+    }
+    if cmd.count == Some(0) {
+        return Err("--count 0: at least 1 view (leave --count out to run until q)".into());
+    }
+    if let Some(path) = &cmd.server_stats {
+        if path.is_dir() {
+            return Err(format!(
+                "--server-stats {}: is a directory; give the file a server writes with \
+                 --stats-file FILE --json",
+                path.display()
+            ));
+        }
     }
     Ok(Duration::from_secs_f64(cmd.interval))
 }
@@ -253,5 +269,38 @@ mod tests {
         assert_eq!(s, "\x1b[Ha\x1b[K\r\nb\x1b[K\x1b[J");
         assert!(!s.contains("\x1b[2J"));
         assert!(wants_quit(b"xq") && wants_quit(&[3]) && !wants_quit(b"x"));
+    }
+
+    #[test]
+    fn bad_flags_are_named_with_a_right_value() {
+        let cmd = |args: &[&str]| {
+            #[derive(clap::Parser)]
+            struct T {
+                #[command(flatten)]
+                c: Command,
+            }
+            let mut v = vec!["top"];
+            v.extend_from_slice(args);
+            <T as clap::Parser>::try_parse_from(v).unwrap().c
+        };
+        assert!(check(&cmd(&[])).is_ok());
+        for (args, want) in [
+            (
+                &["--interval", "0"][..],
+                "--interval 0 out of range (0.1 to 60)",
+            ),
+            (&["--count", "0"][..], "--count 0: at least 1 view"),
+            (
+                &["--root", "/nonexistent-top-root"][..],
+                "no proc directory under it; give /",
+            ),
+            (
+                &["--server-stats", "/"][..],
+                "--server-stats /: is a directory",
+            ),
+        ] {
+            let e = check(&cmd(args)).unwrap_err();
+            assert!(e.contains(want), "{args:?}: {e}");
+        }
     }
 }

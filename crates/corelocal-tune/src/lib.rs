@@ -186,7 +186,38 @@ fn dispatch(cmd: Command) -> Result<ExitCode> {
 }
 
 fn topology(fs: &RootFs) -> Result<Topology> {
-    Topology::read(fs.root()).map_err(|e| TuneError::input(format!("reading CPU topology: {e}")))
+    let root = fs.root();
+    if !root.join("sys/devices/system/cpu").is_dir() {
+        return Err(TuneError::input(format!(
+            "--root {}: not the root of a /sys tree (no sys/devices/system/cpu under it); give / \
+             for this host or a fixture directory (corelocal tune fixture KIND DIR)",
+            root.display()
+        )));
+    }
+    Topology::read(root).map_err(|e| TuneError::input(format!("reading CPU topology: {e}")))
+}
+
+/// `--output PATH` can be written: not a directory, in an existing directory.
+fn check_output(path: &Path) -> Result<()> {
+    let shown = path.display();
+    if path.is_dir() {
+        return Err(TuneError::input(format!(
+            "--output {shown}: is a directory; give a file path such as {} (or - for stdout)",
+            path.join("tune-plan.json").display()
+        )));
+    }
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    if !dir.is_dir() {
+        return Err(TuneError::input(format!(
+            "--output {shown}: directory {} does not exist; create it or give a path in an \
+             existing directory (or - for stdout)",
+            dir.display()
+        )));
+    }
+    Ok(())
 }
 
 fn live_probe(nic: &str) -> (Probe<state::Channels>, Probe<state::Rss>) {
@@ -218,6 +249,9 @@ fn show(fs: &RootFs, a: &ShowArgs) -> Result<ExitCode> {
 }
 
 fn plan_cmd(fs: &RootFs, a: &PlanArgs) -> Result<ExitCode> {
+    if a.output != Path::new("-") {
+        check_output(&a.output)?;
+    }
     let topo = topology(fs)?;
     let host = read_host(fs, &topo, &a.nics)?;
     let opts = PlanOptions {
@@ -232,8 +266,12 @@ fn plan_cmd(fs: &RootFs, a: &PlanArgs) -> Result<ExitCode> {
         eprint!("{}", render::plan(&plan));
         return Ok(ExitCode::SUCCESS);
     }
-    std::fs::write(&a.output, json)
-        .map_err(|e| TuneError::failed(format!("cannot write {}: {e}", a.output.display())))?;
+    std::fs::write(&a.output, json).map_err(|e| {
+        TuneError::failed(format!(
+            "--output {}: cannot write it: {e}",
+            a.output.display()
+        ))
+    })?;
     print!("{}", render::plan(&plan));
     println!("plan written to {}", a.output.display());
     Ok(ExitCode::SUCCESS)

@@ -167,8 +167,9 @@ pub fn choose_cores(
     if housekeeping >= primaries.len() {
         return Err(TuneError::input(format!(
             "--housekeeping {housekeeping} leaves no core for network work: {} usable physical \
-             cores (online, not isolated, not nohz_full)",
-            primaries.len()
+             cores (online, not isolated, not nohz_full); use at most {}",
+            primaries.len(),
+            primaries.len().saturating_sub(1)
         )));
     }
     let mut hk = CpuSet::new();

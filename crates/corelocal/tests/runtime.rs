@@ -509,3 +509,29 @@ on_every_backend!(
     stock_mode_serves_from_one_shared_socket,
     a_released_server_leaves_the_shared_queue_to_its_successor
 );
+
+/// A worker CPU that is not online stops `Server::start` before any worker starts, with an
+/// error naming that CPU and the usable ones; a zero limit is a `Limits` error, not a listen
+/// error.
+#[test]
+fn unusable_cpus_and_zero_limits_are_typed_start_errors() {
+    let mut asked = cpus();
+    asked.insert(corelocal::cpu::CPU_ID_MAX);
+    let config = ServerConfig::new(vec!["127.0.0.1:0".parse().unwrap()], &asked, Mode::Fine);
+    match Server::start(config, Arc::new(Lines::default())) {
+        Err(e @ corelocal::runtime::ServerError::Cpus(_)) => {
+            let text = e.to_string();
+            assert!(text.contains("CPU 8191 is not online"), "{text}");
+            assert!(text.contains("CPUs this process can use: "), "{text}");
+        }
+        Err(e) => panic!("expected a CPU error, got {e}"),
+        Ok(_) => panic!("started on CPU 8191"),
+    }
+    let mut config = ServerConfig::new(vec!["127.0.0.1:0".parse().unwrap()], &cpus(), Mode::Fine);
+    config.limits.idle_timeout = Duration::ZERO;
+    match Server::start(config, Arc::new(Lines::default())) {
+        Err(corelocal::runtime::ServerError::Limits(e)) => assert_eq!(e.field, "idle_timeout"),
+        Err(e) => panic!("expected a Limits error, got {e}"),
+        Ok(_) => panic!("started with a zero idle timeout"),
+    }
+}

@@ -162,7 +162,13 @@ impl HttpService {
             AccessLog::Off => None,
             AccessLog::Stderr => Some(LogSink::Stderr),
             AccessLog::File(p) => Some(LogSink::File(Mutex::new(
-                File::options().create(true).append(true).open(p)?,
+                File::options()
+                    .create(true)
+                    .append(true)
+                    .open(p)
+                    .map_err(|e| {
+                        io::Error::new(e.kind(), format!("access log {}: {e}", p.display()))
+                    })?,
             ))),
         };
         Ok(HttpService {

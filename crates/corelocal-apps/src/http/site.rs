@@ -120,11 +120,14 @@ impl Site {
 
     /// A document root: canonicalised now, so later checks compare real paths.
     pub fn root(root: &Path, config: &HttpConfig, base: Instant) -> io::Result<Site> {
-        let root = root.canonicalize()?;
+        let named = |e: io::Error| {
+            io::Error::new(e.kind(), format!("document root {}: {e}", root.display()))
+        };
+        let root = root.canonicalize().map_err(named)?;
         if !root.is_dir() {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
-                format!("{} is not a directory", root.display()),
+                format!("document root {} is not a directory", root.display()),
             ));
         }
         let shard_bytes_max = config.cache_bytes_max / SHARDS as u64;

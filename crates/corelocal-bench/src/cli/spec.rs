@@ -1,31 +1,175 @@
 //! Running a parsed command: validation of the arguments and their resolution into a
 //! [`RunSpec`].
 
-use super::{load_urls, resolve, Command, Common, CrrProto, Dur, RpcProto, Workload};
+use super::{load_urls, resolve, Command, Common, CrrProto, Dur, RpcProto, SrcSpec, Workload};
 use crate::runner::{self, RunSpec, ScriptKind};
 use crate::workload::CloseBy;
+use std::path::Path;
 use std::process::ExitCode;
+
+/// Most concurrent connections (each holds a receive buffer and a descriptor).
+const CONNS_MAX: usize = 1_000_000;
+
+/// Largest RPC message or kv value (bytes): the request is built in memory once per thread.
+const MSG_BYTES_MAX: usize = 16 << 20;
+
+/// Largest kv value (bytes), `serve kv --item-max`'s ceiling.
+const VALUE_BYTES_MAX: usize = 1 << 30;
+
+/// A file to write (created with its missing directories): not a directory, and the deepest
+/// part of its path that exists is a directory.
+fn check_output(flag: &str, path: &Path, example: &str) -> Result<(), String> {
+    let shown = path.display();
+    if path.is_dir() {
+        return Err(format!(
+            "{flag} {shown}: is a directory; give a file path such as {}",
+            path.join(example).display()
+        ));
+    }
+    let mut dir = path.parent();
+    while let Some(d) = dir {
+        let d = if d.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            d
+        };
+        match std::fs::metadata(d) {
+            Ok(m) if m.is_dir() => return Ok(()),
+            Ok(_) => {
+                return Err(format!(
+                    "{flag} {shown}: {} is a file, not a directory; give a path under a directory",
+                    d.display()
+                ))
+            }
+            Err(_) => dir = d.parent(),
+        }
+    }
+    Ok(())
+}
+
+/// Each end of a `--src` range is an address of this host.
+fn check_src(src: &SrcSpec) -> Result<(), String> {
+    let SrcSpec::Range(a, b) = src else {
+        return Ok(());
+    };
+    for ip in [a, b] {
+        if let Err(e) = std::net::UdpSocket::bind((*ip, 0)) {
+            return Err(format!(
+                "--src {src}: {ip} is not an address of this host ({e}); use addresses `ip addr` \
+                 lists (on loopback any of 127.0.0.0/8), or --src auto"
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn positive(flag: &str, d: Dur, example: &str) -> Result<(), String> {
+    if d.ns() == 0 {
+        return Err(format!("{flag} 0: must be positive, e.g. {flag} {example}"));
+    }
+    Ok(())
+}
 
 fn validate(c: &Common) -> Result<(), String> {
     if c.cpus.is_empty() {
-        return Err("--cpus is empty".into());
+        return Err("--cpus: empty CPU set; give a cpulist such as 0 or 0-1,3".into());
+    }
+    if let Some(u) = corelocal::cpu::unavailable(&c.cpus) {
+        return Err(format!(
+            "--cpus {}: {u} (one client thread is pinned to each)",
+            c.cpus
+        ));
     }
     if let Some(r) = c.rate {
         if !(r.is_finite() && r > 0.0) {
-            return Err(format!("--rate must be positive, got {r}"));
+            return Err(format!(
+                "--rate {r}: must be a positive number of units per second, e.g. --rate 10000"
+            ));
         }
     }
-    if c.conns == Some(0) {
-        return Err("--conns must be at least 1".into());
+    match c.conns {
+        Some(0) => return Err("--conns 0: at least 1 connection, e.g. --conns 64".into()),
+        Some(n) if n > CONNS_MAX => {
+            return Err(format!(
+                "--conns {n}: at most {CONNS_MAX} connections (each holds a descriptor and a \
+                 --recv-buf buffer)"
+            ))
+        }
+        _ => {}
     }
-    if c.duration.map(Dur::ns) == Some(0) {
-        return Err("--duration must be positive".into());
+    if let Some(d) = c.duration {
+        positive("--duration", d, "10s")?;
     }
     if c.requests == Some(0) {
-        return Err("--requests must be positive".into());
+        return Err(
+            "--requests 0: must be at least 1 (or leave it out to run for --duration)".into(),
+        );
     }
+    positive("--timeout", c.timeout, "5s")?;
     if c.recv_buf < 64 || c.recv_buf > 16 << 20 {
-        return Err("--recv-buf must be in 64..16M".into());
+        return Err(format!(
+            "--recv-buf {}: must be 64 to 16777216 bytes (default 16384)",
+            c.recv_buf
+        ));
+    }
+    if !(0.0..=1.0).contains(&c.max_error_rate) {
+        return Err(format!(
+            "--max-error-rate {}: a fraction from 0 to 1 (0.01 = 1% of units)",
+            c.max_error_rate
+        ));
+    }
+    if c.rate_search {
+        if c.search_probes == 0 {
+            return Err(
+                "--search-probes 0: the rate search needs at least 1 probe (default 12)".into(),
+            );
+        }
+        if !(c.search_start.is_finite() && c.search_start > 0.0) {
+            return Err(format!(
+                "--search-start {}: must be a positive rate in units per second (default 1000)",
+                c.search_start
+            ));
+        }
+        positive("--search-duration", c.search_duration, "2s")?;
+    }
+    if let Some(pid) = c.server_pid {
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            return Err(format!(
+                "--server-pid {pid}: no process {pid} is running; give the server's process id \
+                 (e.g. `pgrep -n nginx`)"
+            ));
+        }
+    }
+    if let Some(s) = &c.server_stats {
+        if !s.starts_with("http://") && !Path::new(s).is_file() {
+            let what = if Path::new(s).exists() {
+                "not a file"
+            } else {
+                "no such file"
+            };
+            return Err(format!(
+                "--server-stats {s}: {what}; give the file the server appends to (corelocal \
+                 serve … --stats-file FILE) or its http://ADDR/metrics.json"
+            ));
+        }
+    }
+    if let Some(p) = &c.json {
+        check_output("--json", p, "bench.json")?;
+    }
+    if let Some(p) = &c.md {
+        check_output("--md", p, "bench.md")?;
+    }
+    if let Some(p) = &c.svg {
+        check_output("--svg", p, "bench")?;
+    }
+    check_src(&c.src)
+}
+
+fn check_msg_size(flag: &str, n: usize) -> Result<(), String> {
+    if n == 0 || n > MSG_BYTES_MAX {
+        return Err(format!(
+            "{flag} {n}: must be 1 to {MSG_BYTES_MAX} bytes (16 MiB)"
+        ));
     }
     Ok(())
 }
@@ -45,8 +189,9 @@ pub fn to_spec(w: Workload) -> Result<RunSpec, String> {
         Workload::Compare(_) | Workload::Round(_) => return Err("not a load workload".into()),
         Workload::Rpc(a) => {
             validate(&a.common)?;
-            if a.msg_size == 0 {
-                return Err("--msg-size must be at least 1".into());
+            check_msg_size("--msg-size", a.msg_size)?;
+            if let Some(r) = a.resp_size {
+                check_msg_size("--resp-size", r)?;
             }
             let kind = match a.proto {
                 RpcProto::Rpc => ScriptKind::Rpc {
@@ -71,6 +216,12 @@ pub fn to_spec(w: Workload) -> Result<RunSpec, String> {
         }
         Workload::Crr(a) => {
             validate(&a.common)?;
+            if a.proto != CrrProto::Http {
+                check_msg_size("--msg-size", a.msg_size)?;
+                if let Some(r) = a.resp_size {
+                    check_msg_size("--resp-size", r)?;
+                }
+            }
             let kind = match a.proto {
                 CrrProto::Rpc => ScriptKind::Rpc {
                     msg: a.msg_size.max(1),
@@ -105,7 +256,11 @@ pub fn to_spec(w: Workload) -> Result<RunSpec, String> {
         Workload::Http(a) => {
             validate(&a.common)?;
             if a.bursts.is_empty() || a.bursts.contains(&0) {
-                return Err("--bursts needs positive sizes, e.g. 1,2,3".into());
+                let given: Vec<String> = a.bursts.iter().map(u32::to_string).collect();
+                return Err(format!(
+                    "--bursts {}: every burst needs at least 1 request, e.g. --bursts 1,2,3",
+                    given.join(",")
+                ));
             }
             let (_, _, path) = resolve(&a.common.target)?;
             let urls = match &a.urls {
@@ -133,10 +288,28 @@ pub fn to_spec(w: Workload) -> Result<RunSpec, String> {
         Workload::Kv(a) => {
             validate(&a.common)?;
             if !(0.0..=1.0).contains(&a.get_ratio) {
-                return Err("--get-ratio must be within 0..1".into());
+                return Err(format!(
+                    "--get-ratio {}: a fraction from 0 to 1 (0.9 = 90% gets, the rest sets)",
+                    a.get_ratio
+                ));
             }
             if a.key_prefix.contains(char::is_whitespace) || a.key_prefix.len() > 200 {
-                return Err("--key-prefix must be short and without spaces".into());
+                return Err(format!(
+                    "--key-prefix {:?}: memcached keys have no spaces and are at most 250 bytes; \
+                     use at most 200 bytes without spaces, e.g. clb:",
+                    a.key_prefix
+                ));
+            }
+            if a.keys == 0 {
+                return Err(
+                    "--keys 0: the key space needs at least 1 key, e.g. --keys 10000".into(),
+                );
+            }
+            if a.value_size > VALUE_BYTES_MAX {
+                return Err(format!(
+                    "--value-size {}: at most {VALUE_BYTES_MAX} bytes (1 GiB, memcached's largest item)",
+                    a.value_size
+                ));
             }
             RunSpec::new(
                 "kv",

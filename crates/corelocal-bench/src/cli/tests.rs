@@ -114,3 +114,150 @@ fn invalid_flags_are_clear_errors() {
         _ => unreachable!(),
     }
 }
+
+/// `execute` of `bench WORKLOAD --target 127.0.0.1:1 ARGS`: its error (validation comes
+/// before the target is probed).
+fn bench_error(workload: &str, args: &[&str]) -> String {
+    let mut v = vec!["t", workload, "--target", "127.0.0.1:1"];
+    v.extend_from_slice(args);
+    execute(T::try_parse_from(v).unwrap().c).unwrap_err()
+}
+
+#[test]
+fn bad_values_are_named_with_what_would_be_right() {
+    let scratch = corelocal::testing::ScratchDir::new("bench-flags");
+    let dir = scratch.display().to_string();
+    let file = scratch.join("f");
+    std::fs::write(&file, "x").unwrap();
+    let under_file = file.join("x.json").display().to_string();
+    let missing = scratch.join("gone").display().to_string();
+    for (workload, args, want) in [
+        ("rpc", &["--cpus", "0-8000"][..], "--cpus 0-8000: CPUs"),
+        ("rpc", &["--cpus", "0-8000"][..], "not online on this host"),
+        ("rpc", &["--conns", "0"][..], "--conns 0: at least 1"),
+        (
+            "rpc",
+            &["--conns", "2000000"][..],
+            "--conns 2000000: at most 1000000",
+        ),
+        (
+            "rpc",
+            &["--duration", "0"][..],
+            "--duration 0: must be positive, e.g. --duration 10s",
+        ),
+        (
+            "rpc",
+            &["--timeout", "0"][..],
+            "--timeout 0: must be positive",
+        ),
+        (
+            "rpc",
+            &["--requests", "0"][..],
+            "--requests 0: must be at least 1",
+        ),
+        (
+            "rpc",
+            &["--recv-buf", "1"][..],
+            "--recv-buf 1: must be 64 to 16777216",
+        ),
+        (
+            "rpc",
+            &["--max-error-rate", "5"][..],
+            "--max-error-rate 5: a fraction from 0 to 1",
+        ),
+        (
+            "rpc",
+            &["--rate-search", "--search-probes", "0"][..],
+            "--search-probes 0",
+        ),
+        (
+            "rpc",
+            &["--rate-search", "--search-start", "0"][..],
+            "--search-start 0",
+        ),
+        (
+            "rpc",
+            &["--msg-size", "0"][..],
+            "--msg-size 0: must be 1 to 16777216",
+        ),
+        (
+            "rpc",
+            &["--resp-size", "99999999999"][..],
+            "--resp-size 99999999999",
+        ),
+        (
+            "crr",
+            &["--proto", "rpc", "--msg-size", "99999999999"][..],
+            "--msg-size 99999999999",
+        ),
+        (
+            "rpc",
+            &["--server-pid", "2147483647"][..],
+            "--server-pid 2147483647: no process",
+        ),
+        (
+            "rpc",
+            &["--server-stats", &missing][..],
+            "no such file; give the file the server",
+        ),
+        (
+            "rpc",
+            &["--json", &dir][..],
+            "is a directory; give a file path such as",
+        ),
+        (
+            "rpc",
+            &["--md", &under_file][..],
+            "is a file, not a directory",
+        ),
+        (
+            "rpc",
+            &["--src", "192.0.2.1"][..],
+            "--src 192.0.2.1: 192.0.2.1 is not an address of this host",
+        ),
+        (
+            "kv",
+            &["--keys", "0"][..],
+            "--keys 0: the key space needs at least 1 key",
+        ),
+        (
+            "kv",
+            &["--get-ratio", "1.5"][..],
+            "--get-ratio 1.5: a fraction from 0 to 1",
+        ),
+        (
+            "kv",
+            &["--value-size", "2000000000"][..],
+            "--value-size 2000000000: at most",
+        ),
+        ("kv", &["--key-prefix", "a b"][..], "--key-prefix \"a b\""),
+        (
+            "http",
+            &["--bursts", "1,0"][..],
+            "--bursts 1,0: every burst needs at least 1",
+        ),
+        ("http", &["--urls", &missing][..], "cannot read it"),
+    ] {
+        let e = bench_error(workload, args);
+        assert!(e.contains(want), "{workload} {args:?}: {e}");
+    }
+}
+
+#[test]
+fn targets_say_what_is_missing() {
+    for (target, want) in [
+        ("127.0.0.1", "--target 127.0.0.1: no port; write HOST:PORT"),
+        (
+            "127.0.0.1:99999",
+            "port \"99999\" is not a number from 1 to 65535",
+        ),
+        ("ftp://127.0.0.1:21/", "unsupported scheme"),
+        (
+            "no-such-host.invalid:80",
+            "cannot resolve host \"no-such-host.invalid\"",
+        ),
+    ] {
+        let e = resolve(target).unwrap_err();
+        assert!(e.contains(want), "{target}: {e}");
+    }
+}

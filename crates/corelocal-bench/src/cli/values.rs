@@ -155,6 +155,7 @@ impl fmt::Display for SrcSpec {
         match self {
             SrcSpec::Auto => f.write_str("auto"),
             SrcSpec::None => f.write_str("none"),
+            SrcSpec::Range(a, b) if a == b => write!(f, "{a}"),
             SrcSpec::Range(a, b) => write!(f, "{a}-{b}"),
         }
     }

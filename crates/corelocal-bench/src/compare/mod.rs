@@ -204,11 +204,54 @@ pub fn run_name(conns: usize, several: bool, round: usize, server: &str) -> Stri
     }
 }
 
+/// Checks the flags a comparison cannot run with, before any round: each error names the flag,
+/// its value and what would be right.
+pub fn check_args(a: &CompareArgs) -> Result<(), String> {
+    use corelocal::cpu::{unavailable, CpuSet};
+    if a.rounds == 0 || a.rounds > 50 {
+        return Err(format!("--rounds {}: must be 1 to 50", a.rounds));
+    }
+    if let Some(u) = unavailable(&CpuSet::single(a.server_cpu)) {
+        return Err(format!("--server-cpu {}: {u}", a.server_cpu));
+    }
+    let client: CpuSet = a.client_cpus.parse().map_err(|e| {
+        format!(
+            "--client-cpus {}: {e} (a cpulist like 0 or 0-1)",
+            a.client_cpus
+        )
+    })?;
+    if client.is_empty() {
+        return Err("--client-cpus: empty CPU set; give a cpulist like 0 or 0-1".into());
+    }
+    if let Some(u) = unavailable(&client) {
+        return Err(format!("--client-cpus {}: {u}", a.client_cpus));
+    }
+    for (flag, bin) in [
+        ("--corelocal-bin", &a.corelocal_bin),
+        ("--floor-bin", &a.floor_bin),
+    ] {
+        if let Some(b) = bin {
+            if !b.is_file() {
+                return Err(format!(
+                    "{flag} {}: no such file; give the path of the built binary",
+                    b.display()
+                ));
+            }
+        }
+    }
+    if a.out.exists() && !a.out.is_dir() {
+        return Err(format!(
+            "--out {}: is a file, not a directory; give the directory the results go into \
+             (created if missing)",
+            a.out.display()
+        ));
+    }
+    Ok(())
+}
+
 /// Runs the comparison.
 pub fn run(a: CompareArgs) -> Result<ExitCode, String> {
-    if a.rounds == 0 || a.rounds > 50 {
-        return Err("--rounds must be within 1..50".into());
-    }
+    check_args(&a)?;
     let conns_list = a.conns_list()?;
     let stamp_unix = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -217,7 +260,13 @@ pub fn run(a: CompareArgs) -> Result<ExitCode, String> {
     let wl = a.workload.name();
     let base = format!("bench-compare-{}-{wl}", utc_date(stamp_unix));
     let rundir = a.out.join(&base);
-    std::fs::create_dir_all(&rundir).map_err(|e| format!("{}: {e}", rundir.display()))?;
+    std::fs::create_dir_all(&rundir).map_err(|e| {
+        format!(
+            "--out {}: cannot create {}: {e}",
+            a.out.display(),
+            rundir.display()
+        )
+    })?;
     let work = std::env::temp_dir().join(format!("corelocal-compare-{}", std::process::id()));
     std::fs::create_dir_all(&work).map_err(|e| e.to_string())?;
     let mut servers = Vec::new();

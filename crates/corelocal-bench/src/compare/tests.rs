@@ -521,3 +521,62 @@ fn kv_floor_presets_answer_each_get_and_close_on_eof() {
     }
     std::fs::remove_dir_all(&work).unwrap();
 }
+
+#[test]
+fn bad_flags_are_named_before_any_round() {
+    let ok = CompareArgs {
+        server_cpu: 0,
+        ..args(CmpWorkload::Crr)
+    };
+    assert_eq!(check_args(&ok), Ok(()));
+    let scratch = corelocal::testing::ScratchDir::new("compare-flags");
+    let file = scratch.join("f");
+    std::fs::write(&file, "x").unwrap();
+    for (a, want) in [
+        (
+            CompareArgs {
+                rounds: 0,
+                ..ok.clone()
+            },
+            "--rounds 0: must be 1 to 50",
+        ),
+        (
+            CompareArgs {
+                server_cpu: 8000,
+                ..ok.clone()
+            },
+            "--server-cpu 8000: CPU 8000 is not online",
+        ),
+        (
+            CompareArgs {
+                client_cpus: "x".into(),
+                ..ok.clone()
+            },
+            "--client-cpus x: invalid CPU set",
+        ),
+        (
+            CompareArgs {
+                client_cpus: "7999".into(),
+                ..ok.clone()
+            },
+            "--client-cpus 7999: CPU 7999",
+        ),
+        (
+            CompareArgs {
+                corelocal_bin: Some(scratch.join("none")),
+                ..ok.clone()
+            },
+            "--corelocal-bin",
+        ),
+        (
+            CompareArgs {
+                out: file.clone(),
+                ..ok.clone()
+            },
+            "is a file, not a directory",
+        ),
+    ] {
+        let e = check_args(&a).unwrap_err();
+        assert!(e.contains(want), "{want}: {e}");
+    }
+}

@@ -1,9 +1,10 @@
 //! Per-app launch: [`run`] gives each app its default address, turns its arguments into its
 //! service's config and serves it.
 
-use super::args::{App, Command};
+use super::args::{App, Command, HttpArgs};
 use super::common::CommonArgs;
 use super::{fail, serve};
+use crate::check;
 use corelocal_apps::http::{AccessLog, HttpConfig, HttpService};
 use corelocal_apps::kv::{KvConfig, KvService};
 use corelocal_apps::rpc::{RpcConfig, RpcService};
@@ -33,6 +34,9 @@ pub fn run(cmd: Command) -> ExitCode {
                 "stderr" => AccessLog::Stderr,
                 path => AccessLog::File(PathBuf::from(path)),
             };
+            if let Err(e) = check_http(&args, &access_log) {
+                return fail(&e);
+            }
             let config = HttpConfig {
                 root: args.root,
                 cache_bytes_max: args.cache_mb.saturating_mul(1 << 20),
@@ -96,6 +100,23 @@ pub fn run(cmd: Command) -> ExitCode {
             }
         }
     }
+}
+
+/// Checks `serve http`'s own flags before anything starts.
+fn check_http(args: &HttpArgs, access_log: &AccessLog) -> Result<(), String> {
+    if let Some(root) = &args.root {
+        check::existing_dir(
+            "--root",
+            root,
+            "give the directory holding the files to serve, or leave --root out to serve the \
+             built-in site",
+        )?;
+    }
+    if let AccessLog::File(path) = access_log {
+        check::output_file("--access-log", path, "access.log")
+            .map_err(|e| format!("{e} (or --access-log off or stderr)"))?;
+    }
+    check::positive("--header-timeout", args.header_timeout, "10s")
 }
 
 fn default_listen(common: &mut CommonArgs, addr: &str) {

@@ -69,8 +69,8 @@ pub(super) struct HttpArgs {
     /// Directory to serve (default: the built-in paper file set).
     #[arg(long)]
     pub(super) root: Option<PathBuf>,
-    /// In-memory cache of small files, in MiB.
-    #[arg(long, default_value_t = 64)]
+    /// In-memory cache of small files, in MiB (0 to 1048576).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(0..=1_048_576))]
     pub(super) cache_mb: u64,
     /// Access log: off, stderr, or a file path.
     #[arg(long, default_value = "off")]

@@ -1,6 +1,7 @@
 //! The options every server shares ([`CommonArgs`]) and their parsers, `--takeover`'s
 //! among them.
 
+use crate::check::parse_socket_addr;
 use crate::duration::parse_duration;
 use crate::size::parse_bytes;
 use clap::Args;
@@ -14,7 +15,7 @@ use std::time::Duration;
 pub struct CommonArgs {
     /// Address to listen on (repeat for several, e.g. IPv4 and IPv6); default per server:
     /// rpc 127.0.0.1:7000, http 127.0.0.1:8080, kv 127.0.0.1:11211, sockperf 127.0.0.1:11111.
-    #[arg(long = "listen")]
+    #[arg(long = "listen", value_parser = parse_socket_addr)]
     pub(super) listen: Vec<SocketAddr>,
     /// CPUs to run one worker each on (cpulist like 0-3,8); default: all CPUs allowed.
     #[arg(long, value_parser = parse_cpus)]
@@ -36,7 +37,7 @@ pub struct CommonArgs {
     #[arg(long, default_value = "5:1", value_parser = parse_share)]
     pub(super) balance_share: (u32, u32),
     /// Balancer: busy above this % of the accept-queue cap; not busy when its EWMA < low %.
-    #[arg(long, default_value = "75:10", value_parser = parse_share)]
+    #[arg(long, default_value = "75:10", value_parser = parse_watermarks)]
     pub(super) busy_watermarks: (u32, u32),
     /// Balancer: connections a worker takes from its own accept queue per loop turn; the rest
     /// wait there, where busy detection sees them and idle workers steal them.
@@ -53,7 +54,7 @@ pub struct CommonArgs {
     #[arg(long, default_value = "auto", value_parser = ["auto", "epoll", "uring"])]
     pub(super) backend: String,
     /// Total listen() backlog per address, split evenly across the workers' listeners.
-    #[arg(long, default_value_t = 4096)]
+    #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..))]
     pub(super) backlog: u32,
     /// TCP_DEFER_ACCEPT on the listeners, in seconds (0: off). A connection is accepted with its
     /// first request bytes, so accept and first read happen in one turn (every protocol here
@@ -105,7 +106,7 @@ pub struct CommonArgs {
     #[arg(long)]
     pub(super) stats_file: Option<PathBuf>,
     /// Serve per-worker counters at http://ADDR/metrics (Prometheus) and /metrics.json.
-    #[arg(long, value_name = "ADDR")]
+    #[arg(long, value_name = "ADDR", value_parser = parse_socket_addr)]
     pub(super) metrics: Option<SocketAddr>,
     /// Binary upgrade from a running server, two forms. PID (a number): bind new listeners
     /// into its reuseport group (same addresses, `--mode local` with eBPF steering), take its
@@ -154,22 +155,58 @@ pub(super) fn parse_takeover(text: &str) -> Result<Takeover, String> {
     }
 }
 
-fn parse_share(text: &str) -> Result<(u32, u32), String> {
+/// Two numbers `A:B`.
+fn parse_pair(text: &str, form: &str) -> Result<(u32, u32), String> {
     let (a, b) = text
         .split_once(':')
-        .ok_or_else(|| format!("{text:?}: expected A:B"))?;
+        .ok_or_else(|| format!("expected {form}, two numbers with a colon"))?;
     let num = |t: &str| {
         t.trim()
             .parse::<u32>()
-            .map_err(|_| format!("{text:?}: expected A:B numbers"))
+            .map_err(|_| format!("{:?} is not a whole number (expected {form})", t.trim()))
     };
     Ok((num(a)?, num(b)?))
 }
 
-fn parse_cpus(text: &str) -> Result<CpuSet, String> {
-    let set: CpuSet = text.parse().map_err(|e| format!("{e}"))?;
+/// `--balance-share LOCAL:REMOTE`: each 1 to 1000 (the balancer's limits).
+pub(super) fn parse_share(text: &str) -> Result<(u32, u32), String> {
+    let (local, remote) = parse_pair(text, "LOCAL:REMOTE, e.g. 5:1")?;
+    if !(1..=1000).contains(&local) || !(1..=1000).contains(&remote) {
+        return Err(format!(
+            "each share must be 1 to 1000, got {local}:{remote} (LOCAL:REMOTE: a non-busy worker \
+             takes LOCAL connections from its own queue for every REMOTE it steals, e.g. 5:1)"
+        ));
+    }
+    Ok((local, remote))
+}
+
+/// `--busy-watermarks HIGH:LOW`: percentages, HIGH 1 to 100, LOW at most HIGH.
+pub(super) fn parse_watermarks(text: &str) -> Result<(u32, u32), String> {
+    let (high, low) = parse_pair(text, "HIGH:LOW percentages, e.g. 75:10")?;
+    if !(1..=100).contains(&high) {
+        return Err(format!(
+            "HIGH {high} is not a percentage of the queue cap from 1 to 100 (e.g. 75:10)"
+        ));
+    }
+    if low > high {
+        let swapped = if low <= 100 {
+            format!("did you mean {low}:{high}?")
+        } else {
+            format!("e.g. {high}:{}", high / 2)
+        };
+        return Err(format!(
+            "LOW {low} is above HIGH {high}: a worker is busy above HIGH % and not busy again \
+             below LOW %, so LOW must be at most HIGH ({swapped})"
+        ));
+    }
+    Ok((high, low))
+}
+
+pub(super) fn parse_cpus(text: &str) -> Result<CpuSet, String> {
+    let hint = "a cpulist like 0-3,8 or a mask like 0xf";
+    let set: CpuSet = text.parse().map_err(|e| format!("{e} ({hint})"))?;
     if set.is_empty() {
-        return Err("empty CPU set".into());
+        return Err(format!("empty CPU set ({hint})"));
     }
     Ok(set)
 }

@@ -112,7 +112,7 @@ pub(super) fn open_stats_file(common: &CommonArgs) -> Result<Option<std::fs::Fil
         .append(true)
         .open(path)
         .map(Some)
-        .map_err(|e| format!("opening {}: {e}", path.display()))
+        .map_err(|e| format!("--stats-file {}: cannot open it: {e}", path.display()))
 }
 
 fn print_stats(now: &Snapshot, last: &Snapshot, elapsed: Duration, tick: Duration, json: bool) {

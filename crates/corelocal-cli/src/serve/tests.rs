@@ -19,3 +19,41 @@ fn takeover_takes_a_pid_or_a_path() {
         assert!(e.contains(why), "{bad:?}: {e}");
     }
 }
+
+#[test]
+fn balancer_pairs_name_the_bad_part_and_a_right_one() {
+    use super::common::{parse_share, parse_watermarks};
+    assert_eq!(parse_share("5:1"), Ok((5, 1)));
+    assert_eq!(parse_watermarks("75:10"), Ok((75, 10)));
+    for (bad, why) in [
+        ("0:0", "each share must be 1 to 1000, got 0:0"),
+        ("5:1001", "got 5:1001"),
+        ("5", "expected LOCAL:REMOTE, e.g. 5:1"),
+        ("a:1", "\"a\" is not a whole number"),
+    ] {
+        let e = parse_share(bad).unwrap_err();
+        assert!(e.contains(why), "{bad}: {e}");
+    }
+    for (bad, why) in [
+        ("10:75", "LOW 75 is above HIGH 10"),
+        ("10:75", "did you mean 75:10?"),
+        ("200:10", "HIGH 200 is not a percentage"),
+        ("0:0", "HIGH 0 is not a percentage"),
+        ("75", "expected HIGH:LOW percentages"),
+    ] {
+        let e = parse_watermarks(bad).unwrap_err();
+        assert!(e.contains(why), "{bad}: {e}");
+    }
+}
+
+#[test]
+fn cpus_parse_errors_show_the_forms() {
+    use super::common::parse_cpus;
+    let e = parse_cpus("abc").unwrap_err();
+    assert!(
+        e.contains("\"abc\"") && e.contains("a cpulist like 0-3,8"),
+        "{e}"
+    );
+    let e = parse_cpus(" ").unwrap_err();
+    assert!(e.starts_with("empty CPU set"), "{e}");
+}

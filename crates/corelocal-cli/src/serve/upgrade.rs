@@ -2,6 +2,7 @@
 //! group and signal it) and `--upgrade-socket` (hand this server's sockets to a successor).
 
 use super::common::{CommonArgs, Takeover};
+use super::config::start_error;
 use corelocal::listen::transfer::{self, Successor, UpgradeListener};
 use corelocal::listen::{ActiveSteering, Steering};
 use corelocal::procfs;
@@ -87,7 +88,7 @@ pub(super) fn start_server<S: Service>(
     let Some(Takeover::Socket(path)) = &common.takeover else {
         return Server::start(config.clone(), service)
             .map(|s| (s, None))
-            .map_err(|e| e.to_string());
+            .map_err(|e| start_error(&e, common));
     };
     let context = |e: &dyn std::fmt::Display| format!("--takeover {}: {e}", path.display());
     let incoming = transfer::request(path, common.takeover_timeout).map_err(|e| context(&e))?;

@@ -201,7 +201,7 @@ impl CpuSet {
                 u32::from_str_radix(group, 16).map_err(|_| parse_error(text, "not a hex digit"))?;
             let base = index_from_right * 32;
             if value != 0 && base + 31 - value.leading_zeros() as usize > CPU_ID_MAX {
-                return Err(parse_error(text, "CPU id too large"));
+                return Err(parse_error(text, "CPU id too large (at most 8191)"));
             }
             for bit in 0..32 {
                 if value & (1 << bit) != 0 {
@@ -261,9 +261,9 @@ fn parse_id(input: &str, text: &str) -> Result<usize, ParseCpuSetError> {
     }
     let id: usize = text
         .parse()
-        .map_err(|_| parse_error(input, "CPU id too large"))?;
+        .map_err(|_| parse_error(input, "CPU id too large (at most 8191)"))?;
     if id > CPU_ID_MAX {
-        return Err(parse_error(input, "CPU id too large"));
+        return Err(parse_error(input, "CPU id too large (at most 8191)"));
     }
     Ok(id)
 }

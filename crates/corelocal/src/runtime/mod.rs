@@ -96,24 +96,66 @@ impl Default for Limits {
     }
 }
 
+/// A [`Limits`] value that cannot work: which field, and what it must be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LimitsError {
+    /// The field of [`Limits`], e.g. `idle_timeout`.
+    pub field: &'static str,
+    /// What it must be, e.g. `must be positive`.
+    pub reason: &'static str,
+}
+
+impl std::fmt::Display for LimitsError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "invalid limit Limits::{}: {}", self.field, self.reason)
+    }
+}
+
+impl std::error::Error for LimitsError {}
+
 impl Limits {
-    /// Checks the limits make sense.
-    pub fn validate(&self) -> Result<(), String> {
-        if self.input_bytes_max == 0 || self.output_bytes_max == 0 {
-            return Err("buffer limits must be positive".into());
+    /// Checks the limits make sense: every size, count and the idle timeout is positive.
+    pub fn validate(&self) -> Result<(), LimitsError> {
+        let zero = [
+            ("input_bytes_max", self.input_bytes_max == 0),
+            ("output_bytes_max", self.output_bytes_max == 0),
+            ("conns_per_worker_max", self.conns_per_worker_max == 0),
+            ("accept_batch_max", self.accept_batch_max == 0),
+            ("recv_bufs", self.recv_bufs == 0),
+            ("recv_buf_bytes", self.recv_buf_bytes == 0),
+            ("idle_timeout", self.idle_timeout.is_zero()),
+        ];
+        match zero.into_iter().find(|(_, is_zero)| *is_zero) {
+            Some((field, _)) => Err(LimitsError {
+                field,
+                reason: "is 0, must be positive",
+            }),
+            None => Ok(()),
         }
-        if self.conns_per_worker_max == 0 {
-            return Err("connections per worker must be positive".into());
-        }
-        if self.accept_batch_max == 0 {
-            return Err("the accept batch must be positive".into());
-        }
-        if self.recv_bufs == 0 || self.recv_buf_bytes == 0 {
-            return Err("the receive pool must not be empty".into());
-        }
-        if self.idle_timeout.is_zero() {
-            return Err("idle timeout must be positive".into());
-        }
-        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod limits_tests {
+    use super::*;
+
+    #[test]
+    fn a_zero_limit_is_named_by_its_field() {
+        assert_eq!(Limits::default().validate(), Ok(()));
+        let idle = Limits {
+            idle_timeout: Duration::ZERO,
+            ..Limits::default()
+        };
+        let e = idle.validate().unwrap_err();
+        assert_eq!(e.field, "idle_timeout");
+        assert_eq!(
+            e.to_string(),
+            "invalid limit Limits::idle_timeout: is 0, must be positive"
+        );
+        let batch = Limits {
+            accept_batch_max: 0,
+            ..Limits::default()
+        };
+        assert_eq!(batch.validate().unwrap_err().field, "accept_batch_max");
     }
 }

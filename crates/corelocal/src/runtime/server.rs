@@ -7,8 +7,8 @@ use super::handler::Service;
 use super::netstat::NetSampler;
 use super::stats::{Snapshot, WorkerStats};
 use super::worker::{Worker, WorkerSetup};
-use super::Limits;
-use crate::cpu::{pin_current_thread, CpuSet};
+use super::{Limits, LimitsError};
+use crate::cpu::{pin_current_thread, CpuSet, UnavailableCpus};
 use crate::listen::{ActiveSteering, GroupConfig, ListenError, ListenerGroup, Migration, Mode};
 use crate::sys::epoll::{EpollBackend, PoolConfig};
 use crate::sys::uring::{UringBackend, UringConfig};
@@ -92,6 +92,11 @@ impl ServerConfig {
 pub enum ServerError {
     /// Binding the listeners failed.
     Listen(ListenError),
+    /// A [`Limits`] value cannot work.
+    Limits(LimitsError),
+    /// Some worker CPUs are not online or outside the process's affinity mask (checked
+    /// before any worker starts).
+    Cpus(UnavailableCpus),
     /// XDP steering could not be attached.
     Xdp(crate::steer::XdpError),
     /// A worker could not start (pinning, backend creation).
@@ -107,6 +112,8 @@ impl fmt::Display for ServerError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ServerError::Listen(e) => write!(f, "{e}"),
+            ServerError::Limits(e) => write!(f, "{e}"),
+            ServerError::Cpus(e) => write!(f, "cannot pin the workers: {e}"),
             ServerError::Xdp(e) => write!(f, "XDP steering: {e}"),
             ServerError::Worker { worker, source } => write!(f, "worker {worker}: {source}"),
         }
@@ -258,10 +265,7 @@ impl ReleaseHandle {
 impl Server {
     /// Binds and starts the workers.
     pub fn start<S: Service>(config: ServerConfig, service: Arc<S>) -> Result<Server, ServerError> {
-        config
-            .limits
-            .validate()
-            .map_err(|m| ServerError::Listen(ListenError::Config(m)))?;
+        config.limits.validate().map_err(ServerError::Limits)?;
         let group = ListenerGroup::bind(config.listen.clone()).map_err(ServerError::Listen)?;
         Self::start_with_listeners(config, service, group)
     }
@@ -273,10 +277,11 @@ impl Server {
         service: Arc<S>,
         group: ListenerGroup,
     ) -> Result<Server, ServerError> {
-        config
-            .limits
-            .validate()
-            .map_err(|m| ServerError::Listen(ListenError::Config(m)))?;
+        config.limits.validate().map_err(ServerError::Limits)?;
+        let cpus: CpuSet = (0..group.workers()).map(|w| group.worker_cpu(w)).collect();
+        if let Some(unavailable) = crate::cpu::unavailable(&cpus) {
+            return Err(ServerError::Cpus(unavailable));
+        }
         let group = Arc::new(group);
         let xdp = match &config.xdp_iface {
             Some(iface) => Some(Arc::new(attach_xdp(iface, &group)?)),
@@ -536,7 +541,9 @@ fn run_worker<S: Service>(
 ) -> io::Result<()> {
     let index = setup.index;
     if let Err(e) = pin_current_thread(&CpuSet::single(setup.cpu)) {
-        let error = io::Error::new(e.kind(), format!("pin to CPU {}: {e}", setup.cpu));
+        let why = crate::cpu::unavailable(&CpuSet::single(setup.cpu))
+            .map_or_else(|| e.to_string(), |u| format!("{e}: {u}"));
+        let error = io::Error::new(e.kind(), format!("pin to CPU {}: {why}", setup.cpu));
         let _ = ready.send((index, Err(error)));
         return Err(io::Error::new(e.kind(), "worker failed to start"));
     }
