@@ -325,3 +325,83 @@ fn a_starved_worker_is_rescued_uring() {
 fn a_starved_worker_is_rescued_epoll() {
     a_starved_worker_is_rescued("epoll");
 }
+
+/// Connections per worker in the full-worker test: small, so one CPU's workers fill up.
+const FULL_CONNS_PER_WORKER: usize = 40;
+
+/// `--workers-per-cpu 3 --conns-per-worker 40`, every client on one CPU: that CPU's three
+/// workers reach their limit and stop accepting; the other CPU's workers count them as busy
+/// (a worker that cannot accept is no better than a starved one) and take the overflow, so no
+/// client waits while any worker has room. With the balancer off nothing steals: the overflow
+/// waits in the full workers' queues (checked too, so the test shows the mechanism).
+fn a_full_worker_is_rescued(backend: &str) {
+    let _shared = shared();
+    let Some([cpu0, cpu1]) = two_cpus() else {
+        return;
+    };
+    let cpus = format!("{cpu0},{cpu1}");
+    let limit = FULL_CONNS_PER_WORKER.to_string();
+    // Five of the six workers' room: the three full ones and two thirds of the others'.
+    let total = FULL_CONNS_PER_WORKER * 5;
+    for balance in ["on", "off"] {
+        let served = Served::start(
+            "rpc",
+            &[
+                "--cpus",
+                &cpus,
+                "--workers-per-cpu",
+                "3",
+                "--conns-per-worker",
+                &limit,
+                "--backend",
+                backend,
+                "--balance",
+                balance,
+            ],
+        );
+        let addr = served.addr;
+        let answered = std::thread::spawn(move || {
+            pin_current_thread(&CpuSet::single(cpu1)).unwrap();
+            // Every client connects and sends first, then all wait together (3 s in all).
+            let held: Vec<TcpStream> = (0..total)
+                .filter_map(|_| {
+                    let mut s = TcpStream::connect(addr).ok()?;
+                    s.write_all(&[b'x'; 64]).ok()?;
+                    Some(s)
+                })
+                .collect();
+            let end = Instant::now() + Duration::from_secs(3);
+            let mut answered = 0;
+            for mut s in held.iter() {
+                let left = end.saturating_duration_since(Instant::now());
+                s.set_read_timeout(Some(left.max(Duration::from_millis(1))))
+                    .unwrap();
+                let mut echo = [0u8; 64];
+                answered += usize::from(s.read_exact(&mut echo).is_ok());
+            }
+            answered
+        })
+        .join()
+        .unwrap();
+        let case = format!("--backend {backend} --balance {balance}");
+        if balance == "on" {
+            assert_eq!(answered, total, "{case}: answered {answered} of {total}");
+        } else {
+            assert!(
+                answered <= FULL_CONNS_PER_WORKER * 3,
+                "{case}: {answered} answered: something took the full workers' queues"
+            );
+        }
+        served.terminate();
+    }
+}
+
+#[test]
+fn a_full_worker_is_rescued_uring() {
+    a_full_worker_is_rescued("uring");
+}
+
+#[test]
+fn a_full_worker_is_rescued_epoll() {
+    a_full_worker_is_rescued("epoll");
+}

@@ -23,6 +23,7 @@ fn check_common(common: &CommonArgs) -> Result<(), String> {
         }
     }
     check::positive("--idle-timeout", common.idle_timeout, "60s")?;
+    check::positive("--linger-timeout", common.linger_timeout, "5s")?;
     check::positive("--migrate-interval", common.migrate_interval, "100ms")?;
     check::positive("--takeover-timeout", common.takeover_timeout, "10s")?;
     if let Some(steering) = &common.steering {
@@ -103,6 +104,7 @@ pub(super) fn start_error(e: &ServerError, common: &CommonArgs) -> String {
                 "conns_per_worker_max" => "--conns-per-worker",
                 "accept_batch_max" => "--accept-batch",
                 "idle_timeout" => "--idle-timeout",
+                "linger_timeout" => "--linger-timeout",
                 _ => return limit.to_string(),
             };
             format!("{flag}: {limit}")
@@ -135,7 +137,7 @@ pub(super) fn server_config(common: &CommonArgs) -> Result<ServerConfig, String>
     config.limits.idle_timeout = common.idle_timeout;
     config.limits.drain_timeout = common.drain_timeout;
     config.limits.linger_time = common.linger_time;
-    config.limits.linger_timeout = common.linger_timeout.max(Duration::from_millis(1));
+    config.limits.linger_timeout = common.linger_timeout;
     config.limits.linger_bytes_max = common.linger_bytes;
     config.limits.conns_per_worker_max = common.conns_per_worker as usize;
     config.limits.accept_batch_max = common.accept_batch as usize;

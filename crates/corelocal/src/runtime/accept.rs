@@ -99,10 +99,14 @@ impl AcceptPath {
         self.allowance.iter().sum()
     }
 
-    /// Room for one more connection below the limit, counting what is allowed and in flight.
+    /// Room to steal one more connection below the limit. The own listeners' allowance is not
+    /// counted: with pacing it is a standing reservation (topped up to `accept_batch_max` every
+    /// turn, used only if connections arrive), and counting it would keep a worker with room
+    /// from ever taking a full neighbour's queue. So a steal can meet a local accept of the
+    /// last allowed connection and go one over the limit, at most (one steal in flight; the
+    /// next top-up sees no room); the ring's descriptor table has headroom for that.
     pub(super) fn has_room(&self, open: usize) -> bool {
-        open + self.outstanding() + usize::from(self.steal_pending)
-            < self.limits.conns_per_worker_max
+        open + usize::from(self.steal_pending) < self.limits.conns_per_worker_max
     }
 
     /// Starts or pauses accepting on every listener.

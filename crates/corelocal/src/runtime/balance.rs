@@ -34,7 +34,7 @@ use crate::balance::{
 use crate::listen::ListenerGroup;
 use crate::steer::XdpSteering;
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -53,6 +53,10 @@ pub struct WorkerWatch {
     tracker: Mutex<BusyTracker>,
     /// When the queue was last observed, in ns since [`BalanceShared::epoch`] (by anyone).
     observed_ns: AtomicU64,
+    /// The worker cannot accept (at its connection limit, or paused after accept failed):
+    /// whatever waits in its queue waits for nothing, as with a starved worker, so a
+    /// non-empty queue counts as full and the others steal it.
+    blocked: AtomicBool,
 }
 
 /// State every worker of a server shares for balancing.
@@ -116,6 +120,7 @@ impl BalanceShared {
             .map(|w| WorkerWatch {
                 tracker: Mutex::new(BusyTracker::new(w, &config)),
                 observed_ns: AtomicU64::new(0),
+                blocked: AtomicBool::new(false),
             })
             .collect();
         Ok(BalanceShared {
@@ -152,13 +157,15 @@ impl BalanceShared {
             .compare_exchange(last, now_ns.max(1), Ordering::Relaxed, Ordering::Relaxed)
             .ok()?;
         let depth = self.group.queue_depth(worker).ok()?;
+        let blocked = watch.blocked.load(Ordering::Relaxed) && depth.len > 0;
+        let seen_len = if blocked { depth.cap } else { depth.len };
         let (change, busy) = {
             let mut tracker = watch.tracker.lock().unwrap_or_else(|p| p.into_inner());
-            let change = tracker.observe(&self.busy, depth.len, depth.cap);
+            let change = tracker.observe(&self.busy, seen_len, depth.cap);
             (change, tracker.is_busy())
         };
         let high = depth.cap as u64 * self.config.busy_high_pct as u64 / 100;
-        let still_over = busy && depth.len as u64 > high;
+        let still_over = busy && seen_len as u64 > high;
         if change == Some(BusyChange::BecameBusy) || still_over {
             self.wake_non_busy(worker);
         }
@@ -229,6 +236,14 @@ impl WorkerBalance {
             local_len: 0,
             steal_in_flight: false,
             drained_victim: None,
+        }
+    }
+
+    /// Says whether this worker can accept now (see [`WorkerWatch::blocked`]).
+    pub fn set_blocked(&self, blocked: bool) {
+        let flag = &self.shared.watches[self.worker].blocked;
+        if flag.load(Ordering::Relaxed) != blocked {
+            flag.store(blocked, Ordering::Relaxed);
         }
     }
 

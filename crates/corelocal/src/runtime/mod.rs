@@ -124,6 +124,7 @@ impl Limits {
             ("recv_bufs", self.recv_bufs == 0),
             ("recv_buf_bytes", self.recv_buf_bytes == 0),
             ("idle_timeout", self.idle_timeout.is_zero()),
+            ("linger_timeout", self.linger_timeout.is_zero()),
         ];
         match zero.into_iter().find(|(_, is_zero)| *is_zero) {
             Some((field, _)) => Err(LimitsError {

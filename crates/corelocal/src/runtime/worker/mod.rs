@@ -259,6 +259,9 @@ impl<S: Service, B: Backend> Worker<S, B> {
         let Some(b) = self.balance.as_mut() else {
             return;
         };
+        // At the connection limit, or paused after accept failed: the queue is the others'.
+        let at_limit = self.open >= self.setup.limits.conns_per_worker_max;
+        b.set_blocked(at_limit || !self.accept.is_accepting());
         if let Some(gauge) = b.sample(now) {
             self.setup.stats.queue(gauge.len, gauge.cap, gauge.busy);
         }
