@@ -1,7 +1,7 @@
 //! Closing: a plain close (cancelling the connection's receive and send first), the abort of
 //! a last send stuck before its linked close, and close completions.
 
-use super::state::{user_data, RecvState, KIND_CLOSE, KIND_RECV, KIND_SEND};
+use super::state::{user_data, RecvState, KIND_CLOSE, KIND_RECV};
 use super::UringBackend;
 use crate::runtime::backend::{Completion, ConnId};
 use io_uring::{opcode, types};
@@ -17,7 +17,7 @@ impl UringBackend {
             return;
         }
         if let Some(send) = slot.send.take() {
-            let ud = user_data(KIND_SEND, generation, conn);
+            let ud = user_data(send.buf_owner(), generation, conn);
             self.cancel(ud);
             self.graveyard.push((ud, send.buf));
         }
@@ -41,7 +41,7 @@ impl UringBackend {
             // closing the slot leaves the socket open (and its buffer here) for as long as the
             // peer does not read. The kernel may still read the buffer until the send's
             // completion: keep it till then.
-            let ud = user_data(KIND_SEND, generation, conn);
+            let ud = user_data(send.buf_owner(), generation, conn);
             self.cancel(ud);
             self.graveyard.push((ud, send.buf));
         }

@@ -34,7 +34,7 @@ use buf_ring::BufRing;
 use io_uring::{opcode, types, IoUring};
 use state::{
     split, user_data, RecvState, Slot, KIND_ACCEPT, KIND_ACCEPT_ONE, KIND_CANCEL, KIND_CLOSE,
-    KIND_RECV, KIND_SEND, KIND_SHUTDOWN, KIND_SOCKOPT, KIND_STEAL, KIND_WAKE,
+    KIND_FILE_READ, KIND_RECV, KIND_SEND, KIND_SHUTDOWN, KIND_SOCKOPT, KIND_STEAL, KIND_WAKE,
 };
 use std::collections::VecDeque;
 use std::io;
@@ -80,6 +80,10 @@ pub struct UringBackend {
     /// Connections whose first receive completed: (slot, generation), see `ArmAtSubmit`.
     arm_at_submit: Vec<(ConnId, u32)>,
     queued_sqes: u64,
+    /// Entry groups waiting for room in the submission queue (see `sqe`).
+    unqueued: VecDeque<Vec<io_uring::squeue::Entry>>,
+    /// An error from handing a full submission queue over, returned by the next `submit`.
+    submit_error: Option<io::Error>,
     /// SQEs queued while reaping inside `wait` and handed over by its enter: the next
     /// `submit` reports them with its own.
     submitted_by_wait: u64,
@@ -148,6 +152,8 @@ impl UringBackend {
             starved: Vec::new(),
             arm_at_submit: Vec::new(),
             queued_sqes: 0,
+            unqueued: VecDeque::new(),
+            submit_error: None,
             submitted_by_wait: 0,
             events: BackendEvents::default(),
             steals_inflight: 0,
@@ -225,7 +231,7 @@ impl UringBackend {
                 let Some(slot) = self.slots.get(id as usize) else {
                     return;
                 };
-                if kind == KIND_SEND {
+                if kind == KIND_SEND || kind == KIND_FILE_READ {
                     if let Some(pos) = self.graveyard.iter().position(|(u, _)| *u == ud) {
                         self.graveyard.swap_remove(pos);
                         return;
@@ -238,6 +244,7 @@ impl UringBackend {
                     KIND_SOCKOPT => self.on_sockopt(id, res),
                     KIND_RECV => self.on_recv(id, res, flags),
                     KIND_SEND => self.on_send(id, res),
+                    KIND_FILE_READ => self.on_file_read(id, res),
                     KIND_CLOSE => self.on_close(id, res),
                     _ => {}
                 }
@@ -278,10 +285,14 @@ impl Backend for UringBackend {
     }
 
     fn submit(&mut self) -> io::Result<usize> {
+        if let Some(e) = self.submit_error.take() {
+            return Err(e);
+        }
         if self.bufs.publish() && !self.starved.is_empty() {
             self.feed_starved();
         }
         self.arm_after_first_recv();
+        self.flush_unqueued();
         let earlier = std::mem::take(&mut self.submitted_by_wait) as usize;
         let count = std::mem::take(&mut self.queued_sqes) as usize;
         if count == 0 {

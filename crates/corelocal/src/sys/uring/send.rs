@@ -1,12 +1,16 @@
-//! Sending: buffers and file regions (read in chunks: io_uring has no sendfile), and the last
-//! output with its close linked behind it.
+//! Sending: buffers and file regions (read in chunks with `IORING_OP_READ`, never on the
+//! worker thread: io_uring has no sendfile, and a read that misses the page cache would stall
+//! every connection of the worker), and the last output with its close linked behind it.
 
-use super::state::{user_data, RecvState, SendState, KIND_CLOSE, KIND_RECV, KIND_SEND};
+use super::state::{
+    user_data, RecvState, SendState, KIND_CLOSE, KIND_FILE_READ, KIND_RECV, KIND_SEND,
+};
 use super::UringBackend;
 use crate::runtime::backend::{Completion, ConnId};
 use crate::runtime::handler::FileRegion;
 use io_uring::{opcode, types};
 use std::io;
+use std::os::fd::AsRawFd;
 
 /// Bytes of a file region read per send on this backend (no sendfile here; see `SendFile`).
 const FILE_CHUNK_BYTES: usize = 256 * 1024;
@@ -66,6 +70,7 @@ impl UringBackend {
             sent: 0,
             file,
             close_after,
+            reading: false,
         });
         self.continue_send(conn);
     }
@@ -73,51 +78,73 @@ impl UringBackend {
     /// Sends what is left; refills from the file region when the buffer is done.
     fn continue_send(&mut self, conn: ConnId) {
         let slot = &mut self.slots[conn as usize];
+        let generation = slot.generation;
         let Some(send) = slot.send.as_mut() else {
             return;
         };
-        if send.sent == send.buf.len() {
-            if let Some((region, _)) = send.file.as_mut().filter(|(r, _)| r.len > 0) {
-                // io_uring has no sendfile: read the next chunk (page cache) and send it.
-                let chunk = region.len.min(FILE_CHUNK_BYTES as u64) as usize;
-                send.buf.resize(chunk, 0);
-                let n = read_at(region, &mut send.buf);
-                match n {
-                    Ok(n) if n > 0 => {
-                        send.buf.truncate(n);
-                        send.sent = 0;
-                        region.offset += n as u64;
-                        region.len -= n as u64;
-                    }
-                    other => {
-                        let error = other.err().unwrap_or_else(|| {
-                            io::Error::new(io::ErrorKind::UnexpectedEof, "file shrank")
-                        });
-                        slot.send = None;
-                        self.ready.push_back(Completion::SentFile {
-                            conn,
-                            result: Err(error),
-                        });
-                        return;
-                    }
-                }
-            } else {
-                let done = slot.send.take().expect("send in flight");
-                self.ready.push_back(match done.file {
-                    Some((_, total)) => Completion::SentFile {
-                        conn,
-                        result: Ok(total),
-                    },
-                    None => Completion::Sent {
-                        conn,
-                        result: Ok(done.sent),
-                        buf: done.buf,
-                    },
-                });
-                return;
-            }
+        if send.sent < send.buf.len() {
+            self.send_next(conn);
+            return;
         }
-        self.send_next(conn);
+        let Some((region, _)) = send.file.as_mut().filter(|(r, _)| r.len > 0) else {
+            let done = slot.send.take().expect("send in flight");
+            self.ready.push_back(match done.file {
+                Some((_, total)) => Completion::SentFile {
+                    conn,
+                    result: Ok(total),
+                },
+                None => Completion::Sent {
+                    conn,
+                    result: Ok(done.sent),
+                    buf: done.buf,
+                },
+            });
+            return;
+        };
+        // The next chunk: read by the kernel (page cache, or io-wq on a miss), then sent.
+        let chunk = region.len.min(FILE_CHUNK_BYTES as u64) as usize;
+        send.buf.resize(chunk, 0);
+        send.reading = true;
+        let entry = opcode::Read::new(
+            types::Fd(region.file.as_raw_fd()),
+            send.buf.as_mut_ptr(),
+            chunk as u32,
+        )
+        .offset(region.offset)
+        .build()
+        .user_data(user_data(KIND_FILE_READ, generation, conn));
+        self.sqe(entry);
+    }
+
+    /// A chunk of a file region was read (or not): send it, or end the send with the error.
+    pub(super) fn on_file_read(&mut self, conn: ConnId, res: i32) {
+        let slot = &mut self.slots[conn as usize];
+        let Some(send) = slot.send.as_mut() else {
+            return;
+        };
+        send.reading = false;
+        let Some((region, _)) = send.file.as_mut() else {
+            return;
+        };
+        if res > 0 {
+            let n = res as usize;
+            send.buf.truncate(n);
+            send.sent = 0;
+            region.offset += n as u64;
+            region.len -= n as u64;
+            self.send_next(conn);
+            return;
+        }
+        let error = if res == 0 {
+            io::Error::new(io::ErrorKind::UnexpectedEof, "file shorter than the region")
+        } else {
+            io::Error::from_raw_os_error(-res)
+        };
+        slot.send = None;
+        self.ready.push_back(Completion::SentFile {
+            conn,
+            result: Err(error),
+        });
     }
 
     pub(super) fn on_send(&mut self, conn: ConnId, res: i32) {
@@ -144,9 +171,4 @@ impl UringBackend {
         send.sent += res as usize;
         self.continue_send(conn);
     }
-}
-
-fn read_at(region: &FileRegion, buf: &mut [u8]) -> io::Result<usize> {
-    use std::os::unix::fs::FileExt;
-    region.file.read_at(buf, region.offset)
 }

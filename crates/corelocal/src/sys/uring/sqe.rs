@@ -1,50 +1,105 @@
 //! Queuing submission entries (one at a time, or as a link chain kept in one submit),
 //! cancellations, and the raw SQE field edits the io_uring crate has no builder for.
+//!
+//! A full submission queue is handed to the kernel once; if the kernel cannot take it then
+//! (EBUSY: its completion queue is full until the worker reaps), entries wait on the
+//! `unqueued` list, in order, and go first at the next `submit` (TigerBeetle's habit). Nothing
+//! spins, and any other error is kept and returned by that `submit` (monoio's habit).
 
 use super::state::{user_data, KIND_CANCEL};
 use super::UringBackend;
 use io_uring::{opcode, squeue, types};
 
+/// The longest link chain queued as one group.
+const CHAIN_LEN_MAX: usize = 8;
+/// Groups that may wait for room in the submission queue: past this the kernel has taken
+/// nothing for a very long time, which is a bug, not load.
+const UNQUEUED_GROUPS_MAX: usize = 1 << 20;
+
 /// `SOCKET_URING_OP_GETSOCKOPT`.
 const SOCKET_URING_OP_GETSOCKOPT: u32 = 2;
 
 impl UringBackend {
-    /// Queues an SQE, submitting first if the submission queue is full.
+    /// Queues an SQE (see the module docs for a full queue).
     pub(super) fn sqe(&mut self, entry: squeue::Entry) {
-        loop {
-            // SAFETY: every buffer or pointer an entry refers to is owned by this backend and
-            // outlives the request (send buffers in `slots`/`graveyard`, `wake_buf`, `cpu_vals`).
-            if unsafe { self.ring.submission().push(&entry) }.is_ok() {
-                self.queued_sqes += 1;
+        self.queue_group(vec![entry]);
+    }
+
+    /// Pushes `entries` as one link chain, never split across two submits (a split chain would
+    /// run its tail unlinked).
+    pub(super) fn sqe_chain(&mut self, entries: &[squeue::Entry]) {
+        assert!(
+            !entries.is_empty() && entries.len() <= CHAIN_LEN_MAX,
+            "short chains only"
+        );
+        let last = entries.len() - 1;
+        let group = entries
+            .iter()
+            .enumerate()
+            .map(|(i, e)| {
+                if i < last {
+                    e.clone().flags(squeue::Flags::IO_LINK)
+                } else {
+                    e.clone()
+                }
+            })
+            .collect();
+        self.queue_group(group);
+    }
+
+    /// Queues a group of entries that must go to the kernel in one submit, after any that wait.
+    fn queue_group(&mut self, group: Vec<squeue::Entry>) {
+        if self.unqueued.is_empty() && !self.push_group(&group) {
+            self.hand_over_full_queue();
+            if self.push_group(&group) {
                 return;
             }
-            // Full: hand the batch over and retry.
-            let _ = self.ring.submit();
+        } else if self.unqueued.is_empty() {
+            return;
+        }
+        assert!(
+            self.unqueued.len() < UNQUEUED_GROUPS_MAX,
+            "the kernel took no submission for {UNQUEUED_GROUPS_MAX} entries"
+        );
+        self.unqueued.push_back(group);
+    }
+
+    /// Pushes `group` into the submission queue if it all fits.
+    fn push_group(&mut self, group: &[squeue::Entry]) -> bool {
+        let mut sq = self.ring.submission();
+        if sq.capacity() - sq.len() < group.len() {
+            return false;
+        }
+        for entry in group {
+            // SAFETY: every buffer or pointer an entry refers to is owned by this backend and
+            // outlives the request (send buffers in `slots`/`graveyard`, `wake_buf`, `cpu_vals`).
+            unsafe { sq.push(entry) }.expect("room checked above");
+        }
+        drop(sq);
+        self.queued_sqes += group.len() as u64;
+        true
+    }
+
+    /// The submission queue is full: hand it to the kernel once. EBUSY (the completion queue is
+    /// full until the worker reaps) leaves the entries waiting; another error is kept for the
+    /// next `submit`.
+    fn hand_over_full_queue(&mut self) {
+        match self.ring.submit() {
+            Ok(_) => {}
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EBUSY) | Some(libc::EINTR)) => {}
+            Err(e) => {
+                self.submit_error.get_or_insert(e);
+            }
         }
     }
 
-    /// Pushes `entries` as one link chain: room for all of them is made first, so the chain is
-    /// never split across two submits (a split chain would run its tail unlinked).
-    pub(super) fn sqe_chain(&mut self, entries: &[squeue::Entry]) {
-        assert!(
-            !entries.is_empty() && entries.len() <= 8,
-            "short chains only"
-        );
-        let room = {
-            let sq = self.ring.submission();
-            sq.capacity() - sq.len()
-        };
-        if room < entries.len() {
-            let _ = self.ring.submit();
-        }
-        let last = entries.len() - 1;
-        for (i, entry) in entries.iter().enumerate() {
-            let entry = if i < last {
-                entry.clone().flags(squeue::Flags::IO_LINK)
-            } else {
-                entry.clone()
-            };
-            self.sqe(entry);
+    /// Moves waiting entries into the submission queue, in order, while whole groups fit.
+    pub(super) fn flush_unqueued(&mut self) {
+        while let Some(group) = self.unqueued.pop_front() {
+            if !self.push_group(&group) {
+                self.unqueued.push_front(group);
+                return;
+            }
         }
     }
 

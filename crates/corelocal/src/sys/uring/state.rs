@@ -14,6 +14,7 @@ pub(super) const KIND_SOCKOPT: u64 = 7;
 pub(super) const KIND_STEAL: u64 = 8;
 pub(super) const KIND_ACCEPT_ONE: u64 = 9;
 pub(super) const KIND_SHUTDOWN: u64 = 10;
+pub(super) const KIND_FILE_READ: u64 = 11;
 
 pub(super) fn user_data(kind: u64, generation: u32, id: u32) -> u64 {
     (kind << 56) | ((generation as u64 & 0x00ff_ffff) << 32) | id as u64
@@ -47,6 +48,19 @@ pub(super) struct SendState {
     pub(super) close_after: bool,
     /// For a file region: what is left to read after the bytes in `buf`, and the total.
     pub(super) file: Option<(FileRegion, u64)>,
+    /// A read of the file's next chunk into `buf` is with the kernel (`KIND_FILE_READ`).
+    pub(super) reading: bool,
+}
+
+impl SendState {
+    /// The `user_data` kind of the request that holds `buf` now.
+    pub(super) fn buf_owner(&self) -> u64 {
+        if self.reading {
+            KIND_FILE_READ
+        } else {
+            KIND_SEND
+        }
+    }
 }
 
 #[derive(Debug)]

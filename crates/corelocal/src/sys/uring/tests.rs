@@ -207,3 +207,33 @@ fn a_stuck_last_send_is_aborted() {
     assert_eq!(closed, 1);
     drop(client);
 }
+
+/// More requests than the submission queue holds in one turn: nothing spins and nothing is
+/// lost — the queue is handed over when full, entries the kernel cannot take yet wait, and
+/// every request completes.
+#[test]
+fn a_full_submission_queue_waits_instead_of_spinning() {
+    let mut b = backend(); // 64 submission entries, 256 completions
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    const STEALS: usize = 1000; // nothing queued: each completes at once with EAGAIN
+    for _ in 0..STEALS {
+        b.push(Op::Steal {
+            victim: 0,
+            fd: listener.as_raw_fd(),
+        });
+    }
+    let mut failed = 0;
+    for _ in 0..100 {
+        for c in turn(&mut b).1 {
+            if let Completion::StealFailed { error, .. } = c {
+                assert_eq!(error.kind(), std::io::ErrorKind::WouldBlock);
+                failed += 1;
+            }
+        }
+        if failed == STEALS {
+            break;
+        }
+    }
+    assert_eq!(failed, STEALS);
+    assert!(b.accepts_settled());
+}
