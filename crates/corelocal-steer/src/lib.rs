@@ -59,6 +59,10 @@ enum Action {
         /// ebpf (CAP_BPF), incoming-cpu (unprivileged, Linux ≥ 6.2) or auto.
         #[arg(long, value_enum, default_value = "auto")]
         method: Method,
+        /// Attach even when a reuseport program that steer did not attach is on the group
+        /// (the server's own, or another tool's): it is replaced.
+        #[arg(long)]
+        force: bool,
         /// Print the result as JSON.
         #[arg(long)]
         json: bool,
@@ -106,8 +110,9 @@ pub fn run(cmd: Command) -> ExitCode {
         Action::Attach {
             target,
             method,
+            force,
             json,
-        } => attach_cmd(&target, method, json),
+        } => attach_cmd(&target, method, force, json),
         Action::Status {
             pid,
             listen,
@@ -135,9 +140,9 @@ fn log_line(msg: String) {
     eprintln!("{msg}");
 }
 
-fn attach_cmd(t: &Target, method: Method, json: bool) -> Result<(), SteerError> {
+fn attach_cmd(t: &Target, method: Method, force: bool, json: bool) -> Result<(), SteerError> {
     let (plan, dups) = apply::discover(t.pid, &t.listen)?;
-    let done = apply::attach(&plan, &dups, method, &mut log_line)?;
+    let done = apply::attach(&plan, &dups, method, force, &mut log_line)?;
     drop(dups);
     if json {
         out!(
@@ -260,6 +265,7 @@ fn print_status(s: &apply::GroupStatus) {
     let method = match (s.method, s.prog_id) {
         ("ebpf", Some(id)) => format!("ebpf (cl_cpu_pick, program {id})"),
         ("incoming-cpu", _) => "incoming-cpu (SO_INCOMING_CPU, unprivileged)".to_string(),
+        ("foreign", _) => "foreign (a reuseport program steer did not attach)".to_string(),
         _ => "kernel hash (nothing attached by steer)".to_string(),
     };
     out!(
@@ -293,6 +299,9 @@ fn print_status(s: &apply::GroupStatus) {
                 workers.join(", ")
             }
         );
+    }
+    for f in &s.foreign {
+        out!("  not ours: {}", f.describe(g.listeners.len()));
     }
     for n in &g.notes {
         out!("  note: {n}");

@@ -119,8 +119,9 @@ pub fn watch(
             let one = plan::Plan {
                 pid: plan.pid,
                 groups: vec![g.clone()],
+                held_progs: plan.held_progs.clone(),
             };
-            match apply::attach(&one, &dups, method, log) {
+            match apply::attach(&one, &dups, method, false, log) {
                 Ok(done) => {
                     let how = match done[0].prog_id {
                         Some(id) if done[0].updated => format!("program {id} updated"),

@@ -287,7 +287,7 @@ fn hold_from(cpu: usize, addr: SocketAddr, n: usize) -> Vec<TcpStream> {
 
 fn attach(pid: u32, method: Method) -> Result<Vec<apply::Attached>, apply::SteerError> {
     let (plan, dups) = apply::discover(pid, &[])?;
-    apply::attach(&plan, &dups, method, &mut |m| eprintln!("{m}"))
+    apply::attach(&plan, &dups, method, false, &mut |m| eprintln!("{m}"))
 }
 
 fn detach(pid: u32) -> Vec<apply::Detached> {
@@ -560,19 +560,10 @@ fn spawn_group(cmd: &str) -> Spawned {
     )
 }
 
-#[test]
-fn python_per_cpu_server_is_steered_too() {
-    if !inside_private_netns("python_per_cpu_server_is_steered_too") {
-        return;
-    }
-    let Some(cpus) = two_cpus() else { return };
-    if !have("python3") {
-        return;
-    }
-    set_up_loopback(None);
-    let dir = scratch("python");
+/// The Python server started once per CPU (pinned with taskset) under one launcher shell;
+/// returns the launcher (its pid is the tree's root) once both listeners are up.
+fn start_python(dir: &ScratchDir, port: u16, cpus: &CpuSet) -> (Spawned, SocketAddr) {
     std::fs::write(dir.join("server.py"), PY_SERVER).unwrap();
-    let port = 18090;
     let cmd: Vec<String> = cpus
         .iter()
         .map(|c| {
@@ -598,30 +589,119 @@ fn python_per_cpu_server_is_steered_too() {
         assert!(Instant::now() < deadline, "python servers never came up");
         std::thread::sleep(Duration::from_millis(20));
     }
-    let locality = |cpu: usize| {
-        let mut pids = Vec::new();
-        one_shot_from(cpu, addr, CONNS, |resp| {
-            let pid = resp
-                .lines()
-                .find_map(|l| l.strip_prefix("X-Pid: "))
-                .and_then(|p| p.trim().parse::<u32>().ok())
-                .expect("X-Pid header");
-            pids.push(pid);
-        });
-        local_fraction(cpu, &pids)
-    };
+    (launcher, addr)
+}
+
+/// Locality of `CONNS` one-shot requests from `cpu` to the Python servers (their `X-Pid`).
+fn python_locality(cpu: usize, addr: SocketAddr) -> f64 {
+    let mut pids = Vec::new();
+    one_shot_from(cpu, addr, CONNS, |resp| {
+        let pid = resp
+            .lines()
+            .find_map(|l| l.strip_prefix("X-Pid: "))
+            .and_then(|p| p.trim().parse::<u32>().ok())
+            .expect("X-Pid header");
+        pids.push(pid);
+    });
+    local_fraction(cpu, &pids)
+}
+
+#[test]
+fn python_per_cpu_server_is_steered_too() {
+    if !inside_private_netns("python_per_cpu_server_is_steered_too") {
+        return;
+    }
+    let Some(cpus) = two_cpus() else { return };
+    if !have("python3") {
+        return;
+    }
+    set_up_loopback(None);
+    let dir = scratch("python");
+    let (launcher, addr) = start_python(&dir, 18090, &cpus);
+    let pid = launcher.0.id();
     let (c0, c1) = (cpus.iter().next().unwrap(), cpus.iter().nth(1).unwrap());
-    let before = [locality(c0), locality(c1)];
+    let before = [python_locality(c0, addr), python_locality(c1, addr)];
     eprintln!("python before: {before:?}");
     for b in before {
         in_range("python hash", b, 0.2, 0.8);
     }
     attach(pid, Method::Ebpf).unwrap();
-    let after = [locality(c0), locality(c1)];
+    let after = [python_locality(c0, addr), python_locality(c1, addr)];
     eprintln!("python after: {after:?}");
     for a in after {
         in_range("python steered", a, 0.99, 1.0);
     }
+    assert_eq!(detach(pid)[0].removed, "ebpf");
+}
+
+/// Someone else's SK_REUSEPORT program on the group — this test process plays Envoy: it
+/// loads the runtime's own `cl_select` program, puts the server's listeners in its sockarray,
+/// attaches it with a plain `SO_ATTACH_REUSEPORT_EBPF` and closes every descriptor — is
+/// found, reported by `status`, and left alone by `attach`; `--force` replaces it.
+#[test]
+fn a_foreign_reuseport_program_is_detected_and_left_alone() {
+    if !inside_private_netns("a_foreign_reuseport_program_is_detected_and_left_alone") {
+        return;
+    }
+    let Some(cpus) = two_cpus() else { return };
+    if !have("python3") {
+        return;
+    }
+    set_up_loopback(None);
+    let dir = scratch("foreign");
+    let (launcher, addr) = start_python(&dir, 18091, &cpus);
+    let pid = launcher.0.id();
+    let foreign_id = {
+        let (plan, _) = apply::discover(pid, &[]).unwrap();
+        let g = &plan.groups[0];
+        let sel = corelocal::bpf::ReuseportSelect::load(2, 64, 16).unwrap();
+        let mut dups = Vec::new();
+        for (i, l) in g.listeners.iter().enumerate() {
+            let pfd = pidfd::pidfd_open(l.holder_pid).unwrap();
+            let fd = pidfd::pidfd_getfd(&pfd, l.holder_fd).unwrap();
+            sel.set_listener(i as u32, fd.as_raw_fd()).unwrap();
+            dups.push(fd);
+        }
+        socket::attach_reuseport_ebpf(dups[0].as_raw_fd(), sel.program_fd()).unwrap();
+        let st = status(pid);
+        assert_eq!(st[0].method, "foreign", "{st:?}");
+        assert_eq!(st[0].foreign.len(), 1, "{st:?}");
+        assert_eq!(st[0].foreign[0].name, "cl_select");
+        assert_eq!(st[0].foreign[0].listeners_in_maps, 2);
+        st[0].foreign[0].prog_id
+        // `sel` and the duplicates close here: only the group holds the program now.
+    };
+    let e = attach(pid, Method::Ebpf).unwrap_err();
+    eprintln!("{e}");
+    assert!(
+        e.0.contains("did not attach") && e.0.contains("cl_select") && e.0.contains("--force"),
+        "{e}"
+    );
+    let e = attach(pid, Method::Auto).unwrap_err();
+    assert!(e.0.contains("did not attach"), "auto refuses too: {e}");
+    // Left alone: the same program is still there, still holding both listeners.
+    let st = status(pid);
+    assert_eq!(st[0].method, "foreign");
+    assert_eq!(st[0].foreign[0].prog_id, foreign_id);
+    assert_eq!(st[0].foreign[0].listeners_in_maps, 2);
+    // detach removes only ours: it leaves the foreign program in place.
+    assert_eq!(detach(pid)[0].removed, "nothing");
+    assert_eq!(status(pid)[0].foreign[0].prog_id, foreign_id);
+    // --force replaces it.
+    let (plan, dups) = apply::discover(pid, &[]).unwrap();
+    let done = apply::attach(&plan, &dups, Method::Ebpf, true, &mut |m| eprintln!("{m}")).unwrap();
+    drop(dups);
+    assert_eq!(done[0].method, "ebpf");
+    let st = status(pid);
+    assert_eq!(st[0].method, "ebpf", "{st:?}");
+    assert!(st[0].foreign.is_empty(), "{st:?}");
+    let c0 = cpus.iter().next().unwrap();
+    in_range(
+        "steered after --force",
+        python_locality(c0, addr),
+        0.99,
+        1.0,
+    );
     assert_eq!(detach(pid)[0].removed, "ebpf");
 }
 
@@ -692,6 +772,40 @@ mod own_runtime {
         assert_eq!(done[0].method, "ebpf");
         in_range("fine mode, steered", run(&server), 0.99, 1.0);
         detach(me);
+        server.stop();
+        server.join().unwrap();
+    }
+
+    /// `local` mode: the runtime steers its own group (its `cl_select` program, held open by
+    /// the process, its sockarray holding the listeners). steer finds it, refuses, and even
+    /// `--force` refuses (a socket sits in one sockarray only; replacing it would leave the
+    /// server's program unable to steer).
+    #[test]
+    fn a_server_steering_itself_is_left_alone() {
+        if !inside_private_netns("own_runtime::a_server_steering_itself_is_left_alone") {
+            return;
+        }
+        let Some(cpus) = two_cpus() else { return };
+        set_up_loopback(None);
+        let mut config =
+            ServerConfig::new(vec!["127.0.0.1:0".parse().unwrap()], &cpus, Mode::Local);
+        config.backend = BackendKind::Epoll;
+        let server = Server::start(config, Arc::new(OneShot)).unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        let me = std::process::id();
+        let e = attach(me, Method::Ebpf).unwrap_err();
+        assert!(
+            e.0.contains("did not attach") && e.0.contains("held by the server"),
+            "{e}"
+        );
+        let (plan, dups) = apply::discover(me, &[]).unwrap();
+        let e =
+            apply::attach(&plan, &dups, Method::Ebpf, true, &mut |m| eprintln!("{m}")).unwrap_err();
+        assert!(e.0.contains("even with --force"), "{e}");
+        drop(dups);
+        let st = status(me);
+        assert_eq!(st[0].method, "foreign", "{st:?}");
+        assert_eq!(st[0].foreign[0].name, "cl_select");
         server.stop();
         server.join().unwrap();
     }
