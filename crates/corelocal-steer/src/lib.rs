@@ -18,9 +18,12 @@ pub mod apply;
 pub mod discover;
 pub mod plan;
 pub mod procscan;
+pub mod target;
 pub mod watch;
 
 use apply::{Method, SteerError};
+use target::PidSource;
+use watch::WatchConfig;
 
 /// `println!` that ignores a closed stdout (`corelocal steer status | head` must not panic).
 macro_rules! out {
@@ -30,6 +33,7 @@ macro_rules! out {
     }};
 }
 use clap::{Args, Subcommand};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -40,14 +44,85 @@ pub struct Command {
     action: Action,
 }
 
+/// Which server: exactly one of `--pid`, `--pid-file`, `--unit`.
 #[derive(Debug, Args)]
-struct Target {
+#[group(required = true, multiple = false)]
+struct Server {
     /// The server's PID (its master); its children are found from /proc.
     #[arg(long)]
-    pid: u32,
+    pid: Option<u32>,
+    /// A PID file naming the server's master (nginx's `pid`, HAProxy's `-p`); `watch`
+    /// re-reads it, so it follows binary upgrades and restarts.
+    #[arg(long)]
+    pid_file: Option<PathBuf>,
+    /// A systemd unit: its MainPID (`systemctl show -p MainPID`); `watch` looks again after
+    /// a restart.
+    #[arg(long)]
+    unit: Option<String>,
+}
+
+impl Server {
+    fn source(&self) -> PidSource {
+        match (&self.pid, &self.pid_file, &self.unit) {
+            (Some(p), _, _) => PidSource::Pid(*p),
+            (_, Some(f), _) => PidSource::PidFile(f.clone()),
+            (_, _, Some(u)) => PidSource::unit(u),
+            _ => unreachable!("clap requires one of --pid, --pid-file, --unit"),
+        }
+    }
+}
+
+/// The same, optional (`status` without one lists every loaded program).
+#[derive(Debug, Args)]
+#[group(required = false, multiple = false)]
+struct MaybeServer {
+    /// The server's PID; without a server, every loaded cl_cpu_pick program is listed.
+    #[arg(long)]
+    pid: Option<u32>,
+    /// A PID file naming the server's master.
+    #[arg(long)]
+    pid_file: Option<PathBuf>,
+    /// A systemd unit (its MainPID).
+    #[arg(long)]
+    unit: Option<String>,
+}
+
+impl MaybeServer {
+    fn source(&self) -> Option<PidSource> {
+        match (&self.pid, &self.pid_file, &self.unit) {
+            (Some(p), _, _) => Some(PidSource::Pid(*p)),
+            (_, Some(f), _) => Some(PidSource::PidFile(f.clone())),
+            (_, _, Some(u)) => Some(PidSource::unit(u)),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+struct Target {
+    #[command(flatten)]
+    server: Server,
     /// Only these groups: ADDR:PORT, or PORT for every address (repeatable).
     #[arg(long = "listen")]
     listen: Vec<String>,
+}
+
+impl Target {
+    /// The server's PID now.
+    fn pid(&self) -> Result<u32, SteerError> {
+        resolve(&self.server.source())
+    }
+}
+
+fn resolve(source: &PidSource) -> Result<u32, SteerError> {
+    match source.current() {
+        Ok(Some(p)) => Ok(p),
+        Ok(None) => Err(SteerError(format!(
+            "no server: {} names no running process",
+            source.describe()
+        ))),
+        Err(e) => Err(SteerError(format!("no server: {e}"))),
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -67,11 +142,11 @@ enum Action {
         #[arg(long)]
         json: bool,
     },
-    /// Per group: listeners, worker PID → CPU, method, per-CPU steered vs fallback counts.
+    /// Per group: listeners, worker PID → CPU, method, per-CPU steered vs fallback counts
+    /// and the locality they give.
     Status {
-        /// The server's PID; without it, every loaded cl_cpu_pick program is listed.
-        #[arg(long)]
-        pid: Option<u32>,
+        #[command(flatten)]
+        server: MaybeServer,
         /// Only these groups: ADDR:PORT or PORT (repeatable).
         #[arg(long = "listen")]
         listen: Vec<String>,
@@ -88,7 +163,10 @@ enum Action {
         #[command(flatten)]
         target: Target,
     },
-    /// Attach, then keep the mapping right across reloads, respawns and affinity changes.
+    /// Attach, then keep the mapping right across reloads, respawns, affinity changes,
+    /// binary upgrades and restarts. Exit status: 0 stopped (signal, --duration-s), 3 the
+    /// server exited (--pid, no new master), 4 refused at start, 5 missing privilege, 6 no
+    /// server within --start-timeout-s, 1 anything else.
     Watch {
         #[command(flatten)]
         target: Target,
@@ -98,10 +176,53 @@ enum Action {
         /// Re-scan period in milliseconds (10..=60000).
         #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(10..=60_000))]
         interval_ms: u64,
-        /// Stop after this many seconds (default: until the server exits).
+        /// Stop after this many seconds (default: until a signal, or the server exits for
+        /// good).
         #[arg(long)]
         duration_s: Option<u64>,
+        /// Replace a reuseport program steer did not attach.
+        #[arg(long)]
+        force: bool,
+        /// One JSON object per event on stdout (ts, event, pid, group, message).
+        #[arg(long)]
+        json: bool,
+        /// On SIGTERM/SIGINT, detach before exiting (the kernel's hash picks again).
+        #[arg(long)]
+        detach_on_exit: bool,
+        /// How long to wait for the PID file or unit to name a running server at start.
+        #[arg(long, default_value_t = 30)]
+        start_timeout_s: u64,
     },
+}
+
+/// Exit statuses of `corelocal steer` (usage errors exit 2, from the argument parser).
+pub mod exit {
+    /// Done; for `watch`: stopped by a signal or `--duration-s`.
+    pub const OK: u8 = 0;
+    /// Any other failure.
+    pub const FAILED: u8 = 1;
+    /// `watch`: the server exited and nothing names another (`--pid` without a new master).
+    pub const TARGET_EXITED: u8 = 3;
+    /// Refused, nothing changed (not reuseport, no worker pinned, someone else's program…).
+    pub const REFUSED: u8 = 4;
+    /// A privilege is missing (ptrace access, CAP_BPF, CAP_SYS_ADMIN).
+    pub const NO_PRIVILEGE: u8 = 5;
+    /// No server: the PID, PID file or unit names no running process.
+    pub const NO_SERVER: u8 = 6;
+}
+
+/// The exit status for an error, by what it says.
+pub fn exit_code(e: &SteerError) -> u8 {
+    let m = e.0.as_str();
+    if m.starts_with("refused") {
+        exit::REFUSED
+    } else if m.contains("no ptrace access") || m.contains("needs CAP_") {
+        exit::NO_PRIVILEGE
+    } else if m.starts_with("no server") || m.starts_with("process ") {
+        exit::NO_SERVER
+    } else {
+        exit::FAILED
+    }
 }
 
 /// Runs `corelocal steer`.
@@ -114,24 +235,41 @@ pub fn run(cmd: Command) -> ExitCode {
             json,
         } => attach_cmd(&target, method, force, json),
         Action::Status {
-            pid,
+            server,
             listen,
             json,
             connections,
-        } => status_cmd(pid, &listen, json, connections),
+        } => status_cmd(server.source(), &listen, json, connections),
         Action::Detach { target } => detach_cmd(&target),
         Action::Watch {
             target,
             method,
             interval_ms,
             duration_s,
-        } => watch_cmd(&target, method, interval_ms, duration_s),
+            force,
+            json,
+            detach_on_exit,
+            start_timeout_s,
+        } => {
+            let mut cfg = WatchConfig::new(target.server.source());
+            cfg.filters = target.listen.clone();
+            cfg.method = method;
+            cfg.interval = Duration::from_millis(interval_ms);
+            cfg.force = force;
+            cfg.detach_on_exit = detach_on_exit;
+            cfg.start_timeout = Duration::from_secs(start_timeout_s);
+            match watch_cmd(&cfg, duration_s, json) {
+                Ok(watch::Stopped::Asked) => Ok(()),
+                Ok(watch::Stopped::TargetExited) => return ExitCode::from(exit::TARGET_EXITED),
+                Err(e) => Err(e),
+            }
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("corelocal steer: {e}");
-            ExitCode::FAILURE
+            ExitCode::from(exit_code(&e))
         }
     }
 }
@@ -141,7 +279,7 @@ fn log_line(msg: String) {
 }
 
 fn attach_cmd(t: &Target, method: Method, force: bool, json: bool) -> Result<(), SteerError> {
-    let (plan, dups) = apply::discover(t.pid, &t.listen)?;
+    let (plan, dups) = apply::discover(t.pid()?, &t.listen)?;
     let done = apply::attach(&plan, &dups, method, force, &mut log_line)?;
     drop(dups);
     if json {
@@ -188,11 +326,12 @@ pub(crate) fn describe_map(g: &plan::GroupPlan) -> String {
 }
 
 fn status_cmd(
-    pid: Option<u32>,
+    source: Option<PidSource>,
     listen: &[String],
     json: bool,
     connections: bool,
 ) -> Result<(), SteerError> {
+    let pid = source.as_ref().map(resolve).transpose()?;
     let Some(pid) = pid else {
         let progs = apply::programs()?;
         if json {
@@ -329,7 +468,7 @@ fn print_status(s: &apply::GroupStatus) {
 }
 
 fn detach_cmd(t: &Target) -> Result<(), SteerError> {
-    let (plan, dups) = apply::discover(t.pid, &t.listen)?;
+    let (plan, dups) = apply::discover(t.pid()?, &t.listen)?;
     let done = apply::detach(&plan, &dups)?;
     drop(dups);
     for d in done {
@@ -345,19 +484,49 @@ fn detach_cmd(t: &Target) -> Result<(), SteerError> {
 }
 
 fn watch_cmd(
-    t: &Target,
-    method: Method,
-    interval_ms: u64,
+    cfg: &WatchConfig,
     duration_s: Option<u64>,
-) -> Result<(), SteerError> {
+    json: bool,
+) -> Result<watch::Stopped, SteerError> {
+    // SIGTERM / SIGINT are waited for between ticks (and every thread started from here
+    // on inherits the mask).
+    corelocal::sys::signal::block_termination_signals()
+        .map_err(|e| SteerError(format!("blocking SIGTERM/SIGINT: {e}")))?;
     let start = Instant::now();
-    let stop = || duration_s.is_some_and(|d| start.elapsed() >= Duration::from_secs(d));
-    watch::watch(
-        t.pid,
-        &t.listen,
-        method,
-        Duration::from_millis(interval_ms),
-        &stop,
-        &mut |m| eprintln!("{} {m}", watch::clock()),
-    )
+    let limit = duration_s.map(Duration::from_secs);
+    let mut pause = |d: Duration| -> bool {
+        let d = limit.map_or(d, |l| d.min(l.saturating_sub(start.elapsed())));
+        if corelocal::sys::signal::wait_termination(d).is_some() {
+            return true;
+        }
+        limit.is_some_and(|l| start.elapsed() >= l)
+    };
+    let mut log = |e: &watch::Event| {
+        if json {
+            out!("{}", serde_json::to_string(e).expect("serialisable"));
+        } else {
+            eprintln!("{} {}", watch::clock(), e.message);
+        }
+    };
+    let state = std::sync::Mutex::new(watch::WatchState::default());
+    watch::watch(cfg, &mut pause, &mut log, &state)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_codes_say_why() {
+        let code = |m: &str| exit_code(&SteerError(m.to_string()));
+        assert_eq!(code("refused, nothing changed:\n  x"), exit::REFUSED);
+        assert_eq!(code("no ptrace access to pid 1 (…)"), exit::NO_PRIVILEGE);
+        assert_eq!(code("eBPF steering needs CAP_BPF (…)"), exit::NO_PRIVILEGE);
+        assert_eq!(
+            code("no server: pid file /run/x.pid names no …"),
+            exit::NO_SERVER
+        );
+        assert_eq!(code("process 99: No such file"), exit::NO_SERVER);
+        assert_eq!(code("bpf map update: …"), exit::FAILED);
+    }
 }

@@ -12,13 +12,15 @@ use corelocal::cpu::{current_affinity, pin_current_thread, CpuSet};
 use corelocal::sys::{pidfd, socket};
 use corelocal::testing::{inside_private_netns, set_up_loopback, sh, ScratchDir};
 use corelocal_steer::apply::{self, Method};
+use corelocal_steer::target::PidSource;
+use corelocal_steer::watch::{Event, Stopped, WatchConfig, WatchState};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// One-shot connections per client CPU.
@@ -107,20 +109,46 @@ impl Nginx {
             );
         }
         std::fs::write(dir.join("nginx.conf"), config).unwrap();
-        sh(&format!(
-            "nginx -e {d}/error.log -p {d} -c {d}/nginx.conf",
-            d = dir.display()
-        ));
         let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-        wait_listening(addr);
-        let master = std::fs::read_to_string(dir.join("nginx.pid"))
+        let mut n = Nginx {
+            dir,
+            master: 0,
+            addr,
+        };
+        n.launch();
+        n
+    }
+
+    /// Starts nginx from the config in its dir (again, after a stop).
+    fn launch(&mut self) {
+        // By its absolute path: a binary upgrade (USR2) execs argv[0] again.
+        sh(&format!(
+            "\"$(command -v nginx)\" -e {d}/error.log -p {d} -c {d}/nginx.conf",
+            d = self.dir.display()
+        ));
+        wait_listening(self.addr);
+        self.master = std::fs::read_to_string(self.dir.join("nginx.pid"))
             .unwrap()
             .trim()
             .parse()
             .unwrap();
-        let n = Nginx { dir, master, addr };
-        n.wait_workers();
-        n
+        self.wait_workers();
+    }
+
+    /// Writes the config with `affinity` (no reload).
+    fn configure(&self, affinity: &str) {
+        std::fs::write(
+            self.dir.join("nginx.conf"),
+            Self::config(&self.dir, self.addr.port(), affinity, true),
+        )
+        .unwrap();
+    }
+
+    /// The PID nginx.pid names now.
+    fn pid_file_pid(&self) -> Option<u32> {
+        std::fs::read_to_string(self.dir.join("nginx.pid"))
+            .ok()
+            .and_then(|t| t.trim().parse().ok())
     }
 
     /// Waits until exactly two workers poll their listeners (after start or reload).
@@ -141,12 +169,7 @@ impl Nginx {
     }
 
     fn reload(&self, affinity: &str) {
-        let port = self.addr.port();
-        std::fs::write(
-            self.dir.join("nginx.conf"),
-            Self::config(&self.dir, port, affinity, true),
-        )
-        .unwrap();
+        self.configure(affinity);
         sh(&format!(
             "nginx -e {d}/error.log -p {d} -c {d}/nginx.conf -s reload",
             d = self.dir.display()
@@ -304,6 +327,76 @@ fn in_range(what: &str, x: f64, lo: f64, hi: f64) {
     assert!(x >= lo && x <= hi, "{what}: {x:.3} not in [{lo}, {hi}]");
 }
 
+/// `watch` on a thread, its events kept; stopped (and joined) by [`Watcher::stop`].
+struct Watcher {
+    stop: Arc<AtomicBool>,
+    handle: Option<std::thread::JoinHandle<Result<Stopped, apply::SteerError>>>,
+    events: Arc<Mutex<Vec<Event>>>,
+    state: Arc<Mutex<WatchState>>,
+}
+
+impl Watcher {
+    fn start(cfg: WatchConfig) -> Watcher {
+        let stop = Arc::new(AtomicBool::new(false));
+        let events = Arc::new(Mutex::new(Vec::new()));
+        let state = Arc::new(Mutex::new(WatchState::default()));
+        let handle = {
+            let (stop, events, state) = (stop.clone(), events.clone(), state.clone());
+            std::thread::spawn(move || {
+                let mut pause = |d: Duration| {
+                    std::thread::sleep(d);
+                    stop.load(Ordering::Relaxed)
+                };
+                let mut log = |e: &Event| {
+                    eprintln!("watch: {} {}", e.event, e.message);
+                    events.lock().unwrap().push(e.clone());
+                };
+                corelocal_steer::watch::watch(&cfg, &mut pause, &mut log, &state)
+            })
+        };
+        Watcher {
+            stop,
+            handle: Some(handle),
+            events,
+            state,
+        }
+    }
+
+    /// Kinds of the events so far.
+    fn kinds(&self) -> Vec<&'static str> {
+        self.events
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|e| e.event)
+            .collect()
+    }
+
+    /// Waits until an event of `kind` has been seen `n` times.
+    fn wait_for(&self, kind: &str, n: usize, within: Duration) {
+        let deadline = Instant::now() + within;
+        while self.kinds().iter().filter(|k| **k == kind).count() < n {
+            assert!(
+                Instant::now() < deadline,
+                "no {n}× {kind} event within {within:?}: {:?}",
+                self.kinds()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn stop(mut self) -> Stopped {
+        self.stop.store(true, Ordering::Relaxed);
+        self.handle.take().unwrap().join().unwrap().unwrap()
+    }
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
 #[test]
 fn nginx_attach_makes_accept_local_and_detach_restores_the_hash() {
     if !inside_private_netns("nginx_attach_makes_accept_local_and_detach_restores_the_hash") {
@@ -449,22 +542,10 @@ fn nginx_reload_that_moves_workers_needs_watch() {
     );
 
     // Under watch: ≥ 99% again within a second of each reload.
-    let stop = Arc::new(AtomicBool::new(false));
-    let master = nginx.master;
-    let watcher = {
-        let stop = stop.clone();
-        std::thread::spawn(move || {
-            let stop_now = || stop.load(Ordering::Relaxed);
-            corelocal_steer::watch::watch(
-                master,
-                &[],
-                Method::Ebpf,
-                Duration::from_millis(100),
-                &stop_now,
-                &mut |m| eprintln!("watch: {m}"),
-            )
-        })
-    };
+    let watcher = Watcher::start(WatchConfig {
+        method: Method::Ebpf,
+        ..WatchConfig::new(PidSource::Pid(nginx.master))
+    });
     std::thread::sleep(Duration::from_secs(1));
     in_range("watch fixed the stale map", nginx.locality(c0), 0.99, 1.0);
     for affinity in [&straight, &swapped] {
@@ -493,8 +574,174 @@ fn nginx_reload_that_moves_workers_needs_watch() {
     for x in l {
         in_range("after taskset", x, 0.99, 1.0);
     }
-    stop.store(true, Ordering::Relaxed);
-    watcher.join().unwrap().unwrap();
+    assert_eq!(watcher.stop(), Stopped::Asked);
+}
+
+/// Waits until `pid` has exited.
+fn wait_gone(pid: u32, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while corelocal_steer::target::alive(pid) {
+        assert!(Instant::now() < deadline, "{what} (pid {pid}) never exited");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Waits until `pid` has no child processes left but `except`.
+fn wait_childless(pid: u32, except: u32) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let kids =
+            std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+        if kids
+            .split_whitespace()
+            .all(|k| k.parse::<u32>().ok() == Some(except))
+        {
+            return;
+        }
+        assert!(Instant::now() < deadline, "pid {pid} kept children {kids}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Waits until steer's map on the server is in place and matches its workers on both CPUs
+/// (what `watch` converges to).
+fn wait_steered(pid: u32) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let ok = apply::discover(pid, &[]).ok().and_then(|(plan, dups)| {
+            let st = apply::status(&plan, &dups).ok()?;
+            Some(
+                st.iter()
+                    .all(|s| s.method == "ebpf" && !s.stale && s.group.cpu_map.len() == 2),
+            )
+        });
+        if ok == Some(true) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "watch never converged on pid {pid}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Both CPUs' one-shot requests served by the worker pinned there (≥ 99%).
+fn assert_local(nginx: &Nginx, cpus: [usize; 2], when: &str) {
+    let l = [nginx.locality(cpus[0]), nginx.locality(cpus[1])];
+    eprintln!("{when}: {l:?}");
+    for x in l {
+        in_range(when, x, 0.99, 1.0);
+    }
+}
+
+/// `watch --pid-file` as a service: it follows nginx through a reload that swaps the
+/// workers' CPUs, a binary upgrade (USR2: a new master, whose pid is now in nginx.pid, with
+/// the CPUs swapped back; WINCH: the old workers go; QUIT: the old master goes) and a full
+/// stop and start (found again by the PID file, attached again), ≥ 99% local after each.
+#[test]
+fn watch_follows_nginx_by_pid_file_across_reload_upgrade_and_restart() {
+    if !inside_private_netns("watch_follows_nginx_by_pid_file_across_reload_upgrade_and_restart") {
+        return;
+    }
+    let Some(cpus) = two_cpus() else { return };
+    if !have("nginx") {
+        return;
+    }
+    set_up_loopback(None);
+    let (c0, c1) = (cpus.iter().next().unwrap(), cpus.iter().nth(1).unwrap());
+    let (m0, m1) = (bin_mask(c0), bin_mask(c1));
+    let (straight, swapped) = (format!("{m0} {m1}"), format!("{m1} {m0}"));
+    let mut nginx = Nginx::start("follow", 18092, &straight, true);
+    let watcher = Watcher::start(WatchConfig {
+        method: Method::Ebpf,
+        ..WatchConfig::new(PidSource::PidFile(nginx.dir.join("nginx.pid")))
+    });
+    watcher.wait_for("attached", 1, Duration::from_secs(5));
+    assert_local(&nginx, [c0, c1], "watch attached");
+
+    let old = nginx.workers();
+    nginx.reload(&swapped);
+    nginx.wait_new_workers(&old);
+    watcher.wait_for("resynced", 1, Duration::from_secs(5));
+    wait_steered(nginx.master);
+    assert_local(&nginx, [c0, c1], "reload with swapped CPUs");
+
+    // Binary upgrade (the same binary), the new master's workers on swapped CPUs again.
+    nginx.configure(&straight);
+    let old_master = nginx.master;
+    sh(&format!("kill -USR2 {old_master}"));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let new_master = loop {
+        match nginx.pid_file_pid() {
+            Some(p) if p != old_master => break p,
+            _ => assert!(Instant::now() < deadline, "no new master in nginx.pid"),
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(nginx.dir.join("nginx.pid.oldbin").exists());
+    nginx.master = new_master;
+    nginx.wait_workers();
+    watcher.wait_for("target", 2, Duration::from_secs(5));
+    sh(&format!("kill -WINCH {old_master}"));
+    wait_childless(old_master, new_master);
+    watcher.wait_for("resynced", 2, Duration::from_secs(5));
+    wait_steered(nginx.master);
+    assert_local(&nginx, [c0, c1], "binary upgrade, old workers gone");
+    sh(&format!("kill -QUIT {old_master}"));
+    wait_gone(old_master, "old master");
+    assert_local(&nginx, [c0, c1], "binary upgrade, old master gone");
+
+    // Full stop, then start: found again by the PID file and attached again.
+    let stopped = nginx.master;
+    sh(&format!("kill -QUIT {stopped}"));
+    wait_gone(stopped, "nginx");
+    watcher.wait_for("gone", 1, Duration::from_secs(5));
+    nginx.launch();
+    watcher.wait_for("attached", 2, Duration::from_secs(5));
+    wait_steered(nginx.master);
+    assert_local(&nginx, [c0, c1], "stop and start");
+    assert!(watcher.state.lock().unwrap().target_changes >= 2);
+    assert_eq!(watcher.stop(), Stopped::Asked);
+}
+
+/// `watch --pid OLD` follows a binary upgrade too: when the old master exits, the new
+/// master it left (its former child, now holding the listeners) is followed.
+#[test]
+fn watch_by_pid_follows_the_new_master_of_a_binary_upgrade() {
+    if !inside_private_netns("watch_by_pid_follows_the_new_master_of_a_binary_upgrade") {
+        return;
+    }
+    let Some(cpus) = two_cpus() else { return };
+    if !have("nginx") {
+        return;
+    }
+    set_up_loopback(None);
+    let (c0, c1) = (cpus.iter().next().unwrap(), cpus.iter().nth(1).unwrap());
+    let (m0, m1) = (bin_mask(c0), bin_mask(c1));
+    let mut nginx = Nginx::start("heir", 18093, &format!("{m0} {m1}"), true);
+    let old_master = nginx.master;
+    let watcher = Watcher::start(WatchConfig {
+        method: Method::Ebpf,
+        ..WatchConfig::new(PidSource::Pid(old_master))
+    });
+    watcher.wait_for("attached", 1, Duration::from_secs(5));
+    nginx.configure(&format!("{m1} {m0}"));
+    sh(&format!("kill -USR2 {old_master}"));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while nginx.pid_file_pid().is_none_or(|p| p == old_master) {
+        assert!(Instant::now() < deadline, "no new master");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    nginx.master = nginx.pid_file_pid().unwrap();
+    nginx.wait_workers();
+    sh(&format!("kill -QUIT {old_master}"));
+    wait_gone(old_master, "old master");
+    watcher.wait_for("target", 1, Duration::from_secs(5));
+    watcher.wait_for("resynced", 1, Duration::from_secs(5));
+    wait_steered(nginx.master);
+    assert_local(&nginx, [c0, c1], "followed the new master");
+    assert_eq!(watcher.stop(), Stopped::Asked);
 }
 
 #[test]
