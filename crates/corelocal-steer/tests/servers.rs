@@ -744,6 +744,140 @@ fn watch_by_pid_follows_the_new_master_of_a_binary_upgrade() {
     assert_eq!(watcher.stop(), Stopped::Asked);
 }
 
+/// HAProxy in master-worker mode (`-W`), two threads pinned with `cpu-map`, one listener per
+/// thread (`shards by-thread`), answering with the number of the thread that served.
+struct Haproxy {
+    dir: ScratchDir,
+    master: u32,
+    addr: SocketAddr,
+    cpus: [usize; 2],
+}
+
+impl Haproxy {
+    fn start(name: &str, port: u16, cpus: [usize; 2]) -> Haproxy {
+        let dir = scratch(name);
+        let d = dir.display();
+        std::fs::write(
+            dir.join("haproxy.cfg"),
+            format!(
+                "global\n  nbthread 2\n  cpu-map auto:1/1-2 {} {}\n\
+                 stats socket {d}/stats.sock mode 600 expose-fd listeners level admin\n\
+                 defaults\n  mode http\n  timeout connect 1s\n  timeout client 5s\n\
+                 timeout server 5s\n\
+                 frontend fe\n  bind 127.0.0.1:{port} shards by-thread\n\
+                 http-request return status 200 content-type text/plain lf-string \"%[thread] ok\\n\"\n",
+                cpus[0], cpus[1]
+            ),
+        )
+        .unwrap();
+        sh(&format!(
+            "haproxy -W -D -f {d}/haproxy.cfg -p {d}/haproxy.pid 2>{d}/haproxy.err"
+        ));
+        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        wait_listening(addr);
+        let master = std::fs::read_to_string(dir.join("haproxy.pid"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        Haproxy {
+            dir,
+            master,
+            addr,
+            cpus,
+        }
+    }
+
+    /// The worker processes (children of the master).
+    fn workers(&self) -> Vec<u32> {
+        std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", self.master))
+            .unwrap_or_default()
+            .split_whitespace()
+            .filter_map(|p| p.parse().ok())
+            .collect()
+    }
+
+    /// Share of one-shot requests from `cpu` served by the thread pinned there.
+    fn locality(&self, cpu: usize) -> f64 {
+        let mut local = 0;
+        one_shot_from(cpu, self.addr, CONNS, |resp| {
+            let thread: usize = resp
+                .lines()
+                .last()
+                .and_then(|l| l.split_whitespace().next())
+                .and_then(|t| t.parse().ok())
+                .expect("thread number in the body");
+            local += usize::from(self.cpus[thread] == cpu);
+        });
+        local as f64 / CONNS as f64
+    }
+}
+
+impl Drop for Haproxy {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.master.to_string()])
+            .status();
+        wait_gone(self.master, "haproxy master");
+    }
+}
+
+/// HAProxy's seamless reload in master-worker mode (USR2 to the master: a new worker takes
+/// over the same listening sockets, its threads polling them in a new order, and the old
+/// worker leaves): under `watch --pid-file` the map follows, ≥ 99% local before and after.
+#[test]
+fn haproxy_master_worker_seamless_reload_under_watch() {
+    if !inside_private_netns("haproxy_master_worker_seamless_reload_under_watch") {
+        return;
+    }
+    let Some(cpus) = two_cpus() else { return };
+    if !have("haproxy") {
+        return;
+    }
+    set_up_loopback(None);
+    let (c0, c1) = (cpus.iter().next().unwrap(), cpus.iter().nth(1).unwrap());
+    let hap = Haproxy::start("haproxy", 18094, [c0, c1]);
+    let watcher = Watcher::start(WatchConfig {
+        method: Method::Ebpf,
+        ..WatchConfig::new(PidSource::PidFile(hap.dir.join("haproxy.pid")))
+    });
+    watcher.wait_for("attached", 1, Duration::from_secs(5));
+    wait_steered(hap.master);
+    let before = [hap.locality(c0), hap.locality(c1)];
+    eprintln!("haproxy under watch: {before:?}");
+    for x in before {
+        in_range("haproxy steered", x, 0.99, 1.0);
+    }
+    let (plan, _) = apply::discover(hap.master, &[]).unwrap();
+    let cookie_cpu = |plan: &corelocal_steer::plan::Plan| -> Vec<(u64, Option<usize>)> {
+        plan.groups[0]
+            .listeners
+            .iter()
+            .map(|l| (l.cookie, l.cpu))
+            .collect()
+    };
+    let mapping_before = cookie_cpu(&plan);
+    let old = hap.workers();
+    sh(&format!("kill -USR2 {}", hap.master));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while hap.workers().iter().any(|w| old.contains(w)) || hap.workers().is_empty() {
+        assert!(Instant::now() < deadline, "the old worker never left");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    wait_steered(hap.master);
+    let (plan, _) = apply::discover(hap.master, &[]).unwrap();
+    eprintln!(
+        "listener (cookie, cpu) before the reload {mapping_before:?}, after {:?}",
+        cookie_cpu(&plan)
+    );
+    let after = [hap.locality(c0), hap.locality(c1)];
+    eprintln!("haproxy after a seamless reload under watch: {after:?}");
+    for x in after {
+        in_range("haproxy after reload", x, 0.99, 1.0);
+    }
+    assert_eq!(watcher.stop(), Stopped::Asked);
+}
+
 #[test]
 fn nginx_rps_spread_flows_are_accepted_on_the_cpu_that_processed_the_syn() {
     if !inside_private_netns(
