@@ -16,6 +16,7 @@
 
 pub mod apply;
 pub mod discover;
+pub mod metrics;
 pub mod plan;
 pub mod procscan;
 pub mod target;
@@ -157,6 +158,10 @@ enum Action {
         /// worker's CPU (SO_INCOMING_CPU of a duplicate; at most 20,000).
         #[arg(long)]
         connections: bool,
+        /// Also sample the counters over this many milliseconds: SYNs per second per CPU
+        /// and the steered share now (not since attach).
+        #[arg(long, value_parser = clap::value_parser!(u64).range(100..=60_000))]
+        live_ms: Option<u64>,
     },
     /// Restore the kernel's hash (removes only what steer attached).
     Detach {
@@ -192,6 +197,10 @@ enum Action {
         /// How long to wait for the PID file or unit to name a running server at start.
         #[arg(long, default_value_t = 30)]
         start_timeout_s: u64,
+        /// Serve Prometheus metrics on ADDR:PORT (GET /metrics): per-CPU steered/fallback
+        /// SYN counts, steered share, what watch did.
+        #[arg(long)]
+        metrics: Option<String>,
     },
 }
 
@@ -239,7 +248,8 @@ pub fn run(cmd: Command) -> ExitCode {
             listen,
             json,
             connections,
-        } => status_cmd(server.source(), &listen, json, connections),
+            live_ms,
+        } => status_cmd(server.source(), &listen, json, connections, live_ms),
         Action::Detach { target } => detach_cmd(&target),
         Action::Watch {
             target,
@@ -250,6 +260,7 @@ pub fn run(cmd: Command) -> ExitCode {
             json,
             detach_on_exit,
             start_timeout_s,
+            metrics,
         } => {
             let mut cfg = WatchConfig::new(target.server.source());
             cfg.filters = target.listen.clone();
@@ -258,7 +269,7 @@ pub fn run(cmd: Command) -> ExitCode {
             cfg.force = force;
             cfg.detach_on_exit = detach_on_exit;
             cfg.start_timeout = Duration::from_secs(start_timeout_s);
-            match watch_cmd(&cfg, duration_s, json) {
+            match watch_cmd(&cfg, duration_s, json, metrics.as_deref()) {
                 Ok(watch::Stopped::Asked) => Ok(()),
                 Ok(watch::Stopped::TargetExited) => return ExitCode::from(exit::TARGET_EXITED),
                 Err(e) => Err(e),
@@ -330,6 +341,7 @@ fn status_cmd(
     listen: &[String],
     json: bool,
     connections: bool,
+    live_ms: Option<u64>,
 ) -> Result<(), SteerError> {
     let pid = source.as_ref().map(resolve).transpose()?;
     let Some(pid) = pid else {
@@ -368,13 +380,32 @@ fn status_cmd(
     let (plan, dups) = apply::discover(pid, listen)?;
     let st = apply::status(&plan, &dups)?;
     drop(dups);
+    let live: Vec<Option<LiveRates>> = match live_ms {
+        None => Vec::new(),
+        Some(ms) => {
+            let secs = ms as f64 / 1000.0;
+            std::thread::sleep(Duration::from_millis(ms));
+            let (plan2, dups2) = apply::discover(pid, listen)?;
+            let st2 = apply::status(&plan2, &dups2)?;
+            drop(dups2);
+            st.iter()
+                .map(|a| {
+                    let b = st2
+                        .iter()
+                        .find(|b| b.group.addr == a.group.addr && b.prog_id == a.prog_id)?;
+                    a.prog_id?;
+                    Some(live_rates(a, b, secs))
+                })
+                .collect()
+        }
+    };
     let conns = if connections {
         Some(apply::connection_locality(&plan)?)
     } else {
         None
     };
     if json {
-        let v = serde_json::json!({"groups": st, "connections": conns});
+        let v = serde_json::json!({"groups": st, "connections": conns, "live": live});
         out!(
             "{}",
             serde_json::to_string_pretty(&v).expect("serialisable")
@@ -384,8 +415,27 @@ fn status_cmd(
     if st.is_empty() {
         out!("pid {pid}: no listening TCP socket in its process tree");
     }
-    for s in &st {
+    for (i, s) in st.iter().enumerate() {
         print_status(s);
+        if let Some(Some(l)) = live.get(i) {
+            for c in &l.cpus {
+                out!(
+                    "  live, cpu {}: {:.0} SYNs/s steered, {:.0} fell back",
+                    c.cpu,
+                    c.steered_per_s,
+                    c.fallback_per_s
+                );
+            }
+            match l.steered_share {
+                Some(x) => out!(
+                    "  live: {:.1}% of {:.0} SYNs/s steered over the last {:.1} s",
+                    100.0 * x,
+                    l.syns_per_s,
+                    l.seconds
+                ),
+                None => out!("  live: no SYN in the last {:.1} s", l.seconds),
+            }
+        }
     }
     for c in conns.unwrap_or_default() {
         out!(
@@ -459,11 +509,70 @@ fn print_status(s: &apply::GroupStatus) {
             c.listener_gone
         );
     }
+    match (s.method, s.steered_share) {
+        ("ebpf", Some(x)) => {
+            let (steered, fallback) = s.totals();
+            out!(
+                "  locality: {:.2}% of {} SYNs since attach steered to the worker on their \
+                 CPU ({fallback} fell back to the hash)",
+                100.0 * x,
+                steered + fallback
+            );
+        }
+        ("ebpf", None) => out!("  locality: no SYN since attach"),
+        ("incoming-cpu", _) => out!(
+            "  locality: no counters with SO_INCOMING_CPU (use --connections, or CAP_BPF for \
+             the eBPF method)"
+        ),
+        _ => {}
+    }
     if let Some(u) = &s.ebpf_unreadable {
         out!("  eBPF state unknown: {u}");
     }
     for d in &s.stale_detail {
         out!("  stale: {d}");
+    }
+}
+
+/// One CPU's counters as rates between two `status` samples.
+#[derive(Debug, serde::Serialize)]
+struct LiveCpu {
+    cpu: usize,
+    steered_per_s: f64,
+    fallback_per_s: f64,
+}
+
+/// A group's counters between two samples.
+#[derive(Debug, serde::Serialize)]
+struct LiveRates {
+    seconds: f64,
+    syns_per_s: f64,
+    steered_share: Option<f64>,
+    cpus: Vec<LiveCpu>,
+}
+
+fn live_rates(a: &apply::GroupStatus, b: &apply::GroupStatus, secs: f64) -> LiveRates {
+    let before = |cpu: usize| a.counts.iter().find(|c| c.cpu == cpu);
+    let cpus: Vec<LiveCpu> = b
+        .counts
+        .iter()
+        .map(|c| {
+            let (s0, f0) = before(c.cpu).map_or((0, 0), |p| (p.steered, p.fallback));
+            LiveCpu {
+                cpu: c.cpu,
+                steered_per_s: c.steered.saturating_sub(s0) as f64 / secs,
+                fallback_per_s: c.fallback.saturating_sub(f0) as f64 / secs,
+            }
+        })
+        .filter(|c| c.steered_per_s + c.fallback_per_s > 0.0)
+        .collect();
+    let steered: f64 = cpus.iter().map(|c| c.steered_per_s).sum();
+    let fallback: f64 = cpus.iter().map(|c| c.fallback_per_s).sum();
+    LiveRates {
+        seconds: secs,
+        syns_per_s: steered + fallback,
+        steered_share: (steered + fallback > 0.0).then(|| steered / (steered + fallback)),
+        cpus,
     }
 }
 
@@ -487,11 +596,18 @@ fn watch_cmd(
     cfg: &WatchConfig,
     duration_s: Option<u64>,
     json: bool,
+    metrics: Option<&str>,
 ) -> Result<watch::Stopped, SteerError> {
     // SIGTERM / SIGINT are waited for between ticks (and every thread started from here
     // on inherits the mask).
     corelocal::sys::signal::block_termination_signals()
         .map_err(|e| SteerError(format!("blocking SIGTERM/SIGINT: {e}")))?;
+    let state = std::sync::Arc::new(std::sync::Mutex::new(watch::WatchState::default()));
+    if let Some(addr) = metrics {
+        let bound = metrics::serve(addr, state.clone())
+            .map_err(|e| SteerError(format!("--metrics {addr}: {e}")))?;
+        eprintln!("{} metrics on http://{bound}/metrics", watch::clock());
+    }
     let start = Instant::now();
     let limit = duration_s.map(Duration::from_secs);
     let mut pause = |d: Duration| -> bool {
@@ -508,7 +624,6 @@ fn watch_cmd(
             eprintln!("{} {}", watch::clock(), e.message);
         }
     };
-    let state = std::sync::Mutex::new(watch::WatchState::default());
     watch::watch(cfg, &mut pause, &mut log, &state)
 }
 

@@ -429,6 +429,20 @@ fn nginx_attach_makes_accept_local_and_detach_restores_the_hash() {
     assert!(steered >= 2 * CONNS as u64, "{st:?}");
     assert_eq!(fallback, 0);
     assert!(!st[0].stale);
+    assert_eq!(st[0].steered_share, Some(1.0));
+    // The counters move with traffic: CONNS more SYNs from c0, all steered on c0.
+    let on = |st: &[apply::GroupStatus], cpu: usize| {
+        st[0]
+            .counts
+            .iter()
+            .find(|c| c.cpu == cpu)
+            .map_or(0, |c| c.steered)
+    };
+    let (before0, before1) = (on(&st, c0), on(&st, c1));
+    nginx.locality(c0);
+    let st = status(nginx.master);
+    assert_eq!(on(&st, c0) - before0, CONNS as u64, "{st:?}");
+    assert_eq!(on(&st, c1), before1, "{st:?}");
     // Attaching again updates the same program instead of stacking another.
     let again = attach(nginx.master, Method::Ebpf).unwrap();
     assert!(again[0].updated && again[0].prog_id == done[0].prog_id);
@@ -577,6 +591,17 @@ fn nginx_reload_that_moves_workers_needs_watch() {
     assert_eq!(watcher.stop(), Stopped::Asked);
 }
 
+/// GET `path` from `addr`; the body.
+fn http_get(addr: SocketAddr, path: &str) -> String {
+    let mut c = TcpStream::connect(addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(c, "GET {path} HTTP/1.1\r\nHost: t\r\n\r\n").unwrap();
+    let mut resp = String::new();
+    c.read_to_string(&mut resp).unwrap();
+    assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
+    resp.split_once("\r\n\r\n").unwrap().1.to_string()
+}
+
 /// Waits until `pid` has exited.
 fn wait_gone(pid: u32, what: &str) {
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -658,7 +683,20 @@ fn watch_follows_nginx_by_pid_file_across_reload_upgrade_and_restart() {
         ..WatchConfig::new(PidSource::PidFile(nginx.dir.join("nginx.pid")))
     });
     watcher.wait_for("attached", 1, Duration::from_secs(5));
+    let metrics = corelocal_steer::metrics::serve("127.0.0.1:0", watcher.state.clone()).unwrap();
     assert_local(&nginx, [c0, c1], "watch attached");
+    // The Prometheus endpoint shows the counters the traffic moved.
+    let text = http_get(metrics, "/metrics");
+    let steered_on = |cpu: usize| -> u64 {
+        let key = format!("cpu=\"{cpu}\",outcome=\"steered\"}} ");
+        text.lines()
+            .find_map(|l| l.split_once(&key).map(|(_, v)| v.trim().parse().unwrap()))
+            .unwrap_or(0)
+    };
+    assert!(steered_on(c0) >= CONNS as u64, "{text}");
+    assert!(steered_on(c1) >= CONNS as u64, "{text}");
+    assert!(text.contains(&format!("corelocal_steer_server_pid {}", nginx.master)));
+    assert!(text.contains("corelocal_steer_steered_ratio{group=\"127.0.0.1:18092\"} 1"));
 
     let old = nginx.workers();
     nginx.reload(&swapped);

@@ -29,7 +29,7 @@ pub use detach::{detach, Detached};
 pub use dups::{discover, discover_cached, Dups};
 pub use locality::{connection_locality, ConnLocality, CONNS_INSPECTED_MAX};
 pub use maps::wanted_map;
-pub use status::{programs, status, CpuCounts, GroupStatus, LoadedProgram};
+pub use status::{programs, share, status, CpuCounts, GroupStatus, LoadedProgram};
 
 #[cfg(doc)]
 use corelocal::bpf::cpu_pick::CpuPick;

@@ -47,6 +47,26 @@ pub struct GroupStatus {
     pub ebpf_unreadable: Option<String>,
     /// Reuseport programs on the group that steer did not attach (method `foreign`).
     pub foreign: Vec<ForeignProgram>,
+    /// Share of the SYNs seen since attach that were steered (each one accepted by the
+    /// worker pinned to the CPU that processed it); `None` without counters (SO_INCOMING_CPU,
+    /// nothing attached) or before the first SYN.
+    pub steered_share: Option<f64>,
+}
+
+impl GroupStatus {
+    /// SYNs seen by the program since attach: (steered, fell back).
+    pub fn totals(&self) -> (u64, u64) {
+        (
+            self.counts.iter().map(|c| c.steered).sum(),
+            self.counts.iter().map(|c| c.fallback).sum(),
+        )
+    }
+}
+
+/// Steered share of `steered` + `fallback` SYNs (`None` when there were none).
+pub fn share(steered: u64, fallback: u64) -> Option<f64> {
+    let total = steered + fallback;
+    (total > 0).then(|| steered as f64 / total as f64)
 }
 
 /// Reads back what is attached to each group of the plan.
@@ -85,6 +105,7 @@ pub fn status(plan: &Plan, dups: &Dups) -> Result<Vec<GroupStatus>, SteerError> 
             stale_detail: Vec::new(),
             ebpf_unreadable: unreadable,
             foreign: Vec::new(),
+            steered_share: None,
         };
         if let Some(pick) = pick {
             st.method = "ebpf";
@@ -104,6 +125,8 @@ pub fn status(plan: &Plan, dups: &Dups) -> Result<Vec<GroupStatus>, SteerError> 
                     listener_gone: c.listener_gone,
                 })
                 .collect();
+            let (steered, fallback) = st.totals();
+            st.steered_share = share(steered, fallback);
             let have = installed_map(&pick);
             if have != want {
                 st.stale = true;
