@@ -16,6 +16,7 @@
 
 pub mod apply;
 pub mod discover;
+pub mod measure;
 pub mod metrics;
 pub mod plan;
 pub mod procscan;
@@ -202,6 +203,36 @@ enum Action {
         #[arg(long)]
         metrics: Option<String>,
     },
+    /// What steering saves on the live server, from the traffic it has (none is generated):
+    /// windows alternate steering on and off (ABBA); each reads the server's CPU time
+    /// (schedstat of its threads), the connections accepted (PassiveOpens of its network
+    /// namespace) and the host's IPIs (RES, CAL in /proc/interrupts); prints CPU and IPIs
+    /// per connection on and off, and the on ÷ off ratio with its spread over the pairs.
+    /// Restores what it found (attached or not). Stop `steer watch` on the server first.
+    Measure {
+        #[command(flatten)]
+        target: Target,
+        /// Total length: 10s, 500ms, 2m.
+        #[arg(long, default_value = "10s", value_parser = duration_arg)]
+        duration: Duration,
+        /// Length of each window.
+        #[arg(long, default_value = "1s", value_parser = duration_arg)]
+        window: Duration,
+        /// Pause after each switch before the window starts, in milliseconds.
+        #[arg(long, default_value_t = 200)]
+        settle_ms: u64,
+        /// Method for the on windows when nothing is attached (else the one found).
+        #[arg(long, value_enum, default_value = "auto")]
+        method: Method,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// `--duration` / `--window` values.
+fn duration_arg(s: &str) -> Result<Duration, String> {
+    measure::parse_duration(s)
 }
 
 /// Exit statuses of `corelocal steer` (usage errors exit 2, from the argument parser).
@@ -251,6 +282,14 @@ pub fn run(cmd: Command) -> ExitCode {
             live_ms,
         } => status_cmd(server.source(), &listen, json, connections, live_ms),
         Action::Detach { target } => detach_cmd(&target),
+        Action::Measure {
+            target,
+            duration,
+            window,
+            settle_ms,
+            method,
+            json,
+        } => measure_cmd(&target, duration, window, settle_ms, method, json),
         Action::Watch {
             target,
             method,
@@ -574,6 +613,53 @@ fn live_rates(a: &apply::GroupStatus, b: &apply::GroupStatus, secs: f64) -> Live
         steered_share: (steered + fallback > 0.0).then(|| steered / (steered + fallback)),
         cpus,
     }
+}
+
+fn measure_cmd(
+    t: &Target,
+    duration: Duration,
+    window: Duration,
+    settle_ms: u64,
+    method: Method,
+    json: bool,
+) -> Result<(), SteerError> {
+    if window > duration {
+        return Err(SteerError(format!(
+            "--window {window:?} is longer than --duration {duration:?}"
+        )));
+    }
+    let cfg = measure::MeasureConfig {
+        window,
+        windows: ((duration.as_secs_f64() / window.as_secs_f64()).round() as usize).max(2),
+        settle: Duration::from_millis(settle_ms),
+        method,
+        filters: t.listen.clone(),
+    };
+    // A signal ends the run early; what was found is restored either way.
+    corelocal::sys::signal::block_termination_signals()
+        .map_err(|e| SteerError(format!("blocking SIGTERM/SIGINT: {e}")))?;
+    let mut pause = |d: Duration| corelocal::sys::signal::wait_termination(d).is_some();
+    let mut progress = |w: &measure::Window| {
+        if !json {
+            eprintln!(
+                "{} window {} ({}): {} connections",
+                watch::clock(),
+                w.index,
+                if w.steered { "on" } else { "off" },
+                w.accepted
+            );
+        }
+    };
+    let report = measure::measure(t.pid()?, &cfg, &mut pause, &mut progress)?;
+    if json {
+        out!(
+            "{}",
+            serde_json::to_string_pretty(&report).expect("serialisable")
+        );
+    } else {
+        out!("{}", measure::render(&report).trim_end());
+    }
+    Ok(())
 }
 
 fn detach_cmd(t: &Target) -> Result<(), SteerError> {

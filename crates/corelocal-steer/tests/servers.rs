@@ -12,6 +12,7 @@ use corelocal::cpu::{current_affinity, pin_current_thread, CpuSet};
 use corelocal::sys::{pidfd, socket};
 use corelocal::testing::{inside_private_netns, set_up_loopback, sh, ScratchDir};
 use corelocal_steer::apply::{self, Method};
+use corelocal_steer::measure::{self, MeasureConfig};
 use corelocal_steer::target::PidSource;
 use corelocal_steer::watch::{Event, Stopped, WatchConfig, WatchState};
 use std::io::{Read, Write};
@@ -914,6 +915,78 @@ fn haproxy_master_worker_seamless_reload_under_watch() {
         in_range("haproxy after reload", x, 0.99, 1.0);
     }
     assert_eq!(watcher.stop(), Stopped::Asked);
+}
+
+/// `steer measure` under one-shot traffic the test makes: ABBA windows, each with its
+/// connections and server CPU, the on windows steered; what it found is what it leaves —
+/// nothing attached, then attached.
+#[test]
+fn measure_alternates_windows_and_restores_what_it_found() {
+    if !inside_private_netns("measure_alternates_windows_and_restores_what_it_found") {
+        return;
+    }
+    let Some(cpus) = two_cpus() else { return };
+    if !have("nginx") {
+        return;
+    }
+    set_up_loopback(None);
+    let (c0, c1) = (cpus.iter().next().unwrap(), cpus.iter().nth(1).unwrap());
+    let nginx = Nginx::start(
+        "measure",
+        18095,
+        &format!("{} {}", bin_mask(c0), bin_mask(c1)),
+        true,
+    );
+    let stop = AtomicBool::new(false);
+    let cfg = MeasureConfig {
+        window: Duration::from_millis(300),
+        windows: 4,
+        settle: Duration::from_millis(50),
+        method: Method::Ebpf,
+        filters: Vec::new(),
+    };
+    let run = || {
+        measure::measure(
+            nginx.master,
+            &cfg,
+            &mut |d| {
+                std::thread::sleep(d);
+                false
+            },
+            &mut |w| eprintln!("{w:?}"),
+        )
+        .unwrap()
+    };
+    std::thread::scope(|s| {
+        for cpu in [c0, c1] {
+            let stop = &stop;
+            let addr = nginx.addr;
+            s.spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    one_shot_from(cpu, addr, 10, |_| ());
+                }
+            });
+        }
+        let r = run();
+        eprintln!("{}", measure::render(&r));
+        let steering: Vec<bool> = r.windows.iter().map(|w| w.steered).collect();
+        assert_eq!(steering, [true, false, false, true]);
+        for w in &r.windows {
+            assert!(w.accepted > 0 && w.cpu_ns > 0, "{w:?}");
+            if w.steered {
+                assert_eq!(w.steered_share, Some(1.0), "{w:?}");
+            }
+        }
+        assert!(r.cpu_ratio.is_some() && r.ipi_ratio.is_some(), "{r:?}");
+        assert_eq!((r.found.as_str(), r.restored.as_str()), ("hash", "hash"));
+        assert_eq!(status(nginx.master)[0].method, "hash");
+        // Found attached: left attached.
+        attach(nginx.master, Method::Ebpf).unwrap();
+        let r = run();
+        assert_eq!((r.found.as_str(), r.restored.as_str()), ("ebpf", "ebpf"));
+        assert_eq!(status(nginx.master)[0].method, "ebpf");
+        stop.store(true, Ordering::Relaxed);
+    });
 }
 
 #[test]
