@@ -248,7 +248,10 @@ fn read_proc(pid: u32) -> Option<(Proc, bool)> {
     let mut epolls = Vec::new();
     let mut bpf_progs = Vec::new();
     let fd_dir = std::fs::read_dir(base.join("fd"));
-    let readable = !matches!(&fd_dir, Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied);
+    // Listing the directory needs DAC access (another user's process: CAP_DAC_READ_SEARCH),
+    // reading each link needs ptrace access (CAP_SYS_PTRACE): either refused → unreadable.
+    let mut readable =
+        !matches!(&fd_dir, Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied);
     if let Ok(dir) = fd_dir {
         for entry in dir.flatten().take(FDS_MAX) {
             let Some(fd) = entry
@@ -258,8 +261,13 @@ fn read_proc(pid: u32) -> Option<(Proc, bool)> {
             else {
                 continue;
             };
-            let Ok(link) = std::fs::read_link(entry.path()) else {
-                continue;
+            let link = match std::fs::read_link(entry.path()) {
+                Ok(l) => l,
+                Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                    readable = false;
+                    break;
+                }
+                Err(_) => continue,
             };
             match procscan::parse_fd_link(&link.to_string_lossy()) {
                 FdKind::Socket(inode) => sockets.push((fd, inode)),

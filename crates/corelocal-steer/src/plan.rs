@@ -446,6 +446,12 @@ fn plan_group(
                  workers)"
                     .to_string(),
             )
+        } else if listeners.iter().all(|l| l.workers.is_empty()) {
+            Some(
+                "no process or thread of the server polls the group's listeners (in epoll or \
+                 accept), so none can be given its CPU's SYNs"
+                    .to_string(),
+            )
         } else if cpu_map.is_empty() {
             let all: Vec<Worker> = listeners.iter().flat_map(|l| l.workers.clone()).collect();
             Some(format!(

@@ -1487,6 +1487,75 @@ ts = [threading.Thread(target=loop, args=(c,), daemon=True) for c in (int(sys.ar
     assert_untouched(nginx.master);
 }
 
+/// The capabilities deploy/systemd/corelocal-steer@.service grants (AmbientCapabilities=),
+/// as setpriv names them: `sys_ptrace`, ….
+fn unit_capabilities() -> Vec<String> {
+    let unit =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/systemd/corelocal-steer@.service");
+    let text = std::fs::read_to_string(&unit).unwrap();
+    let bounding = text
+        .lines()
+        .find_map(|l| l.strip_prefix("CapabilityBoundingSet="))
+        .expect("CapabilityBoundingSet=");
+    let ambient = text
+        .lines()
+        .find_map(|l| l.strip_prefix("AmbientCapabilities="))
+        .expect("AmbientCapabilities=");
+    assert_eq!(bounding, ambient, "the unit grants what it bounds");
+    ambient
+        .split_whitespace()
+        .map(|c| c.trim_start_matches("CAP_").to_lowercase())
+        .collect()
+}
+
+/// The unit's capabilities, measured: a non-root user holding exactly them (ambient, as
+/// the unit's DynamicUser does) attaches with eBPF; without any one of them it cannot.
+#[test]
+fn the_units_capabilities_are_enough_and_each_is_needed() {
+    if !inside_private_netns("the_units_capabilities_are_enough_and_each_is_needed") {
+        return;
+    }
+    let Some(cpus) = two_cpus() else { return };
+    if !have("nginx") || !have("setpriv") {
+        return;
+    }
+    set_up_loopback(None);
+    let (c0, c1) = (cpus.iter().next().unwrap(), cpus.iter().nth(1).unwrap());
+    let nginx = Nginx::start(
+        "caps",
+        18096,
+        &format!("{} {}", bin_mask(c0), bin_mask(c1)),
+        true,
+    );
+    let caps = unit_capabilities();
+    assert_eq!(caps, ["sys_ptrace", "dac_read_search", "sys_admin"]);
+    let as_user = |granted: &[&String]| {
+        let set: Vec<String> = granted.iter().map(|c| format!("+{c}")).collect();
+        let set = format!("-all,{}", set.join(","));
+        format!(
+            "--reuid 65533 --regid 65533 --clear-groups --inh-caps {set} --ambient-caps {set} \
+             --bounding-set {set}"
+        )
+    };
+    let all: Vec<&String> = caps.iter().collect();
+    let out = probe(&as_user(&all), "attach", nginx.master, "ebpf");
+    assert!(out.contains("PROBE-OK") && out.contains("ebpf"), "{out}");
+    assert_eq!(status(nginx.master)[0].method, "ebpf");
+    let out = probe(&as_user(&all), "detach", nginx.master, "ebpf");
+    assert!(out.contains("PROBE-OK"), "{out}");
+    assert_untouched(nginx.master);
+    for drop in &caps {
+        let fewer: Vec<&String> = caps.iter().filter(|c| *c != drop).collect();
+        let out = probe(&as_user(&fewer), "attach", nginx.master, "ebpf");
+        assert!(out.contains("PROBE-ERR"), "without {drop}: {out}");
+        eprintln!(
+            "without {drop}: {}",
+            out.lines().find(|l| l.contains("PROBE")).unwrap()
+        );
+        assert_untouched(nginx.master);
+    }
+}
+
 #[test]
 fn without_cap_bpf_auto_uses_so_incoming_cpu() {
     if !inside_private_netns("without_cap_bpf_auto_uses_so_incoming_cpu") {

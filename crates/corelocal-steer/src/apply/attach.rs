@@ -196,8 +196,10 @@ fn resolve_method(method: Method, log: &mut dyn FnMut(String)) -> Result<Method,
                 Ok(Method::IncomingCpu)
             }
             Err(e) if e.is_permission() => err(format!(
-                "eBPF steering needs CAP_BPF ({}); what would work: run as root or with \
-                 CAP_BPF, or --method incoming-cpu (unprivileged, Linux ≥ 6.2)",
+                "eBPF steering needs CAP_BPF ({}) to load its program, and CAP_SYS_ADMIN to \
+                 find it again (CAP_SYS_ADMIN alone passes both checks); what would work: run \
+                 as root or with CAP_SYS_ADMIN, or --method incoming-cpu (unprivileged, Linux \
+                 ≥ 6.2)",
                 e.source
             )),
             Err(e) => err(e.to_string()),
