@@ -1195,6 +1195,41 @@ fn a_foreign_reuseport_program_is_detected_and_left_alone() {
         1.0,
     );
     assert_eq!(detach(pid)[0].removed, "ebpf");
+
+    // A classic BPF program (SO_ATTACH_REUSEPORT_CBPF: no id, no maps) is seen only by the
+    // kernel's own view of the group, the BPF iterator over TCP sockets.
+    {
+        let (plan, _) = apply::discover(pid, &[]).unwrap();
+        let l = &plan.groups[0].listeners[0];
+        let pfd = pidfd::pidfd_open(l.holder_pid).unwrap();
+        let fd = pidfd::pidfd_getfd(&pfd, l.holder_fd).unwrap();
+        let prog = corelocal::bpf::programs::cbpf_cpu_select(&[(0, 1), (1, 0)]);
+        socket::attach_reuseport_cbpf(fd.as_raw_fd(), &prog).unwrap();
+    }
+    let seen = apply::iter::by_cookie().unwrap();
+    let (plan, _) = apply::discover(pid, &[]).unwrap();
+    for l in &plan.groups[0].listeners {
+        let rec = seen[&l.cookie];
+        assert!(
+            rec.has_prog && rec.prog_type == 0 && rec.prog_id == 0,
+            "{rec:?}"
+        );
+    }
+    let e = attach(pid, Method::Ebpf).unwrap_err();
+    assert!(e.0.contains("classic BPF"), "{e}");
+    let st = status(pid);
+    assert_eq!(st[0].method, "foreign", "{st:?}");
+    assert!(st[0].foreign[0].attached_seen);
+    assert_eq!(detach(pid)[0].removed, "nothing");
+    // --force replaces it, and ours is seen by the iterator with its id.
+    let (plan, dups) = apply::discover(pid, &[]).unwrap();
+    let done = apply::attach(&plan, &dups, Method::Ebpf, true, &mut |m| eprintln!("{m}")).unwrap();
+    drop(dups);
+    let seen = apply::iter::by_cookie().unwrap();
+    let rec = seen[&plan.groups[0].listeners[0].cookie];
+    assert!(rec.has_prog, "{rec:?}");
+    assert_eq!((rec.prog_type, Some(rec.prog_id)), (21, done[0].prog_id));
+    assert_eq!(detach(pid)[0].removed, "ebpf");
 }
 
 mod own_runtime {

@@ -50,6 +50,7 @@ pub fn foreign_on(plan: &Plan, g: &GroupPlan) -> Vec<ForeignProgram> {
                 prog_type: "sk_reuseport",
                 held_by: vec![(h.pid, h.fd)],
                 listeners_in_maps: 0,
+                attached_seen: false,
             })
             .collect(),
     }
@@ -150,11 +151,13 @@ pub fn attach(
             sync_maps(&pick, g, dups)?
         };
         if !updated {
-            if !forced {
+            if !forced && super::iter::listener_progs().is_err() {
                 log(format!(
-                    "{}: no reuseport program of anyone else found on the group (eBPF ones \
-                     are found by their socket maps or when the server holds them; a classic \
-                     BPF one, SO_ATTACH_REUSEPORT_CBPF, cannot be seen and would be replaced)",
+                    "{}: no reuseport program of anyone else found by its socket maps or held \
+                     by the server; the kernel's own view of the group (a BPF iterator: needs \
+                     BTF and CAP_BPF + CAP_PERFMON or CAP_SYS_ADMIN) could not be read, so a \
+                     classic BPF one (SO_ATTACH_REUSEPORT_CBPF) would not be seen and would be \
+                     replaced",
                     g.addr
                 ));
             }

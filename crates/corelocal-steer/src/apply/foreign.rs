@@ -2,8 +2,8 @@
 //!
 //! The kernel has no call that reads back the program attached to a reuseport group (there
 //! is no getsockopt for `SO_ATTACH_REUSEPORT_EBPF`, `SO_DETACH_REUSEPORT_BPF` destroys what
-//! it finds, and neither sock_diag nor `BPF_PROG_QUERY` covers reuseport). What can be seen,
-//! and is checked here:
+//! it finds, and neither sock_diag nor `BPF_PROG_QUERY` covers reuseport). What can be seen
+//! on Linux 6.18, and is checked here:
 //! - every loaded eBPF program (`BPF_PROG_GET_NEXT_ID`, CAP_SYS_ADMIN) of a type that can be
 //!   attached to a group (SK_REUSEPORT, SOCKET_FILTER), whose socket maps
 //!   (REUSEPORT_SOCKARRAY, SOCKMAP) hold a listener of the group — a socket sits in one
@@ -15,9 +15,11 @@
 //!   whose socket maps hold only other sockets (nginx's QUIC program, on its UDP sockets) is
 //!   attached elsewhere and passes; one without socket maps cannot be placed and counts.
 //!
-//! Not visible: a classic BPF program (`SO_ATTACH_REUSEPORT_CBPF`; it gets no id) or an
-//! eBPF one attached through a socket map we cannot read (SOCKHASH) by a process outside the
-//! server that closed its descriptors. `attach` says so when it replaces nothing it knows of.
+//! - what the kernel itself has attached to each listener's group, read by a BPF iterator
+//!   over the namespace's TCP sockets ([`super::iter`]): this also sees a classic BPF program
+//!   (`SO_ATTACH_REUSEPORT_CBPF`, which gets no id) and an eBPF one whose maps cannot be read
+//!   (SOCKHASH, or none). It needs kernel BTF and CAP_BPF + CAP_PERFMON (or CAP_SYS_ADMIN);
+//!   without them `attach` says that a classic program would not be seen.
 
 use super::SteerError;
 use crate::plan::{GroupPlan, HeldProg};
@@ -47,6 +49,8 @@ pub struct ForeignProgram {
     /// How many of the group's listeners its socket maps hold (0: it has no readable socket
     /// map, so it cannot be placed).
     pub listeners_in_maps: usize,
+    /// Seen attached to the group by the kernel itself ([`super::iter`]).
+    pub attached_seen: bool,
 }
 
 impl ForeignProgram {
@@ -67,7 +71,9 @@ impl ForeignProgram {
                 .collect();
             format!("held by the server ({})", who.join(", "))
         };
-        let evidence = if self.listeners_in_maps > 0 {
+        let evidence = if self.attached_seen {
+            "the kernel shows it attached to the group (BPF iterator over TCP sockets)".to_string()
+        } else if self.listeners_in_maps > 0 {
             format!(
                 "its socket map holds {} of the group's {group_listeners} listeners",
                 self.listeners_in_maps
@@ -75,6 +81,9 @@ impl ForeignProgram {
         } else {
             "it has no socket map we can read, so it may be attached to this group".to_string()
         };
+        if self.prog_id == 0 {
+            return format!("a classic BPF program (SO_ATTACH_REUSEPORT_CBPF, no id): {evidence}");
+        }
         format!(
             "{} program {} {name}, {held}: {evidence}",
             self.prog_type, self.prog_id
@@ -174,9 +183,59 @@ pub fn foreign_programs(
                 .map(|h| (h.pid, h.fd))
                 .collect(),
             listeners_in_maps: inside,
+            attached_seen: false,
         });
     }
+    // What the kernel itself has on the group, when the iterator can run (it also sees
+    // classic BPF and programs without readable maps).
+    if let Ok(seen) = super::iter::by_cookie() {
+        add_seen(group, &seen, held, &mut out);
+    }
     Ok(out)
+}
+
+/// Adds (or marks) the programs the iterator saw attached to the group's listeners.
+fn add_seen(
+    group: &GroupPlan,
+    seen: &std::collections::BTreeMap<u64, super::iter::ListenerProg>,
+    held: &[HeldProg],
+    out: &mut Vec<ForeignProgram>,
+) {
+    for l in &group.listeners {
+        let Some(rec) = seen.get(&l.cookie) else {
+            continue;
+        };
+        if !rec.has_prog {
+            continue;
+        }
+        if let Some(f) = out.iter_mut().find(|f| f.prog_id == rec.prog_id) {
+            f.attached_seen = true;
+            continue;
+        }
+        let (name, kind) = if rec.prog_id == 0 {
+            ("classic BPF".to_string(), "classic BPF")
+        } else {
+            let name = Program::from_id(rec.prog_id)
+                .and_then(|p| p.info())
+                .map_or(String::new(), |i| i.name);
+            (name, type_name(rec.prog_type).unwrap_or("other"))
+        };
+        if name == PROG_NAME {
+            continue;
+        }
+        out.push(ForeignProgram {
+            prog_id: rec.prog_id,
+            name,
+            prog_type: kind,
+            held_by: held
+                .iter()
+                .filter(|h| rec.prog_id != 0 && h.prog_id == rec.prog_id)
+                .map(|h| (h.pid, h.fd))
+                .collect(),
+            listeners_in_maps: 0,
+            attached_seen: true,
+        });
+    }
 }
 
 /// What is on the group, one line: "a reuseport program … is on the group (…)".

@@ -20,6 +20,7 @@ mod detach;
 mod dups;
 pub mod foreign;
 mod incoming;
+pub mod iter;
 mod locality;
 mod maps;
 mod status;
