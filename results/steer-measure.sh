@@ -43,6 +43,7 @@ EOF
     for _ in $(seq 100); do [[ -s $d/nginx.pid ]] && break; sleep 0.05; done
     sleep 0.5
     pid=$(cat "$d/nginx.pid")
+    trap 'kill -QUIT "$pid" 2> /dev/null || true' EXIT
     tree="$pid $(ps -o pid= --ppid "$pid" | tr '\n' ' ')"
     sched() { local s=0; for p in $tree; do for f in /proc/$p/task/*/schedstat; do s=$((s + $(cut -d' ' -f1 "$f"))); done; done; echo $s; }
     opens() { awk '/^Tcp:/ { if (!h) { for (i = 1; i <= NF; i++) if ($i == "PassiveOpens") c = i; h = 1 } else print $c }' /proc/net/snmp; }
@@ -81,7 +82,6 @@ EOF
         done
         "$BIN" steer detach --pid "$pid" > /dev/null 2>&1
     fi
-    kill -QUIT "$pid"
     exit 0
 fi
 

@@ -239,6 +239,15 @@ impl Nginx {
 
 impl Drop for Nginx {
     fn drop(&mut self) {
+        // An old master left by a binary upgrade that a failed assertion interrupted, too.
+        if let Some(old) = std::fs::read_to_string(self.dir.join("nginx.pid.oldbin"))
+            .ok()
+            .and_then(|t| t.trim().parse::<u32>().ok())
+        {
+            let _ = Command::new("kill")
+                .args(["-QUIT", &old.to_string()])
+                .status();
+        }
         let _ = Command::new("kill")
             .args(["-QUIT", &self.master.to_string()])
             .status();
