@@ -49,6 +49,8 @@ pub struct Proc {
     pub sockets: Vec<(i32, u64)>,
     /// Epoll descriptors and their interest lists.
     pub epolls: Vec<(i32, Vec<EpollTarget>)>,
+    /// BPF program descriptors it holds: (fd, `prog_type`, `prog_id`) from their fdinfo.
+    pub bpf_progs: Vec<(i32, u32, u32)>,
 }
 
 impl Proc {
@@ -244,8 +246,12 @@ fn read_proc(pid: u32) -> Option<(Proc, bool)> {
         .collect();
     let mut sockets = Vec::new();
     let mut epolls = Vec::new();
+    let mut bpf_progs = Vec::new();
     let fd_dir = std::fs::read_dir(base.join("fd"));
-    let readable = !matches!(&fd_dir, Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied);
+    // Listing the directory needs DAC access (another user's process: CAP_DAC_READ_SEARCH),
+    // reading each link needs ptrace access (CAP_SYS_PTRACE): either refused → unreadable.
+    let mut readable =
+        !matches!(&fd_dir, Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied);
     if let Ok(dir) = fd_dir {
         for entry in dir.flatten().take(FDS_MAX) {
             let Some(fd) = entry
@@ -255,8 +261,13 @@ fn read_proc(pid: u32) -> Option<(Proc, bool)> {
             else {
                 continue;
             };
-            let Ok(link) = std::fs::read_link(entry.path()) else {
-                continue;
+            let link = match std::fs::read_link(entry.path()) {
+                Ok(l) => l,
+                Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                    readable = false;
+                    break;
+                }
+                Err(_) => continue,
             };
             match procscan::parse_fd_link(&link.to_string_lossy()) {
                 FdKind::Socket(inode) => sockets.push((fd, inode)),
@@ -264,6 +275,13 @@ fn read_proc(pid: u32) -> Option<(Proc, bool)> {
                     let info =
                         read_text(&base.join("fdinfo").join(fd.to_string())).unwrap_or_default();
                     epolls.push((fd, procscan::parse_epoll_fdinfo(&info)));
+                }
+                FdKind::BpfProg => {
+                    let info =
+                        read_text(&base.join("fdinfo").join(fd.to_string())).unwrap_or_default();
+                    if let Some((prog_type, prog_id)) = procscan::parse_bpf_prog_fdinfo(&info) {
+                        bpf_progs.push((fd, prog_type, prog_id));
+                    }
                 }
                 FdKind::Other => {}
             }
@@ -280,6 +298,7 @@ fn read_proc(pid: u32) -> Option<(Proc, bool)> {
             tasks,
             sockets,
             epolls,
+            bpf_progs,
         },
         readable,
     ))

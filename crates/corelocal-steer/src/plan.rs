@@ -69,6 +69,19 @@ pub struct GroupPlan {
     pub refusal: Option<String>,
 }
 
+/// A BPF program descriptor held by one of the server's processes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct HeldProg {
+    /// The process holding it.
+    pub pid: u32,
+    /// The descriptor there.
+    pub fd: i32,
+    /// `BPF_PROG_TYPE_*` (from its fdinfo).
+    pub prog_type: u32,
+    /// The program's id.
+    pub prog_id: u32,
+}
+
 /// The plan for one server.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Plan {
@@ -76,6 +89,9 @@ pub struct Plan {
     pub pid: u32,
     /// Its groups (listening TCP addresses held by the tree), by address.
     pub groups: Vec<GroupPlan>,
+    /// BPF programs the server's processes hold (a server that steers its own reuseport
+    /// groups holds its program, or at least its maps).
+    pub held_progs: Vec<HeldProg>,
 }
 
 impl Plan {
@@ -131,10 +147,69 @@ pub fn plan(
         .into_iter()
         .map(|(addr, inodes)| plan_group(snap, facts, online, addr, &inodes, &holder))
         .collect();
+    let held_progs = snap
+        .procs
+        .iter()
+        .flat_map(|p| {
+            p.bpf_progs
+                .iter()
+                .map(move |&(fd, prog_type, prog_id)| HeldProg {
+                    pid: p.pid,
+                    fd,
+                    prog_type,
+                    prog_id,
+                })
+        })
+        .collect();
     Plan {
         pid: snap.root,
         groups,
+        held_progs,
     }
+}
+
+/// How to pin the server's workers, one per CPU, said in the server's own configuration
+/// language: nginx (`worker_cpu_affinity auto;`), HAProxy (`cpu-map auto:1/1-N …`), else
+/// `taskset` for each worker (process, or thread of a threaded server).
+/// `cpus`: the CPUs to put them on.
+pub fn pin_advice(workers: &[Worker], cpus: &CpuSet) -> String {
+    let comm = workers.first().map_or("", |w| w.comm.as_str());
+    let cpus: Vec<usize> = cpus.iter().collect();
+    let n = workers.len().max(1);
+    if comm.starts_with("nginx") {
+        return "pin one worker per CPU: add `worker_cpu_affinity auto;` to nginx.conf (main \
+                context, next to `worker_processes`) and reload (`nginx -s reload`)"
+            .to_string();
+    }
+    if comm.starts_with("haproxy") {
+        let take: Vec<usize> = cpus.iter().copied().take(n).collect();
+        let contiguous = take.windows(2).all(|w| w[1] == w[0] + 1);
+        let set = match (take.first(), take.last()) {
+            (Some(a), Some(b)) if contiguous && a != b => format!("{a}-{b}"),
+            _ => take
+                .iter()
+                .map(|c| c.to_string())
+                .collect::<Vec<_>>()
+                .join(" "),
+        };
+        return format!(
+            "pin one thread per CPU: add `cpu-map auto:1/1-{n} {set}` to haproxy.cfg's global \
+             section ({n} threads; with `bind … shards by-thread` each thread has its own \
+             listener) and reload"
+        );
+    }
+    let cmds: Vec<String> = workers
+        .iter()
+        .zip(cpus.iter().cycle())
+        .map(|(w, cpu)| match w.tid {
+            Some(t) => format!("taskset -pc {cpu} {t}"),
+            None => format!("taskset -apc {cpu} {}", w.pid),
+        })
+        .collect();
+    format!(
+        "pin one worker per CPU, e.g. `{}` (or start each worker under `taskset -c CPU`)",
+        cmds.join("; ")
+    )
 }
 
 fn worker(p: &Proc, tid: Option<u32>, affinity: CpuSet) -> Worker {
@@ -282,6 +357,7 @@ fn plan_group(
     }
 
     let mut listeners = Vec::new();
+    let mut unpinned: Vec<(u64, Vec<Worker>)> = Vec::new();
     let mut any_not_reuseport = false;
     for &inode in inodes {
         let (holder_pid, holder_fd) = holder[&inode];
@@ -301,15 +377,7 @@ fn plan_group(
                  it; it gets SYNs only by the kernel's hash"
             ));
         } else if cpu.is_none() {
-            let who: Vec<String> = ws
-                .iter()
-                .map(|w| format!("pid {} ({}) on cpus {}", w.pid, w.comm, w.affinity))
-                .collect();
-            notes.push(format!(
-                "listener inode {inode}: worker not pinned to one CPU ({}): it gets SYNs only \
-                 by the kernel's hash",
-                who.join(", ")
-            ));
+            unpinned.push((inode, ws.clone()));
         }
         listeners.push(Listener {
             inode,
@@ -342,6 +410,21 @@ fn plan_group(
     }
     let mapped: CpuSet = cpu_map.keys().copied().collect();
     let without = online.difference(&mapped);
+    if !cpu_map.is_empty() {
+        for (inode, ws) in &unpinned {
+            let who: Vec<String> = ws
+                .iter()
+                .map(|w| format!("pid {} ({}) on cpus {}", w.pid, w.comm, w.affinity))
+                .collect();
+            let free = if without.is_empty() { online } else { &without };
+            notes.push(format!(
+                "listener inode {inode}: worker not pinned to one CPU ({}): it gets SYNs only \
+                 by the kernel's hash; {}",
+                who.join(", "),
+                pin_advice(ws, free)
+            ));
+        }
+    }
     if !without.is_empty() && !cpu_map.is_empty() {
         notes.push(format!(
             "cpus {} have no pinned worker: SYNs processed there use the kernel's hash",
@@ -363,13 +446,19 @@ fn plan_group(
                  workers)"
                     .to_string(),
             )
-        } else if cpu_map.is_empty() {
+        } else if listeners.iter().all(|l| l.workers.is_empty()) {
             Some(
-                "no worker is pinned to a CPU, so no CPU has a listener of its own; what would \
-                 work: pin one worker per CPU (nginx: `worker_cpu_affinity auto;`, or \
-                 `taskset -c`)"
+                "no process or thread of the server polls the group's listeners (in epoll or \
+                 accept), so none can be given its CPU's SYNs"
                     .to_string(),
             )
+        } else if cpu_map.is_empty() {
+            let all: Vec<Worker> = listeners.iter().flat_map(|l| l.workers.clone()).collect();
+            Some(format!(
+                "no worker is pinned to a CPU, so no CPU has a listener of its own; what would \
+                 work: {}",
+                pin_advice(&all, online)
+            ))
         } else {
             None
         };
@@ -407,6 +496,7 @@ mod tests {
             tasks,
             sockets: sockets.to_vec(),
             epolls: vec![],
+            bpf_progs: vec![],
         }
     }
 
@@ -493,6 +583,52 @@ mod tests {
         let (snap, facts) = nginx(true, ["0-1", "0-1"]);
         let g = &plan(&snap, &facts, &CpuSet::first_n(2), &[]).groups[0];
         assert!(g.refusal.as_ref().unwrap().contains("no worker is pinned"));
+    }
+
+    fn w(pid: u32, tid: Option<u32>, comm: &str) -> Worker {
+        Worker {
+            pid,
+            tid,
+            comm: comm.into(),
+            affinity: "0-3".into(),
+            cpu: None,
+        }
+    }
+
+    #[test]
+    fn unpinned_workers_get_the_line_for_their_server() {
+        let four = CpuSet::first_n(4);
+        let a = pin_advice(&[w(11, None, "nginx"), w(12, None, "nginx")], &four);
+        assert!(a.contains("`worker_cpu_affinity auto;`"), "{a}");
+        let threads = [w(20, Some(21), "haproxy"), w(20, Some(22), "haproxy")];
+        let a = pin_advice(&threads, &four);
+        assert!(a.contains("`cpu-map auto:1/1-2 0-1`"), "{a}");
+        let odd = CpuSet::parse_list("1,3").unwrap();
+        let a = pin_advice(&threads, &odd);
+        assert!(a.contains("`cpu-map auto:1/1-2 1 3`"), "{a}");
+        let a = pin_advice(&[w(31, None, "python3"), w(32, None, "python3")], &odd);
+        assert!(a.contains("`taskset -apc 1 31; taskset -apc 3 32`"), "{a}");
+        let a = pin_advice(&[w(40, Some(41), "java"), w(40, Some(42), "java")], &four);
+        assert!(a.contains("`taskset -pc 0 41; taskset -pc 1 42`"), "{a}");
+        // The refusal carries it.
+        let (snap, facts) = nginx(true, ["0-1", "0-1"]);
+        let g = &plan(&snap, &facts, &CpuSet::first_n(2), &[]).groups[0];
+        assert!(g
+            .refusal
+            .as_ref()
+            .unwrap()
+            .contains("worker_cpu_affinity auto;"));
+        // One worker of two unpinned: the note names the CPU without a worker.
+        let (mut snap, facts) = nginx(true, ["0", "0-1"]);
+        for p in &mut snap.procs {
+            p.comm = "python3".into();
+        }
+        let g = &plan(&snap, &facts, &CpuSet::first_n(2), &[]).groups[0];
+        assert!(
+            g.notes.iter().any(|n| n.contains("`taskset -apc 1 12`")),
+            "{:?}",
+            g.notes
+        );
     }
 
     #[test]

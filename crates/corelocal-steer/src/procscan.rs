@@ -77,6 +77,8 @@ pub enum FdKind {
     Socket(u64),
     /// `anon_inode:[eventpoll]`.
     Epoll,
+    /// `anon_inode:bpf-prog`: a loaded BPF program.
+    BpfProg,
     /// Anything else.
     Other,
 }
@@ -93,7 +95,23 @@ pub fn parse_fd_link(link: &str) -> FdKind {
     if link == "anon_inode:[eventpoll]" {
         return FdKind::Epoll;
     }
+    if link == "anon_inode:bpf-prog" {
+        return FdKind::BpfProg;
+    }
     FdKind::Other
+}
+
+/// `(prog_type, prog_id)` from a BPF program descriptor's `/proc/PID/fdinfo/N`
+/// (`prog_type:\t21` … `prog_id:\t57`).
+pub fn parse_bpf_prog_fdinfo(text: &str) -> Option<(u32, u32)> {
+    let field = |name: &str| {
+        text.lines().find_map(|l| {
+            l.strip_prefix(name)
+                .and_then(|v| v.strip_prefix(':'))
+                .and_then(|v| v.trim().parse::<u32>().ok())
+        })
+    };
+    Some((field("prog_type")?, field("prog_id")?))
 }
 
 /// One entry of an epoll instance's interest list (`tfd:` line of its fdinfo).
@@ -247,6 +265,16 @@ mod tests {
         assert_eq!(parse_fd_link("anon_inode:[eventpoll]"), FdKind::Epoll);
         assert_eq!(parse_fd_link("/var/log/nginx/access.log"), FdKind::Other);
         assert_eq!(parse_fd_link("socket:[x]"), FdKind::Other);
+        assert_eq!(parse_fd_link("anon_inode:bpf-prog"), FdKind::BpfProg);
+    }
+
+    #[test]
+    fn bpf_prog_fdinfo() {
+        let text = "pos:\t0\nflags:\t02000002\nmnt_id:\t15\nino:\t1057\nprog_type:\t21\n\
+            prog_jited:\t1\nprog_tag:\t3b185187f1855c4c\nmemlock:\t4096\nprog_id:\t57\n\
+            run_time_ns:\t0\nrun_cnt:\t0\nrecursion_misses:\t0\nverified_insns:\t9\n";
+        assert_eq!(parse_bpf_prog_fdinfo(text), Some((21, 57)));
+        assert_eq!(parse_bpf_prog_fdinfo("pos:\t0\n"), None);
     }
 
     #[test]

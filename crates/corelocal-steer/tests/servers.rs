@@ -12,13 +12,16 @@ use corelocal::cpu::{current_affinity, pin_current_thread, CpuSet};
 use corelocal::sys::{pidfd, socket};
 use corelocal::testing::{inside_private_netns, set_up_loopback, sh, ScratchDir};
 use corelocal_steer::apply::{self, Method};
+use corelocal_steer::measure::{self, MeasureConfig};
+use corelocal_steer::target::PidSource;
+use corelocal_steer::watch::{Event, Stopped, WatchConfig, WatchState};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// One-shot connections per client CPU.
@@ -107,20 +110,46 @@ impl Nginx {
             );
         }
         std::fs::write(dir.join("nginx.conf"), config).unwrap();
-        sh(&format!(
-            "nginx -e {d}/error.log -p {d} -c {d}/nginx.conf",
-            d = dir.display()
-        ));
         let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-        wait_listening(addr);
-        let master = std::fs::read_to_string(dir.join("nginx.pid"))
+        let mut n = Nginx {
+            dir,
+            master: 0,
+            addr,
+        };
+        n.launch();
+        n
+    }
+
+    /// Starts nginx from the config in its dir (again, after a stop).
+    fn launch(&mut self) {
+        // By its absolute path: a binary upgrade (USR2) execs argv[0] again.
+        sh(&format!(
+            "\"$(command -v nginx)\" -e {d}/error.log -p {d} -c {d}/nginx.conf",
+            d = self.dir.display()
+        ));
+        wait_listening(self.addr);
+        self.master = std::fs::read_to_string(self.dir.join("nginx.pid"))
             .unwrap()
             .trim()
             .parse()
             .unwrap();
-        let n = Nginx { dir, master, addr };
-        n.wait_workers();
-        n
+        self.wait_workers();
+    }
+
+    /// Writes the config with `affinity` (no reload).
+    fn configure(&self, affinity: &str) {
+        std::fs::write(
+            self.dir.join("nginx.conf"),
+            Self::config(&self.dir, self.addr.port(), affinity, true),
+        )
+        .unwrap();
+    }
+
+    /// The PID nginx.pid names now.
+    fn pid_file_pid(&self) -> Option<u32> {
+        std::fs::read_to_string(self.dir.join("nginx.pid"))
+            .ok()
+            .and_then(|t| t.trim().parse().ok())
     }
 
     /// Waits until exactly two workers poll their listeners (after start or reload).
@@ -141,12 +170,7 @@ impl Nginx {
     }
 
     fn reload(&self, affinity: &str) {
-        let port = self.addr.port();
-        std::fs::write(
-            self.dir.join("nginx.conf"),
-            Self::config(&self.dir, port, affinity, true),
-        )
-        .unwrap();
+        self.configure(affinity);
         sh(&format!(
             "nginx -e {d}/error.log -p {d} -c {d}/nginx.conf -s reload",
             d = self.dir.display()
@@ -215,6 +239,15 @@ impl Nginx {
 
 impl Drop for Nginx {
     fn drop(&mut self) {
+        // An old master left by a binary upgrade that a failed assertion interrupted, too.
+        if let Some(old) = std::fs::read_to_string(self.dir.join("nginx.pid.oldbin"))
+            .ok()
+            .and_then(|t| t.trim().parse::<u32>().ok())
+        {
+            let _ = Command::new("kill")
+                .args(["-QUIT", &old.to_string()])
+                .status();
+        }
         let _ = Command::new("kill")
             .args(["-QUIT", &self.master.to_string()])
             .status();
@@ -287,7 +320,7 @@ fn hold_from(cpu: usize, addr: SocketAddr, n: usize) -> Vec<TcpStream> {
 
 fn attach(pid: u32, method: Method) -> Result<Vec<apply::Attached>, apply::SteerError> {
     let (plan, dups) = apply::discover(pid, &[])?;
-    apply::attach(&plan, &dups, method, &mut |m| eprintln!("{m}"))
+    apply::attach(&plan, &dups, method, false, &mut |m| eprintln!("{m}"))
 }
 
 fn detach(pid: u32) -> Vec<apply::Detached> {
@@ -302,6 +335,76 @@ fn status(pid: u32) -> Vec<apply::GroupStatus> {
 
 fn in_range(what: &str, x: f64, lo: f64, hi: f64) {
     assert!(x >= lo && x <= hi, "{what}: {x:.3} not in [{lo}, {hi}]");
+}
+
+/// `watch` on a thread, its events kept; stopped (and joined) by [`Watcher::stop`].
+struct Watcher {
+    stop: Arc<AtomicBool>,
+    handle: Option<std::thread::JoinHandle<Result<Stopped, apply::SteerError>>>,
+    events: Arc<Mutex<Vec<Event>>>,
+    state: Arc<Mutex<WatchState>>,
+}
+
+impl Watcher {
+    fn start(cfg: WatchConfig) -> Watcher {
+        let stop = Arc::new(AtomicBool::new(false));
+        let events = Arc::new(Mutex::new(Vec::new()));
+        let state = Arc::new(Mutex::new(WatchState::default()));
+        let handle = {
+            let (stop, events, state) = (stop.clone(), events.clone(), state.clone());
+            std::thread::spawn(move || {
+                let mut pause = |d: Duration| {
+                    std::thread::sleep(d);
+                    stop.load(Ordering::Relaxed)
+                };
+                let mut log = |e: &Event| {
+                    eprintln!("watch: {} {}", e.event, e.message);
+                    events.lock().unwrap().push(e.clone());
+                };
+                corelocal_steer::watch::watch(&cfg, &mut pause, &mut log, &state)
+            })
+        };
+        Watcher {
+            stop,
+            handle: Some(handle),
+            events,
+            state,
+        }
+    }
+
+    /// Kinds of the events so far.
+    fn kinds(&self) -> Vec<&'static str> {
+        self.events
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|e| e.event)
+            .collect()
+    }
+
+    /// Waits until an event of `kind` has been seen `n` times.
+    fn wait_for(&self, kind: &str, n: usize, within: Duration) {
+        let deadline = Instant::now() + within;
+        while self.kinds().iter().filter(|k| **k == kind).count() < n {
+            assert!(
+                Instant::now() < deadline,
+                "no {n}× {kind} event within {within:?}: {:?}",
+                self.kinds()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn stop(mut self) -> Stopped {
+        self.stop.store(true, Ordering::Relaxed);
+        self.handle.take().unwrap().join().unwrap().unwrap()
+    }
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
 }
 
 #[test]
@@ -336,6 +439,20 @@ fn nginx_attach_makes_accept_local_and_detach_restores_the_hash() {
     assert!(steered >= 2 * CONNS as u64, "{st:?}");
     assert_eq!(fallback, 0);
     assert!(!st[0].stale);
+    assert_eq!(st[0].steered_share, Some(1.0));
+    // The counters move with traffic: CONNS more SYNs from c0, all steered on c0.
+    let on = |st: &[apply::GroupStatus], cpu: usize| {
+        st[0]
+            .counts
+            .iter()
+            .find(|c| c.cpu == cpu)
+            .map_or(0, |c| c.steered)
+    };
+    let (before0, before1) = (on(&st, c0), on(&st, c1));
+    nginx.locality(c0);
+    let st = status(nginx.master);
+    assert_eq!(on(&st, c0) - before0, CONNS as u64, "{st:?}");
+    assert_eq!(on(&st, c1), before1, "{st:?}");
     // Attaching again updates the same program instead of stacking another.
     let again = attach(nginx.master, Method::Ebpf).unwrap();
     assert!(again[0].updated && again[0].prog_id == done[0].prog_id);
@@ -449,22 +566,10 @@ fn nginx_reload_that_moves_workers_needs_watch() {
     );
 
     // Under watch: ≥ 99% again within a second of each reload.
-    let stop = Arc::new(AtomicBool::new(false));
-    let master = nginx.master;
-    let watcher = {
-        let stop = stop.clone();
-        std::thread::spawn(move || {
-            let stop_now = || stop.load(Ordering::Relaxed);
-            corelocal_steer::watch::watch(
-                master,
-                &[],
-                Method::Ebpf,
-                Duration::from_millis(100),
-                &stop_now,
-                &mut |m| eprintln!("watch: {m}"),
-            )
-        })
-    };
+    let watcher = Watcher::start(WatchConfig {
+        method: Method::Ebpf,
+        ..WatchConfig::new(PidSource::Pid(nginx.master))
+    });
     std::thread::sleep(Duration::from_secs(1));
     in_range("watch fixed the stale map", nginx.locality(c0), 0.99, 1.0);
     for affinity in [&straight, &swapped] {
@@ -493,8 +598,404 @@ fn nginx_reload_that_moves_workers_needs_watch() {
     for x in l {
         in_range("after taskset", x, 0.99, 1.0);
     }
-    stop.store(true, Ordering::Relaxed);
-    watcher.join().unwrap().unwrap();
+    assert_eq!(watcher.stop(), Stopped::Asked);
+}
+
+/// GET `path` from `addr`; the body.
+fn http_get(addr: SocketAddr, path: &str) -> String {
+    let mut c = TcpStream::connect(addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(c, "GET {path} HTTP/1.1\r\nHost: t\r\n\r\n").unwrap();
+    let mut resp = String::new();
+    c.read_to_string(&mut resp).unwrap();
+    assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
+    resp.split_once("\r\n\r\n").unwrap().1.to_string()
+}
+
+/// Waits until `pid` has exited.
+fn wait_gone(pid: u32, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while corelocal_steer::target::alive(pid) {
+        assert!(Instant::now() < deadline, "{what} (pid {pid}) never exited");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Waits until `pid` has no child processes left but `except`.
+fn wait_childless(pid: u32, except: u32) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let kids =
+            std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+        if kids
+            .split_whitespace()
+            .all(|k| k.parse::<u32>().ok() == Some(except))
+        {
+            return;
+        }
+        assert!(Instant::now() < deadline, "pid {pid} kept children {kids}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Waits until steer's map on the server is in place and matches its workers on both CPUs
+/// (what `watch` converges to).
+fn wait_steered(pid: u32) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let ok = apply::discover(pid, &[]).ok().and_then(|(plan, dups)| {
+            let st = apply::status(&plan, &dups).ok()?;
+            Some(
+                st.iter()
+                    .all(|s| s.method == "ebpf" && !s.stale && s.group.cpu_map.len() == 2),
+            )
+        });
+        if ok == Some(true) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "watch never converged on pid {pid}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Both CPUs' one-shot requests served by the worker pinned there (≥ 99%).
+fn assert_local(nginx: &Nginx, cpus: [usize; 2], when: &str) {
+    let l = [nginx.locality(cpus[0]), nginx.locality(cpus[1])];
+    eprintln!("{when}: {l:?}");
+    for x in l {
+        in_range(when, x, 0.99, 1.0);
+    }
+}
+
+/// `watch --pid-file` as a service: it follows nginx through a reload that swaps the
+/// workers' CPUs, a binary upgrade (USR2: a new master, whose pid is now in nginx.pid, with
+/// the CPUs swapped back; WINCH: the old workers go; QUIT: the old master goes) and a full
+/// stop and start (found again by the PID file, attached again), ≥ 99% local after each.
+#[test]
+fn watch_follows_nginx_by_pid_file_across_reload_upgrade_and_restart() {
+    if !inside_private_netns("watch_follows_nginx_by_pid_file_across_reload_upgrade_and_restart") {
+        return;
+    }
+    let Some(cpus) = two_cpus() else { return };
+    if !have("nginx") {
+        return;
+    }
+    set_up_loopback(None);
+    let (c0, c1) = (cpus.iter().next().unwrap(), cpus.iter().nth(1).unwrap());
+    let (m0, m1) = (bin_mask(c0), bin_mask(c1));
+    let (straight, swapped) = (format!("{m0} {m1}"), format!("{m1} {m0}"));
+    let mut nginx = Nginx::start("follow", 18092, &straight, true);
+    let watcher = Watcher::start(WatchConfig {
+        method: Method::Ebpf,
+        ..WatchConfig::new(PidSource::PidFile(nginx.dir.join("nginx.pid")))
+    });
+    watcher.wait_for("attached", 1, Duration::from_secs(5));
+    let metrics = corelocal_steer::metrics::serve("127.0.0.1:0", watcher.state.clone()).unwrap();
+    assert_local(&nginx, [c0, c1], "watch attached");
+    // The Prometheus endpoint shows the counters the traffic moved.
+    let text = http_get(metrics, "/metrics");
+    let steered_on = |cpu: usize| -> u64 {
+        let key = format!("cpu=\"{cpu}\",outcome=\"steered\"}} ");
+        text.lines()
+            .find_map(|l| l.split_once(&key).map(|(_, v)| v.trim().parse().unwrap()))
+            .unwrap_or(0)
+    };
+    assert!(steered_on(c0) >= CONNS as u64, "{text}");
+    assert!(steered_on(c1) >= CONNS as u64, "{text}");
+    assert!(text.contains(&format!("corelocal_steer_server_pid {}", nginx.master)));
+    assert!(text.contains("corelocal_steer_steered_ratio{group=\"127.0.0.1:18092\"} 1"));
+
+    let old = nginx.workers();
+    nginx.reload(&swapped);
+    nginx.wait_new_workers(&old);
+    watcher.wait_for("resynced", 1, Duration::from_secs(5));
+    wait_steered(nginx.master);
+    assert_local(&nginx, [c0, c1], "reload with swapped CPUs");
+
+    // Binary upgrade (the same binary), the new master's workers on swapped CPUs again.
+    nginx.configure(&straight);
+    let old_master = nginx.master;
+    sh(&format!("kill -USR2 {old_master}"));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let new_master = loop {
+        match nginx.pid_file_pid() {
+            Some(p) if p != old_master => break p,
+            _ => assert!(Instant::now() < deadline, "no new master in nginx.pid"),
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(nginx.dir.join("nginx.pid.oldbin").exists());
+    nginx.master = new_master;
+    nginx.wait_workers();
+    watcher.wait_for("target", 2, Duration::from_secs(5));
+    sh(&format!("kill -WINCH {old_master}"));
+    wait_childless(old_master, new_master);
+    watcher.wait_for("resynced", 2, Duration::from_secs(5));
+    wait_steered(nginx.master);
+    assert_local(&nginx, [c0, c1], "binary upgrade, old workers gone");
+    sh(&format!("kill -QUIT {old_master}"));
+    wait_gone(old_master, "old master");
+    assert_local(&nginx, [c0, c1], "binary upgrade, old master gone");
+
+    // Full stop, then start: found again by the PID file and attached again.
+    let stopped = nginx.master;
+    sh(&format!("kill -QUIT {stopped}"));
+    wait_gone(stopped, "nginx");
+    watcher.wait_for("gone", 1, Duration::from_secs(5));
+    nginx.launch();
+    watcher.wait_for("attached", 2, Duration::from_secs(5));
+    wait_steered(nginx.master);
+    assert_local(&nginx, [c0, c1], "stop and start");
+    assert!(watcher.state.lock().unwrap().target_changes >= 2);
+    assert_eq!(watcher.stop(), Stopped::Asked);
+}
+
+/// `watch --pid OLD` follows a binary upgrade too: when the old master exits, the new
+/// master it left (its former child, now holding the listeners) is followed.
+#[test]
+fn watch_by_pid_follows_the_new_master_of_a_binary_upgrade() {
+    if !inside_private_netns("watch_by_pid_follows_the_new_master_of_a_binary_upgrade") {
+        return;
+    }
+    let Some(cpus) = two_cpus() else { return };
+    if !have("nginx") {
+        return;
+    }
+    set_up_loopback(None);
+    let (c0, c1) = (cpus.iter().next().unwrap(), cpus.iter().nth(1).unwrap());
+    let (m0, m1) = (bin_mask(c0), bin_mask(c1));
+    let mut nginx = Nginx::start("heir", 18093, &format!("{m0} {m1}"), true);
+    let old_master = nginx.master;
+    let watcher = Watcher::start(WatchConfig {
+        method: Method::Ebpf,
+        ..WatchConfig::new(PidSource::Pid(old_master))
+    });
+    watcher.wait_for("attached", 1, Duration::from_secs(5));
+    nginx.configure(&format!("{m1} {m0}"));
+    sh(&format!("kill -USR2 {old_master}"));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while nginx.pid_file_pid().is_none_or(|p| p == old_master) {
+        assert!(Instant::now() < deadline, "no new master");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    nginx.master = nginx.pid_file_pid().unwrap();
+    nginx.wait_workers();
+    sh(&format!("kill -QUIT {old_master}"));
+    wait_gone(old_master, "old master");
+    watcher.wait_for("target", 1, Duration::from_secs(5));
+    watcher.wait_for("resynced", 1, Duration::from_secs(5));
+    wait_steered(nginx.master);
+    assert_local(&nginx, [c0, c1], "followed the new master");
+    assert_eq!(watcher.stop(), Stopped::Asked);
+}
+
+/// HAProxy in master-worker mode (`-W`), two threads pinned with `cpu-map`, one listener per
+/// thread (`shards by-thread`), answering with the number of the thread that served.
+struct Haproxy {
+    dir: ScratchDir,
+    master: u32,
+    addr: SocketAddr,
+    cpus: [usize; 2],
+}
+
+impl Haproxy {
+    fn start(name: &str, port: u16, cpus: [usize; 2]) -> Haproxy {
+        let dir = scratch(name);
+        let d = dir.display();
+        std::fs::write(
+            dir.join("haproxy.cfg"),
+            format!(
+                "global\n  nbthread 2\n  cpu-map auto:1/1-2 {} {}\n\
+                 stats socket {d}/stats.sock mode 600 expose-fd listeners level admin\n\
+                 defaults\n  mode http\n  timeout connect 1s\n  timeout client 5s\n\
+                 timeout server 5s\n\
+                 frontend fe\n  bind 127.0.0.1:{port} shards by-thread\n\
+                 http-request return status 200 content-type text/plain lf-string \"%[thread] ok\\n\"\n",
+                cpus[0], cpus[1]
+            ),
+        )
+        .unwrap();
+        sh(&format!(
+            "haproxy -W -D -f {d}/haproxy.cfg -p {d}/haproxy.pid 2>{d}/haproxy.err"
+        ));
+        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        wait_listening(addr);
+        let master = std::fs::read_to_string(dir.join("haproxy.pid"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        Haproxy {
+            dir,
+            master,
+            addr,
+            cpus,
+        }
+    }
+
+    /// The worker processes (children of the master).
+    fn workers(&self) -> Vec<u32> {
+        std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", self.master))
+            .unwrap_or_default()
+            .split_whitespace()
+            .filter_map(|p| p.parse().ok())
+            .collect()
+    }
+
+    /// Share of one-shot requests from `cpu` served by the thread pinned there.
+    fn locality(&self, cpu: usize) -> f64 {
+        let mut local = 0;
+        one_shot_from(cpu, self.addr, CONNS, |resp| {
+            let thread: usize = resp
+                .lines()
+                .last()
+                .and_then(|l| l.split_whitespace().next())
+                .and_then(|t| t.parse().ok())
+                .expect("thread number in the body");
+            local += usize::from(self.cpus[thread] == cpu);
+        });
+        local as f64 / CONNS as f64
+    }
+}
+
+impl Drop for Haproxy {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.master.to_string()])
+            .status();
+        wait_gone(self.master, "haproxy master");
+    }
+}
+
+/// HAProxy's seamless reload in master-worker mode (USR2 to the master: a new worker takes
+/// over the same listening sockets, its threads polling them in a new order, and the old
+/// worker leaves): under `watch --pid-file` the map follows, ≥ 99% local before and after.
+#[test]
+fn haproxy_master_worker_seamless_reload_under_watch() {
+    if !inside_private_netns("haproxy_master_worker_seamless_reload_under_watch") {
+        return;
+    }
+    let Some(cpus) = two_cpus() else { return };
+    if !have("haproxy") {
+        return;
+    }
+    set_up_loopback(None);
+    let (c0, c1) = (cpus.iter().next().unwrap(), cpus.iter().nth(1).unwrap());
+    let hap = Haproxy::start("haproxy", 18094, [c0, c1]);
+    let watcher = Watcher::start(WatchConfig {
+        method: Method::Ebpf,
+        ..WatchConfig::new(PidSource::PidFile(hap.dir.join("haproxy.pid")))
+    });
+    watcher.wait_for("attached", 1, Duration::from_secs(5));
+    wait_steered(hap.master);
+    let before = [hap.locality(c0), hap.locality(c1)];
+    eprintln!("haproxy under watch: {before:?}");
+    for x in before {
+        in_range("haproxy steered", x, 0.99, 1.0);
+    }
+    let (plan, _) = apply::discover(hap.master, &[]).unwrap();
+    let cookie_cpu = |plan: &corelocal_steer::plan::Plan| -> Vec<(u64, Option<usize>)> {
+        plan.groups[0]
+            .listeners
+            .iter()
+            .map(|l| (l.cookie, l.cpu))
+            .collect()
+    };
+    let mapping_before = cookie_cpu(&plan);
+    let old = hap.workers();
+    sh(&format!("kill -USR2 {}", hap.master));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while hap.workers().iter().any(|w| old.contains(w)) || hap.workers().is_empty() {
+        assert!(Instant::now() < deadline, "the old worker never left");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    wait_steered(hap.master);
+    let (plan, _) = apply::discover(hap.master, &[]).unwrap();
+    eprintln!(
+        "listener (cookie, cpu) before the reload {mapping_before:?}, after {:?}",
+        cookie_cpu(&plan)
+    );
+    let after = [hap.locality(c0), hap.locality(c1)];
+    eprintln!("haproxy after a seamless reload under watch: {after:?}");
+    for x in after {
+        in_range("haproxy after reload", x, 0.99, 1.0);
+    }
+    assert_eq!(watcher.stop(), Stopped::Asked);
+}
+
+/// `steer measure` under one-shot traffic the test makes: ABBA windows, each with its
+/// connections and server CPU, the on windows steered; what it found is what it leaves —
+/// nothing attached, then attached.
+#[test]
+fn measure_alternates_windows_and_restores_what_it_found() {
+    if !inside_private_netns("measure_alternates_windows_and_restores_what_it_found") {
+        return;
+    }
+    let Some(cpus) = two_cpus() else { return };
+    if !have("nginx") {
+        return;
+    }
+    set_up_loopback(None);
+    let (c0, c1) = (cpus.iter().next().unwrap(), cpus.iter().nth(1).unwrap());
+    let nginx = Nginx::start(
+        "measure",
+        18095,
+        &format!("{} {}", bin_mask(c0), bin_mask(c1)),
+        true,
+    );
+    let stop = AtomicBool::new(false);
+    let cfg = MeasureConfig {
+        window: Duration::from_millis(300),
+        windows: 4,
+        settle: Duration::from_millis(50),
+        method: Method::Ebpf,
+        filters: Vec::new(),
+    };
+    let run = || {
+        measure::measure(
+            nginx.master,
+            &cfg,
+            &mut |d| {
+                std::thread::sleep(d);
+                false
+            },
+            &mut |w| eprintln!("{w:?}"),
+        )
+        .unwrap()
+    };
+    std::thread::scope(|s| {
+        for cpu in [c0, c1] {
+            let stop = &stop;
+            let addr = nginx.addr;
+            s.spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    one_shot_from(cpu, addr, 10, |_| ());
+                }
+            });
+        }
+        let r = run();
+        eprintln!("{}", measure::render(&r));
+        let steering: Vec<bool> = r.windows.iter().map(|w| w.steered).collect();
+        assert_eq!(steering, [true, false, false, true]);
+        for w in &r.windows {
+            assert!(w.accepted > 0 && w.cpu_ns > 0, "{w:?}");
+            if w.steered {
+                assert_eq!(w.steered_share, Some(1.0), "{w:?}");
+            }
+        }
+        assert!(r.cpu_ratio.is_some() && r.ipi_ratio.is_some(), "{r:?}");
+        assert_eq!((r.found.as_str(), r.restored.as_str()), ("hash", "hash"));
+        assert_eq!(status(nginx.master)[0].method, "hash");
+        // Found attached: left attached.
+        attach(nginx.master, Method::Ebpf).unwrap();
+        let r = run();
+        assert_eq!((r.found.as_str(), r.restored.as_str()), ("ebpf", "ebpf"));
+        assert_eq!(status(nginx.master)[0].method, "ebpf");
+        stop.store(true, Ordering::Relaxed);
+    });
 }
 
 #[test]
@@ -560,19 +1061,10 @@ fn spawn_group(cmd: &str) -> Spawned {
     )
 }
 
-#[test]
-fn python_per_cpu_server_is_steered_too() {
-    if !inside_private_netns("python_per_cpu_server_is_steered_too") {
-        return;
-    }
-    let Some(cpus) = two_cpus() else { return };
-    if !have("python3") {
-        return;
-    }
-    set_up_loopback(None);
-    let dir = scratch("python");
+/// The Python server started once per CPU (pinned with taskset) under one launcher shell;
+/// returns the launcher (its pid is the tree's root) once both listeners are up.
+fn start_python(dir: &ScratchDir, port: u16, cpus: &CpuSet) -> (Spawned, SocketAddr) {
     std::fs::write(dir.join("server.py"), PY_SERVER).unwrap();
-    let port = 18090;
     let cmd: Vec<String> = cpus
         .iter()
         .map(|c| {
@@ -598,30 +1090,154 @@ fn python_per_cpu_server_is_steered_too() {
         assert!(Instant::now() < deadline, "python servers never came up");
         std::thread::sleep(Duration::from_millis(20));
     }
-    let locality = |cpu: usize| {
-        let mut pids = Vec::new();
-        one_shot_from(cpu, addr, CONNS, |resp| {
-            let pid = resp
-                .lines()
-                .find_map(|l| l.strip_prefix("X-Pid: "))
-                .and_then(|p| p.trim().parse::<u32>().ok())
-                .expect("X-Pid header");
-            pids.push(pid);
-        });
-        local_fraction(cpu, &pids)
-    };
+    (launcher, addr)
+}
+
+/// Locality of `CONNS` one-shot requests from `cpu` to the Python servers (their `X-Pid`).
+fn python_locality(cpu: usize, addr: SocketAddr) -> f64 {
+    let mut pids = Vec::new();
+    one_shot_from(cpu, addr, CONNS, |resp| {
+        let pid = resp
+            .lines()
+            .find_map(|l| l.strip_prefix("X-Pid: "))
+            .and_then(|p| p.trim().parse::<u32>().ok())
+            .expect("X-Pid header");
+        pids.push(pid);
+    });
+    local_fraction(cpu, &pids)
+}
+
+#[test]
+fn python_per_cpu_server_is_steered_too() {
+    if !inside_private_netns("python_per_cpu_server_is_steered_too") {
+        return;
+    }
+    let Some(cpus) = two_cpus() else { return };
+    if !have("python3") {
+        return;
+    }
+    set_up_loopback(None);
+    let dir = scratch("python");
+    let (launcher, addr) = start_python(&dir, 18090, &cpus);
+    let pid = launcher.0.id();
     let (c0, c1) = (cpus.iter().next().unwrap(), cpus.iter().nth(1).unwrap());
-    let before = [locality(c0), locality(c1)];
+    let before = [python_locality(c0, addr), python_locality(c1, addr)];
     eprintln!("python before: {before:?}");
     for b in before {
         in_range("python hash", b, 0.2, 0.8);
     }
     attach(pid, Method::Ebpf).unwrap();
-    let after = [locality(c0), locality(c1)];
+    let after = [python_locality(c0, addr), python_locality(c1, addr)];
     eprintln!("python after: {after:?}");
     for a in after {
         in_range("python steered", a, 0.99, 1.0);
     }
+    assert_eq!(detach(pid)[0].removed, "ebpf");
+}
+
+/// Someone else's SK_REUSEPORT program on the group — this test process plays Envoy: it
+/// loads the runtime's own `cl_select` program, puts the server's listeners in its sockarray,
+/// attaches it with a plain `SO_ATTACH_REUSEPORT_EBPF` and closes every descriptor — is
+/// found, reported by `status`, and left alone by `attach`; `--force` replaces it.
+#[test]
+fn a_foreign_reuseport_program_is_detected_and_left_alone() {
+    if !inside_private_netns("a_foreign_reuseport_program_is_detected_and_left_alone") {
+        return;
+    }
+    let Some(cpus) = two_cpus() else { return };
+    if !have("python3") {
+        return;
+    }
+    set_up_loopback(None);
+    let dir = scratch("foreign");
+    let (launcher, addr) = start_python(&dir, 18091, &cpus);
+    let pid = launcher.0.id();
+    let foreign_id = {
+        let (plan, _) = apply::discover(pid, &[]).unwrap();
+        let g = &plan.groups[0];
+        let sel = corelocal::bpf::ReuseportSelect::load(2, 64, 16).unwrap();
+        let mut dups = Vec::new();
+        for (i, l) in g.listeners.iter().enumerate() {
+            let pfd = pidfd::pidfd_open(l.holder_pid).unwrap();
+            let fd = pidfd::pidfd_getfd(&pfd, l.holder_fd).unwrap();
+            sel.set_listener(i as u32, fd.as_raw_fd()).unwrap();
+            dups.push(fd);
+        }
+        socket::attach_reuseport_ebpf(dups[0].as_raw_fd(), sel.program_fd()).unwrap();
+        let st = status(pid);
+        assert_eq!(st[0].method, "foreign", "{st:?}");
+        assert_eq!(st[0].foreign.len(), 1, "{st:?}");
+        assert_eq!(st[0].foreign[0].name, "cl_select");
+        assert_eq!(st[0].foreign[0].listeners_in_maps, 2);
+        st[0].foreign[0].prog_id
+        // `sel` and the duplicates close here: only the group holds the program now.
+    };
+    let e = attach(pid, Method::Ebpf).unwrap_err();
+    eprintln!("{e}");
+    assert!(
+        e.0.contains("did not attach") && e.0.contains("cl_select") && e.0.contains("--force"),
+        "{e}"
+    );
+    let e = attach(pid, Method::Auto).unwrap_err();
+    assert!(e.0.contains("did not attach"), "auto refuses too: {e}");
+    // Left alone: the same program is still there, still holding both listeners.
+    let st = status(pid);
+    assert_eq!(st[0].method, "foreign");
+    assert_eq!(st[0].foreign[0].prog_id, foreign_id);
+    assert_eq!(st[0].foreign[0].listeners_in_maps, 2);
+    // detach removes only ours: it leaves the foreign program in place.
+    assert_eq!(detach(pid)[0].removed, "nothing");
+    assert_eq!(status(pid)[0].foreign[0].prog_id, foreign_id);
+    // --force replaces it.
+    let (plan, dups) = apply::discover(pid, &[]).unwrap();
+    let done = apply::attach(&plan, &dups, Method::Ebpf, true, &mut |m| eprintln!("{m}")).unwrap();
+    drop(dups);
+    assert_eq!(done[0].method, "ebpf");
+    let st = status(pid);
+    assert_eq!(st[0].method, "ebpf", "{st:?}");
+    assert!(st[0].foreign.is_empty(), "{st:?}");
+    let c0 = cpus.iter().next().unwrap();
+    in_range(
+        "steered after --force",
+        python_locality(c0, addr),
+        0.99,
+        1.0,
+    );
+    assert_eq!(detach(pid)[0].removed, "ebpf");
+
+    // A classic BPF program (SO_ATTACH_REUSEPORT_CBPF: no id, no maps) is seen only by the
+    // kernel's own view of the group, the BPF iterator over TCP sockets.
+    {
+        let (plan, _) = apply::discover(pid, &[]).unwrap();
+        let l = &plan.groups[0].listeners[0];
+        let pfd = pidfd::pidfd_open(l.holder_pid).unwrap();
+        let fd = pidfd::pidfd_getfd(&pfd, l.holder_fd).unwrap();
+        let prog = corelocal::bpf::programs::cbpf_cpu_select(&[(0, 1), (1, 0)]);
+        socket::attach_reuseport_cbpf(fd.as_raw_fd(), &prog).unwrap();
+    }
+    let seen = apply::iter::by_cookie().unwrap();
+    let (plan, _) = apply::discover(pid, &[]).unwrap();
+    for l in &plan.groups[0].listeners {
+        let rec = seen[&l.cookie];
+        assert!(
+            rec.has_prog && rec.prog_type == 0 && rec.prog_id == 0,
+            "{rec:?}"
+        );
+    }
+    let e = attach(pid, Method::Ebpf).unwrap_err();
+    assert!(e.0.contains("classic BPF"), "{e}");
+    let st = status(pid);
+    assert_eq!(st[0].method, "foreign", "{st:?}");
+    assert!(st[0].foreign[0].attached_seen);
+    assert_eq!(detach(pid)[0].removed, "nothing");
+    // --force replaces it, and ours is seen by the iterator with its id.
+    let (plan, dups) = apply::discover(pid, &[]).unwrap();
+    let done = apply::attach(&plan, &dups, Method::Ebpf, true, &mut |m| eprintln!("{m}")).unwrap();
+    drop(dups);
+    let seen = apply::iter::by_cookie().unwrap();
+    let rec = seen[&plan.groups[0].listeners[0].cookie];
+    assert!(rec.has_prog, "{rec:?}");
+    assert_eq!((rec.prog_type, Some(rec.prog_id)), (21, done[0].prog_id));
     assert_eq!(detach(pid)[0].removed, "ebpf");
 }
 
@@ -692,6 +1308,40 @@ mod own_runtime {
         assert_eq!(done[0].method, "ebpf");
         in_range("fine mode, steered", run(&server), 0.99, 1.0);
         detach(me);
+        server.stop();
+        server.join().unwrap();
+    }
+
+    /// `local` mode: the runtime steers its own group (its `cl_select` program, held open by
+    /// the process, its sockarray holding the listeners). steer finds it, refuses, and even
+    /// `--force` refuses (a socket sits in one sockarray only; replacing it would leave the
+    /// server's program unable to steer).
+    #[test]
+    fn a_server_steering_itself_is_left_alone() {
+        if !inside_private_netns("own_runtime::a_server_steering_itself_is_left_alone") {
+            return;
+        }
+        let Some(cpus) = two_cpus() else { return };
+        set_up_loopback(None);
+        let mut config =
+            ServerConfig::new(vec!["127.0.0.1:0".parse().unwrap()], &cpus, Mode::Local);
+        config.backend = BackendKind::Epoll;
+        let server = Server::start(config, Arc::new(OneShot)).unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        let me = std::process::id();
+        let e = attach(me, Method::Ebpf).unwrap_err();
+        assert!(
+            e.0.contains("did not attach") && e.0.contains("held by the server"),
+            "{e}"
+        );
+        let (plan, dups) = apply::discover(me, &[]).unwrap();
+        let e =
+            apply::attach(&plan, &dups, Method::Ebpf, true, &mut |m| eprintln!("{m}")).unwrap_err();
+        assert!(e.0.contains("even with --force"), "{e}");
+        drop(dups);
+        let st = status(me);
+        assert_eq!(st[0].method, "foreign", "{st:?}");
+        assert_eq!(st[0].foreign[0].name, "cl_select");
         server.stop();
         server.join().unwrap();
     }
@@ -879,6 +1529,75 @@ ts = [threading.Thread(target=loop, args=(c,), daemon=True) for c in (int(sys.ar
         "says what would work: {out}"
     );
     assert_untouched(nginx.master);
+}
+
+/// The capabilities deploy/systemd/corelocal-steer@.service grants (AmbientCapabilities=),
+/// as setpriv names them: `sys_ptrace`, ….
+fn unit_capabilities() -> Vec<String> {
+    let unit =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/systemd/corelocal-steer@.service");
+    let text = std::fs::read_to_string(&unit).unwrap();
+    let bounding = text
+        .lines()
+        .find_map(|l| l.strip_prefix("CapabilityBoundingSet="))
+        .expect("CapabilityBoundingSet=");
+    let ambient = text
+        .lines()
+        .find_map(|l| l.strip_prefix("AmbientCapabilities="))
+        .expect("AmbientCapabilities=");
+    assert_eq!(bounding, ambient, "the unit grants what it bounds");
+    ambient
+        .split_whitespace()
+        .map(|c| c.trim_start_matches("CAP_").to_lowercase())
+        .collect()
+}
+
+/// The unit's capabilities, measured: a non-root user holding exactly them (ambient, as
+/// the unit's DynamicUser does) attaches with eBPF; without any one of them it cannot.
+#[test]
+fn the_units_capabilities_are_enough_and_each_is_needed() {
+    if !inside_private_netns("the_units_capabilities_are_enough_and_each_is_needed") {
+        return;
+    }
+    let Some(cpus) = two_cpus() else { return };
+    if !have("nginx") || !have("setpriv") {
+        return;
+    }
+    set_up_loopback(None);
+    let (c0, c1) = (cpus.iter().next().unwrap(), cpus.iter().nth(1).unwrap());
+    let nginx = Nginx::start(
+        "caps",
+        18096,
+        &format!("{} {}", bin_mask(c0), bin_mask(c1)),
+        true,
+    );
+    let caps = unit_capabilities();
+    assert_eq!(caps, ["sys_ptrace", "dac_read_search", "sys_admin"]);
+    let as_user = |granted: &[&String]| {
+        let set: Vec<String> = granted.iter().map(|c| format!("+{c}")).collect();
+        let set = format!("-all,{}", set.join(","));
+        format!(
+            "--reuid 65533 --regid 65533 --clear-groups --inh-caps {set} --ambient-caps {set} \
+             --bounding-set {set}"
+        )
+    };
+    let all: Vec<&String> = caps.iter().collect();
+    let out = probe(&as_user(&all), "attach", nginx.master, "ebpf");
+    assert!(out.contains("PROBE-OK") && out.contains("ebpf"), "{out}");
+    assert_eq!(status(nginx.master)[0].method, "ebpf");
+    let out = probe(&as_user(&all), "detach", nginx.master, "ebpf");
+    assert!(out.contains("PROBE-OK"), "{out}");
+    assert_untouched(nginx.master);
+    for drop in &caps {
+        let fewer: Vec<&String> = caps.iter().filter(|c| *c != drop).collect();
+        let out = probe(&as_user(&fewer), "attach", nginx.master, "ebpf");
+        assert!(out.contains("PROBE-ERR"), "without {drop}: {out}");
+        eprintln!(
+            "without {drop}: {}",
+            out.lines().find(|l| l.contains("PROBE")).unwrap()
+        );
+        assert_untouched(nginx.master);
+    }
 }
 
 #[test]

@@ -35,6 +35,29 @@ pub(super) fn no_ptrace(pid: u32, e: &std::io::Error) -> SteerError {
     ))
 }
 
+/// Some of the tree's descriptors could not be read.
+fn unreadable(snap: &Snapshot) -> SteerError {
+    let who: Vec<String> = snap
+        .unreadable
+        .iter()
+        .take(8)
+        .map(|pid| {
+            let comm = snap
+                .procs
+                .iter()
+                .find(|p| p.pid == *pid)
+                .map_or("?", |p| p.comm.as_str());
+            format!("{pid} ({comm})")
+        })
+        .collect();
+    SteerError(format!(
+        "no ptrace access to the descriptors of pid {} (Permission denied): reading another \
+         user's /proc/PID/fd needs CAP_DAC_READ_SEARCH (to list it) and CAP_SYS_PTRACE (to read \
+         it, and for pidfd_getfd); what would work: run as root, or with both capabilities",
+        who.join(", ")
+    ))
+}
+
 /// Takes duplicates of every listener the tree holds (those matching `filters`) and reads
 /// their facts.
 fn dup_listeners(
@@ -108,11 +131,10 @@ pub fn discover_cached(
         let snap = discover::snapshot_cached(pid, cache).map_err(|e| SteerError(e.to_string()))?;
         let (dups, facts) = dup_listeners(&snap, filters)?;
         let plan = plan::plan(&snap, &facts, &online, filters);
-        if plan.groups.is_empty() && !snap.unreadable.is_empty() {
-            return Err(no_ptrace(
-                snap.unreadable[0],
-                &std::io::Error::from_raw_os_error(libc::EACCES),
-            ));
+        if !snap.unreadable.is_empty() {
+            // A process of the tree whose descriptors cannot be read may be a worker: a
+            // plan without it would be wrong.
+            return Err(unreadable(&snap));
         }
         let unresolved = plan.groups.iter().any(|g| {
             g.refusal

@@ -8,7 +8,8 @@
 //! listeners ([`CpuPick::find`]). Nothing is pinned in bpffs, so nothing outlives the group:
 //! when the server closes its listeners, program and maps go away with them.
 //!
-//! Layout: this file holds the steering [`Method`] and [`SteerError`]; `dups` discovers the
+//! Layout: this file holds the steering [`Method`] and [`SteerError`]; [`foreign`] finds
+//! reuseport programs someone else attached (then `attach` refuses); `dups` discovers the
 //! server and takes duplicates of its listeners ([`discover`]); `maps` finds our program again
 //! and syncs its sockarray and CPU map with a plan; `incoming` sets and reads
 //! SO_INCOMING_CPU; `attach`, `detach` and `status` are the operations on a plan; `locality`
@@ -17,17 +18,19 @@
 mod attach;
 mod detach;
 mod dups;
+pub mod foreign;
 mod incoming;
+pub mod iter;
 mod locality;
 mod maps;
 mod status;
 
-pub use attach::{attach, Attached};
+pub use attach::{attach, foreign_on, Attached};
 pub use detach::{detach, Detached};
 pub use dups::{discover, discover_cached, Dups};
 pub use locality::{connection_locality, ConnLocality, CONNS_INSPECTED_MAX};
 pub use maps::wanted_map;
-pub use status::{programs, status, CpuCounts, GroupStatus, LoadedProgram};
+pub use status::{programs, share, status, CpuCounts, GroupStatus, LoadedProgram};
 
 #[cfg(doc)]
 use corelocal::bpf::cpu_pick::CpuPick;

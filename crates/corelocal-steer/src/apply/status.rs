@@ -1,6 +1,8 @@
 //! `status`: what is attached to each group, its per-CPU counters and whether it is stale;
 //! and every `cl_cpu_pick` program loaded on the host.
 
+use super::attach::foreign_on;
+use super::foreign::ForeignProgram;
 use super::incoming::incoming_state;
 use super::maps::{find_attached, installed_map, wanted_map};
 use super::{Dups, SteerError};
@@ -30,7 +32,8 @@ pub struct CpuCounts {
 pub struct GroupStatus {
     /// The plan (listeners, workers, CPU map, notes) as discovered now.
     pub group: GroupPlan,
-    /// `ebpf`, `incoming-cpu` or `hash` (nothing attached by steer).
+    /// `ebpf`, `incoming-cpu`, `foreign` (a reuseport program steer did not attach) or
+    /// `hash` (nothing attached).
     pub method: &'static str,
     /// The program id (eBPF).
     pub prog_id: Option<u32>,
@@ -42,6 +45,28 @@ pub struct GroupStatus {
     pub stale_detail: Vec<String>,
     /// Why an eBPF attachment could not be looked for (no CAP_SYS_ADMIN).
     pub ebpf_unreadable: Option<String>,
+    /// Reuseport programs on the group that steer did not attach (method `foreign`).
+    pub foreign: Vec<ForeignProgram>,
+    /// Share of the SYNs seen since attach that were steered (each one accepted by the
+    /// worker pinned to the CPU that processed it); `None` without counters (SO_INCOMING_CPU,
+    /// nothing attached) or before the first SYN.
+    pub steered_share: Option<f64>,
+}
+
+impl GroupStatus {
+    /// SYNs seen by the program since attach: (steered, fell back).
+    pub fn totals(&self) -> (u64, u64) {
+        (
+            self.counts.iter().map(|c| c.steered).sum(),
+            self.counts.iter().map(|c| c.fallback).sum(),
+        )
+    }
+}
+
+/// Steered share of `steered` + `fallback` SYNs (`None` when there were none).
+pub fn share(steered: u64, fallback: u64) -> Option<f64> {
+    let total = steered + fallback;
+    (total > 0).then(|| steered as f64 / total as f64)
 }
 
 /// Reads back what is attached to each group of the plan.
@@ -79,6 +104,8 @@ pub fn status(plan: &Plan, dups: &Dups) -> Result<Vec<GroupStatus>, SteerError> 
             stale: false,
             stale_detail: Vec::new(),
             ebpf_unreadable: unreadable,
+            foreign: Vec::new(),
+            steered_share: None,
         };
         if let Some(pick) = pick {
             st.method = "ebpf";
@@ -98,6 +125,8 @@ pub fn status(plan: &Plan, dups: &Dups) -> Result<Vec<GroupStatus>, SteerError> 
                     listener_gone: c.listener_gone,
                 })
                 .collect();
+            let (steered, fallback) = st.totals();
+            st.steered_share = share(steered, fallback);
             let have = installed_map(&pick);
             if have != want {
                 st.stale = true;
@@ -109,8 +138,12 @@ pub fn status(plan: &Plan, dups: &Dups) -> Result<Vec<GroupStatus>, SteerError> 
                 ));
             }
         } else {
+            st.foreign = foreign_on(plan, g);
+            if !st.foreign.is_empty() {
+                st.method = "foreign";
+            }
             let inc = incoming_state(g, dups);
-            if inc.iter().any(|&(_, now, _)| now >= 0) {
+            if st.foreign.is_empty() && inc.iter().any(|&(_, now, _)| now >= 0) {
                 st.method = "incoming-cpu";
                 let bad: Vec<String> = inc
                     .iter()
