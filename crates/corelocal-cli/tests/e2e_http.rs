@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{need, python_has, require, run, run_ok, Served, TempDir};
+use common::{garbage, need, python_has, require, run, run_ok, Served, TempDir};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
@@ -455,21 +455,6 @@ fn read_reply(s: &mut TcpStream, limit: Duration) -> Vec<u8> {
             Ok(n) => got.extend_from_slice(&buf[..n]),
         }
     }
-}
-
-/// Deterministic binary garbage (NULs, high bytes, stray CR/LF), never starting like a method.
-fn garbage(len: usize) -> Vec<u8> {
-    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
-    let mut v: Vec<u8> = (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect();
-    v[0] = 0;
-    v
 }
 
 fn assert_still_serving(addr: std::net::SocketAddr) {

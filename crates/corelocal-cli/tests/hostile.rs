@@ -12,7 +12,7 @@
 
 mod common;
 
-use common::{need, run, Served, TempDir};
+use common::{garbage, need, run, Served, TempDir};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
@@ -363,19 +363,4 @@ fn kv_every_hostile_client_gets_its_answer_uring() {
 #[test]
 fn kv_every_hostile_client_gets_its_answer_epoll() {
     kv_matrix(BACKENDS[1]);
-}
-
-/// Deterministic binary garbage (NULs, high bytes, stray CR/LF), never starting like a method.
-fn garbage(len: usize) -> Vec<u8> {
-    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
-    let mut v: Vec<u8> = (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect();
-    v[0] = 0;
-    v
 }

@@ -314,3 +314,18 @@ pub fn http_get(addr: SocketAddr, path: &str) -> String {
     let _ = s.read_to_end(&mut v);
     String::from_utf8_lossy(&v).into_owned()
 }
+
+/// Deterministic binary garbage (NULs, high bytes, stray CR/LF), never starting like a method.
+pub fn garbage(len: usize) -> Vec<u8> {
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut v: Vec<u8> = (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect();
+    v[0] = 0;
+    v
+}
