@@ -512,7 +512,7 @@ fn failing_bind_is_counted_and_ends_the_run() {
         one_shot: true,
     });
     for engine in engines() {
-        let r = run(&[
+        let mut spec = spec(&[
             "crr",
             "--proto",
             "rpc",
@@ -522,13 +522,17 @@ fn failing_bind_is_counted_and_ends_the_run() {
             "4",
             "--engine",
             engine,
-            "--src",
-            "10.1.2.3",
             "--duration",
             "1s",
             "--warmup",
             "0",
         ]);
+        // Not an address of this host: `--src 10.1.2.3` is refused up front now, so the
+        // engines' bind failure is reached with the spec's source set directly.
+        let bad = std::net::Ipv4Addr::new(10, 1, 2, 3);
+        spec.common.src = corelocal_bench::cli::SrcSpec::Range(bad, bad);
+        spec.src = vec![bad];
+        let r = run_once(&spec, Overrides::default()).expect("run");
         assert_eq!(r.throughput.sessions, 0, "{engine}");
         assert!(r.errors.total >= 4, "{engine}: {:?}", r.errors);
         assert!(
