@@ -79,6 +79,7 @@ impl HttpConn {
             Status::UriTooLong | Status::HeadersTooLarge | Status::PayloadTooLarge => {
                 CloseReason::TooLarge
             }
+            Status::RequestTimeout => CloseReason::TimedOut,
             _ => CloseReason::BadRequest,
         }
     }

@@ -368,7 +368,7 @@ fn slow_heads_get_408() {
         t0 + Duration::from_secs(11),
     );
     assert!(r.starts_with("HTTP/1.1 408 Request Timeout\r\n"), "{r}");
-    assert_eq!(step.next, Next::Close(CloseReason::BadRequest));
+    assert_eq!(step.next, Next::Close(CloseReason::TimedOut));
 
     // The deadline is per request: a keep-alive connection idle between requests is fine.
     let mut c = conn(svc, t0);

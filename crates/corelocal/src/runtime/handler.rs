@@ -30,6 +30,10 @@ pub enum CloseReason {
     BadRequest,
     /// A request exceeded a size limit.
     TooLarge,
+    /// The client took too long to send its request (a head that never completes: slowloris).
+    /// The answer goes out with the close and nothing more is read: unlike the other
+    /// errors, such a close never lingers, since the client is the one holding things up.
+    TimedOut,
 }
 
 /// What the handler wants after processing input.

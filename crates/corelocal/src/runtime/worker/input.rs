@@ -46,6 +46,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
             match reason {
                 CloseReason::BadRequest => self.setup.stats.error(ErrorKind::BadRequest),
                 CloseReason::TooLarge => self.setup.stats.error(ErrorKind::TooLarge),
+                CloseReason::TimedOut => self.setup.stats.error(ErrorKind::IdleTimeout),
                 CloseReason::Done => {}
             }
             self.begin_close(id, reason);

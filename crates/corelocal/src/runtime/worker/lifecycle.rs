@@ -123,7 +123,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
             return;
         };
         debug_assert!(matches!(conn.closing, Closing::Flushing(_)) && !conn.sending);
-        if conn.input_finished() || linger_time.is_zero() {
+        if conn.closes_with_answer(&self.setup.limits) {
             conn.closing = Closing::CloseQueued;
             self.backend.push(Op::Close { conn: id });
             return;

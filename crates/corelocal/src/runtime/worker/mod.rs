@@ -106,10 +106,15 @@ impl<H> Conn<H> {
         self.output.total_len() + self.in_flight
     }
 
-    /// Whether the close may go with the last answer: the input is known to be finished (the
-    /// peer's FIN was read, or the requests were read to their end and nothing else came).
-    fn input_finished(&self) -> bool {
-        self.eof || !self.unread
+    /// Whether the close may go with the last answer rather than linger: the input is known
+    /// to be finished (the peer's FIN was read, or the requests were read to their end and
+    /// nothing else came), the client timed out (never worth lingering for), or lingering is
+    /// off.
+    fn closes_with_answer(&self, limits: &Limits) -> bool {
+        self.eof
+            || !self.unread
+            || self.closing == Closing::Flushing(CloseReason::TimedOut)
+            || limits.linger_time.is_zero()
     }
 }
 

@@ -56,7 +56,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
                 // close). Else the close waits for the send and lingers (`finish_close`).
                 let close_after = matches!(conn.closing, Closing::Flushing(_))
                     && conn.output.is_empty()
-                    && (conn.input_finished() || self.setup.limits.linger_time.is_zero());
+                    && conn.closes_with_answer(&self.setup.limits);
                 if close_after {
                     conn.closing = Closing::LastSend;
                 }
