@@ -108,12 +108,16 @@ for r in range(1, rounds + 1):
         opens = [s["total"]["open"] for s in stats]
         recvq = [l.split() for l in open(f"{tmp}/{n}-{r}.recvq") if l.strip()]
         unread_max = max((int(x[1]) for x in recvq), default=0)
+        # Established connections at the busiest sample: httperf select()s, so past about
+        # 1,000 open connections it fails sessions itself (fd-unavail), whatever the server.
+        conns_max = max((int(x[2]) for x in recvq if len(x) > 2), default=0)
         # Longest run of samples with unread request bytes in the server's sockets.
         run_len = best = 0
         for x in recvq:
             run_len = run_len + 1 if int(x[1]) > 0 else 0
             best = max(best, run_len)
         runs.append({"server": n, "round": r, "unread_bytes_max": unread_max,
+                     "established_max": conns_max,
                      "unread_longest_s": best * 0.25,
                      "replies_2xx": num(r"Reply status: 1xx=\d+ 2xx=(\d+)"),
                      "errors": num(r"Errors: total (\d+)"),
@@ -135,9 +139,9 @@ with open(stem + ".md", "w") as f:
     f.write(f"# httperf session workload (issue 13, finding 5)\n\n`{cmd}` — 2-core VM, Linux {platform.release()}.\n\n")
     f.write("20,000 sessions (1, 2, 3 requests, 100 ms think) over the built-in 30,000 files, httperf `--rate 2000 --timeout 5` on CPU 0, `corelocal serve http --cpus 1` (default flags otherwise), fresh netns per run, servers alternating per round. A *stall interval* is a 1 s stats interval in which the server answered nothing while connections were open.\n\n")
     f.write("*Unread* is what `ss` showed every 250 ms in the server's sockets' receive queues: requests the server had not read yet (a stalled server shows it growing and lasting).\n\n")
-    f.write("| server | round | 2xx replies | httperf errors | client-timo | fd-unavail | stall intervals | unread bytes max | longest unread stretch | server req/s per interval |\n|---|---|---|---|---|---|---|---|---|---|\n")
+    f.write("| server | round | 2xx replies | httperf errors | client-timo | fd-unavail | established max | stall intervals | unread bytes max | longest unread stretch | server req/s per interval |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
     for x in runs:
-        f.write(f"| {x['server']} | {x['round']} | {x['replies_2xx']} | {x['errors']} | {x['client_timeouts']} | {x['fd_unavail']} | {x['stall_intervals']} | {x['unread_bytes_max']} | {x['unread_longest_s']:.2f} s | {x['requests_per_second_server']} |\n")
+        f.write(f"| {x['server']} | {x['round']} | {x['replies_2xx']} | {x['errors']} | {x['client_timeouts']} | {x['fd_unavail']} | {x['established_max']} | {x['stall_intervals']} | {x['unread_bytes_max']} | {x['unread_longest_s']:.2f} s | {x['requests_per_second_server']} |\n")
     f.write("\n| server | rounds | rounds with errors | errors (sum) | error kinds |\n|---|---|---|---|---|\n")
     for n in names:
         mine = [x for x in runs if x["server"] == n]
