@@ -23,6 +23,9 @@ pub const FRAME_MAX: usize = 1518;
 pub const BATCH_MAX: usize = 1024;
 /// The most flows.
 pub const FLOWS_MAX: usize = 65_536;
+/// The longest one `sendmmsg` may block on a full send buffer before the stop flag is
+/// checked again.
+const SEND_TIMEOUT: Duration = Duration::from_millis(100);
 
 /// What to send.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -163,8 +166,13 @@ fn prepare(spec: &GenSpec) -> Result<UdpSocket, String> {
         corelocal::cpu::pin_current_thread(&CpuSet::single(c))
             .map_err(|e| format!("pinning the generator to CPU {c}: {e}"))?;
     }
-    UdpSocket::bind(SocketAddrV4::new(spec.src, 0))
-        .map_err(|e| format!("binding {}: {e}", spec.src))
+    let sock = UdpSocket::bind(SocketAddrV4::new(spec.src, 0))
+        .map_err(|e| format!("binding {}: {e}", spec.src))?;
+    // A full send buffer (datagrams still queued toward a slow router) blocks sendmmsg, as
+    // it would a real sender; the timeout only bounds how long a stop can wait.
+    sock.set_write_timeout(Some(SEND_TIMEOUT))
+        .map_err(|e| format!("SO_SNDTIMEO: {e}"))?;
+    Ok(sock)
 }
 
 fn send_loop(
@@ -208,6 +216,8 @@ fn send_loop(
                 sent.fetch_add(n as u64, Ordering::Relaxed);
                 at = (at + n.max(1)) % spec.flows;
             }
+            // Blocked for SEND_TIMEOUT: backpressure, not a loss; look at the stop flag.
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => turns = 63,
             Err(_) => {
                 errors.fetch_add(1, Ordering::Relaxed);
                 at = (at + 1) % spec.flows;

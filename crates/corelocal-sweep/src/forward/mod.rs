@@ -469,7 +469,7 @@ pub fn run_cell(
     let threads = applied.threads.clone();
     let measured = measure(s, &tb, &threads);
     let reverted = layout::revert_layout(tb.router.name(), &lp, applied);
-    let (window, last) = measured?;
+    let (window, last, names) = measured?;
     let ifs = &tb.ifs;
     let dev = |ns: usize, name: &str| last.dev[ns].iter().find(|c| c.name == name).cloned();
     let snmp = |ns: usize, k: &str| last.snmp[ns].get(k).copied().unwrap_or(0);
@@ -484,6 +484,14 @@ pub fn run_cell(
         router_sent: dev(1, &ifs.router_out).map_or(0, |c| c.tx_packets),
         sink_received: snmp(2, "Ip:InReceives"),
         sink_icmp_out: snmp(2, "Icmp:OutMsgs"),
+        firewall_accepted: (fw > 0)
+            .then(|| testbed::firewall_accepted(tb.router.name()))
+            .flatten(),
+        thread_ns: names
+            .into_iter()
+            .zip(&last.threads)
+            .map(|((name, _), (_, ns))| (name, *ns))
+            .collect(),
         applied: applied_lines,
         reverted,
         revert_error,
@@ -492,7 +500,7 @@ pub fn run_cell(
     Ok(sample)
 }
 
-fn thread_names(gen_cpu: Option<usize>, threads: &[NapiThread]) -> Vec<(String, String)> {
+fn thread_names(gen_cpu: Option<usize>, threads: &[NapiThread]) -> ThreadNames {
     let mut v = vec![(
         "generator".to_string(),
         gen_cpu.map_or("any".into(), |c| c.to_string()),
@@ -501,10 +509,17 @@ fn thread_names(gen_cpu: Option<usize>, threads: &[NapiThread]) -> Vec<(String, 
     v
 }
 
-/// Starts the generator, samples once a second, stops it; returns the window and the final
-/// reading (after the generator stopped and the queues drained). Every proc file is closed
-/// on return, before the testbed can be deleted.
-fn measure(s: &Setup, tb: &Testbed, threads: &[NapiThread]) -> Result<(Window, Point), String> {
+/// (name, CPUs) of each thread followed: the generator, then the NAPI threads.
+type ThreadNames = Vec<(String, String)>;
+
+/// Starts the generator, samples once a second, stops it; returns the window, the final
+/// reading (after the generator stopped and the queues drained) and the followed threads'
+/// names. Every proc file is closed on return, before the testbed can be deleted.
+fn measure(
+    s: &Setup,
+    tb: &Testbed,
+    threads: &[NapiThread],
+) -> Result<(Window, Point, ThreadNames), String> {
     let [g, r, k] = tb.names();
     let mut reader = Reader {
         ns: [NsFiles::open(g)?, NsFiles::open(r)?, NsFiles::open(k)?],
@@ -555,8 +570,7 @@ fn measure(s: &Setup, tb: &Testbed, threads: &[NapiThread]) -> Result<(Window, P
         points.push(reader.point(generator.sent(), generator.errors()));
     }
     generator.stop()?;
-    std::thread::sleep(Duration::from_millis(200));
-    let last = reader.point(generator.sent(), generator.errors());
+    let last = drained(&mut reader, &generator, &tb.ifs.router_out);
     let n = Names {
         gen: &tb.ifs.gen,
         router_in: &tb.ifs.router_in,
@@ -564,7 +578,32 @@ fn measure(s: &Setup, tb: &Testbed, threads: &[NapiThread]) -> Result<(Window, P
     };
     let w = sample::window(&points, &n, &names).ok_or("empty window")?;
     drop(reader);
-    Ok((w, last))
+    Ok((w, last, names))
+}
+
+/// Reads until the router's egress and the sink's input stop moving (what was in flight when
+/// the generator stopped has arrived), at most 3 s.
+fn drained(reader: &mut Reader, generator: &gen::Generator, router_out: &str) -> Point {
+    let key = |p: &Point| {
+        (
+            p.dev[1]
+                .iter()
+                .find(|c| c.name == router_out)
+                .map_or(0, |c| c.tx_packets),
+            p.snmp[2].get("Ip:InReceives").copied().unwrap_or(0),
+        )
+    };
+    let end = Instant::now() + Duration::from_secs(3);
+    let mut last = reader.point(generator.sent(), generator.errors());
+    loop {
+        std::thread::sleep(Duration::from_millis(100));
+        let now = reader.point(generator.sent(), generator.errors());
+        let settled = key(&now) == key(&last) && key(&now).0 == key(&now).1;
+        if settled || Instant::now() > end {
+            return now;
+        }
+        last = now;
+    }
 }
 
 /// `--real-ifaces`: reads the host's counters for IN and OUT, round after round; writes
@@ -623,6 +662,8 @@ fn observe(s: &Setup, report: &mut ForwardReport) -> Result<(), SweepError> {
                 router_sent: 0,
                 sink_received: 0,
                 sink_icmp_out: 0,
+                firewall_accepted: None,
+                thread_ns: Vec::new(),
                 applied: Vec::new(),
                 reverted: Vec::new(),
                 revert_error: None,

@@ -54,6 +54,11 @@ pub struct Sample {
     pub sink_received: u64,
     /// ICMP messages the sink sent (must be 0).
     pub sink_icmp_out: u64,
+    /// Packets the firewall's final rule accepted (its nft counter; `None` without firewall).
+    pub firewall_accepted: Option<u64>,
+    /// Run time of the generator and NAPI threads over the cell's whole life, ns (a NAPI
+    /// thread starved for the whole window still shows its work here).
+    pub thread_ns: Vec<(String, u64)>,
     /// Values read back from the router's sysfs after applying the layout.
     pub applied: Vec<String>,
     /// Values read back after reverting.
@@ -707,6 +712,7 @@ mod tests {
                 received_pps: pps,
                 generated_pps: pps * 1.1,
                 sink_pps: pps,
+                conntrack_entries: 0,
                 drops: Drops {
                     gen_tx_dropped: 10,
                     ..Default::default()
@@ -725,6 +731,8 @@ mod tests {
             router_sent: 100,
             sink_received: 100,
             sink_icmp_out: 0,
+            firewall_accepted: None,
+            thread_ns: vec![],
             applied: vec![],
             reverted: vec![],
             revert_error: None,

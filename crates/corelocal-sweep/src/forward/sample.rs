@@ -53,7 +53,8 @@ fn reread(f: &mut File) -> String {
     s
 }
 
-/// Sums the per-CPU rows of `/proc/net/stat/nf_conntrack` (a header of names, hex rows).
+/// Sums the per-CPU rows of `/proc/net/stat/nf_conntrack` (a header of names, hex rows);
+/// `entries`, the table's size, is printed on every row and taken once.
 pub fn parse_conntrack_stat(text: &str) -> BTreeMap<String, u64> {
     let mut lines = text.lines();
     let Some(header) = lines.next() else {
@@ -61,12 +62,15 @@ pub fn parse_conntrack_stat(text: &str) -> BTreeMap<String, u64> {
     };
     let names: Vec<&str> = header.split_whitespace().collect();
     let mut out: BTreeMap<String, u64> = BTreeMap::new();
-    for line in lines.take(4096) {
+    for (row, line) in lines.take(4096).enumerate() {
         for (name, v) in names.iter().zip(line.split_whitespace()) {
+            let v = u64::from_str_radix(v, 16).unwrap_or(0);
             if *name == "entries" {
+                if row == 0 {
+                    out.insert("entries".into(), v);
+                }
                 continue;
             }
-            let v = u64::from_str_radix(v, 16).unwrap_or(0);
             *out.entry((*name).to_string()).or_default() += v;
         }
     }
@@ -255,6 +259,9 @@ pub struct Window {
     pub generated_pps: f64,
     /// Packets that reached the sink's IP layer, per second.
     pub sink_pps: f64,
+    /// Conntrack entries in the router at the window's end (0 with no firewall: nothing
+    /// uses conntrack in the namespace then; this kernel no longer counts lookups).
+    pub conntrack_entries: u64,
     /// Drops over the window.
     pub drops: Drops,
     /// Per CPU.
@@ -394,6 +401,7 @@ pub fn window(points: &[Point], n: &Names, thread_names: &[(String, String)]) ->
             snmp_sum(a, 2, &["Ip:InReceives"]),
         ) as f64
             / secs,
+        conntrack_entries: b.conntrack.get("entries").copied().unwrap_or(0),
         drops,
         cpus,
         threads,
@@ -413,7 +421,7 @@ mod tests {
         assert_eq!(m["drop"], 15);
         assert_eq!(m["insert_failed"], 1);
         assert_eq!(m["invalid"], 2);
-        assert!(!m.contains_key("entries"));
+        assert_eq!(m["entries"], 16, "the table size, once");
     }
 
     #[test]

@@ -193,6 +193,27 @@ pub fn nft_available() -> bool {
         .is_ok_and(|s| s.success())
 }
 
+/// The packet count of the firewall's final (accepting) rule in namespace `ns`.
+pub fn firewall_accepted(ns: &str) -> Option<u64> {
+    let out = Command::new("ip")
+        .args(["netns", "exec", ns, "nft", "list", "table", "ip", NFT_TABLE])
+        .output()
+        .ok()?;
+    parse_counter(&String::from_utf8_lossy(&out.stdout))
+}
+
+/// The packets of the last `counter packets N` in an nft listing.
+pub fn parse_counter(listing: &str) -> Option<u64> {
+    listing
+        .rsplit("counter packets ")
+        .next()
+        .filter(|_| listing.contains("counter packets "))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
 /// Lists the nft tables of namespace `ns` (`ip netns exec NS nft list tables`).
 pub fn nft_tables_in(ns: &str) -> Result<String, String> {
     let out = Command::new("ip")
@@ -490,6 +511,13 @@ mod tests {
         assert!(s.contains("ct state new,established,related counter accept"));
         assert!(!s.contains(&dotted(GEN_ADDR)));
         assert_eq!(firewall_script(0).matches(" drop\n").count(), 0);
+    }
+
+    #[test]
+    fn nft_counter_is_read_from_the_listing() {
+        let l = "table ip clfwd {\n\tchain forward {\n\t\tip saddr 203.0.113.1 udp dport 1 drop\n\t\tct state established,related,new counter packets 1234 bytes 56 accept\n\t}\n}\n";
+        assert_eq!(parse_counter(l), Some(1234));
+        assert_eq!(parse_counter("table ip clfwd {}"), None);
     }
 
     #[test]
