@@ -211,3 +211,11 @@ pub fn sendmmsg_to(
         Ok(rc as usize)
     }
 }
+
+/// Sets the nice value of thread `tid` (0: the calling thread); Linux applies it to that
+/// thread only. Gone with the thread.
+pub fn set_nice(tid: u32, nice: i32) -> io::Result<()> {
+    // SAFETY: setpriority takes plain integers; PRIO_PROCESS with a thread id affects only
+    // that thread on Linux.
+    check(unsafe { libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, nice) })
+}

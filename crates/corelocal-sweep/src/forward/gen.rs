@@ -44,6 +44,8 @@ pub struct GenSpec {
     pub batch: usize,
     /// Datagrams per second; 0 = as fast as it goes.
     pub rate: u64,
+    /// Nice value of the sending thread (0: unchanged).
+    pub nice: i32,
 }
 
 /// The destination of flow `i`: 198.18.0.1 + i, port 1024 + i mod 64511.
@@ -166,6 +168,9 @@ fn prepare(spec: &GenSpec) -> Result<UdpSocket, String> {
         corelocal::cpu::pin_current_thread(&CpuSet::single(c))
             .map_err(|e| format!("pinning the generator to CPU {c}: {e}"))?;
     }
+    if spec.nice != 0 {
+        sys::set_nice(0, spec.nice).map_err(|e| format!("nice {}: {e}", spec.nice))?;
+    }
     let sock = UdpSocket::bind(SocketAddrV4::new(spec.src, 0))
         .map_err(|e| format!("binding {}: {e}", spec.src))?;
     // A full send buffer (datagrams still queued toward a slow router) blocks sendmmsg, as
@@ -250,6 +255,7 @@ mod tests {
             frame: 10,
             batch: 1,
             rate: 0,
+            nice: 0,
         };
         assert!(Generator::start(&spec, Instant::now()).is_err());
         let big = GenSpec {

@@ -120,6 +120,8 @@ pub struct NapiPlan {
     pub iface: String,
     /// CPUs for RX queue q's thread, indexed by q.
     pub pins: Vec<CpuSet>,
+    /// Nice value for the threads (0: left as the kernel made them).
+    pub nice: i32,
 }
 
 /// What one layout writes.
@@ -173,7 +175,7 @@ fn rps(ifs: &Ifaces, queues: usize, set: &CpuSet) -> Vec<Setting> {
 }
 
 /// The plan of `layout` for a router on `cpus` (the host's online CPUs), the generator on
-/// `gen_cpu`, veths of `queues` queues.
+/// `gen_cpu`, veths of `queues` queues; NAPI threads get nice value `nice`.
 pub fn plan_layout(
     layout: Layout,
     topo: &Topology,
@@ -181,6 +183,7 @@ pub fn plan_layout(
     gen_cpu: Option<usize>,
     ifs: &Ifaces,
     queues: usize,
+    nice: i32,
 ) -> Result<LayoutPlan, String> {
     let other = other_cpus(cpus, gen_cpu);
     if other.is_empty() && matches!(layout, Layout::RpsOther | Layout::NapiOther) {
@@ -225,6 +228,7 @@ pub fn plan_layout(
         NapiPlan {
             iface: ifs.router_in.clone(),
             pins,
+            nice,
         }
     });
     Ok(LayoutPlan {
@@ -245,6 +249,8 @@ pub struct NapiThread {
     pub queue: usize,
     /// The CPUs it may run on, read back (`Cpus_allowed_list`).
     pub cpus: String,
+    /// Its nice value, read back.
+    pub nice: i64,
 }
 
 /// What [`apply_layout`] changed, for [`revert_layout`].
@@ -291,8 +297,16 @@ pub fn napi_threads(iface: &str) -> Vec<NapiThread> {
             name,
             queue,
             cpus: allowed_cpus(pid).unwrap_or_default(),
+            nice: nice_of(pid).unwrap_or(0),
         })
         .collect()
+}
+
+/// The nice value of a task (`/proc/PID/stat` field 19).
+pub fn nice_of(pid: u32) -> Option<i64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = &stat[stat.rfind(')')? + 1..];
+    after.split_whitespace().nth(16)?.parse().ok()
 }
 
 /// `Cpus_allowed_list` of a task.
@@ -361,7 +375,17 @@ fn apply_napi(fs: &RootFs, n: &NapiPlan) -> Result<((bool, String), Vec<NapiThre
     for t in threads {
         let want = &n.pins[t.queue];
         sys::set_affinity(t.pid, want).map_err(|e| format!("pinning {}: {e}", t.name))?;
+        if n.nice != 0 {
+            sys::set_nice(t.pid, n.nice).map_err(|e| format!("nice of {}: {e}", t.name))?;
+        }
         let cpus = allowed_cpus(t.pid).unwrap_or_default();
+        let nice = nice_of(t.pid).unwrap_or(0);
+        if nice != i64::from(n.nice) && n.nice != 0 {
+            return Err(format!(
+                "{} has nice {nice} after setting {}",
+                t.name, n.nice
+            ));
+        }
         if CpuSet::parse_list(&cpus).ok().as_ref() != Some(want) {
             return Err(format!(
                 "{} runs on {cpus:?} after pinning to {}",
@@ -369,7 +393,7 @@ fn apply_napi(fs: &RootFs, n: &NapiPlan) -> Result<((bool, String), Vec<NapiThre
                 want.to_list()
             ));
         }
-        out.push(NapiThread { cpus, ..t });
+        out.push(NapiThread { cpus, nice, ..t });
     }
     Ok((saved, out))
 }
@@ -565,7 +589,7 @@ mod tests {
         let topo = topo2();
         let cpus = CpuSet::parse_list("0-1").unwrap();
         let ifs = Ifaces::new(7, 0);
-        let p = |l| plan_layout(l, &topo, &cpus, Some(0), &ifs, 2).unwrap();
+        let p = |l| plan_layout(l, &topo, &cpus, Some(0), &ifs, 2, -5).unwrap();
         assert!(p(Layout::Default).plan.settings.is_empty());
         assert!(p(Layout::Default).napi.is_none());
         let other = p(Layout::RpsOther);
@@ -597,10 +621,11 @@ mod tests {
         );
         let n = p(Layout::NapiOther).napi.unwrap();
         assert_eq!(n.pins, vec![CpuSet::single(1); 2]);
+        assert_eq!(n.nice, -5);
         let n = p(Layout::NapiSpread).napi.unwrap();
         assert_eq!(n.pins, vec![CpuSet::single(0), CpuSet::single(1)]);
         let one = CpuSet::single(0);
-        assert!(plan_layout(Layout::RpsOther, &topo, &one, Some(0), &ifs, 1).is_err());
+        assert!(plan_layout(Layout::RpsOther, &topo, &one, Some(0), &ifs, 1, 0).is_err());
         assert_eq!(
             other_cpus(&cpus, None),
             CpuSet::single(1),

@@ -89,6 +89,11 @@ pub struct Command {
     /// Datagrams per sendmmsg call.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..=gen::BATCH_MAX as i64))]
     pub batch: u16,
+    /// Nice value (-20..19) of the generator and NAPI threads: -20 makes them win the CPU
+    /// from other processes, as on a router that runs nothing else (softirq work always
+    /// does). 0 leaves them as they are.
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = clap::value_parser!(i32).range(-20..=19))]
+    pub nice: i32,
     /// Queues per direction of each veth (default: the number of online CPUs).
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=testbed::QUEUES_MAX as i64))]
     pub queues: Option<u16>,
@@ -211,6 +216,7 @@ pub fn setup(cmd: &Command, topo: &Topology) -> Result<Setup, SweepError> {
             mode: if real.is_some() { "observe" } else { "netns" }.into(),
             gen_cpu,
             rate: cmd.rate,
+            nice: cmd.nice,
             frame: usize::from(cmd.frame),
             flows: cmd.flows as usize,
             batch: usize::from(cmd.batch),
@@ -463,7 +469,15 @@ pub fn run_cell(
         forwarding: s.config.forwarding,
         firewall_rules: fw,
     })?;
-    let lp = layout::plan_layout(l, topo, &s.cpus, s.config.gen_cpu, &tb.ifs, s.config.queues)?;
+    let lp = layout::plan_layout(
+        l,
+        topo,
+        &s.cpus,
+        s.config.gen_cpu,
+        &tb.ifs,
+        s.config.queues,
+        s.config.nice,
+    )?;
     let applied = layout::apply_layout(tb.router.name(), &tb.ifs, &lp, &s.cpus)?;
     let applied_lines = applied.readback.clone();
     let threads = applied.threads.clone();
@@ -490,6 +504,7 @@ pub fn run_cell(
         thread_ns: names
             .into_iter()
             .zip(&last.threads)
+            .filter(|((name, _), _)| name.starts_with("napi/"))
             .map(|((name, _), (_, ns))| (name, *ns))
             .collect(),
         applied: applied_lines,
@@ -538,6 +553,7 @@ fn measure(
             frame: c.frame,
             batch: c.batch,
             rate: c.rate,
+            nice: c.nice,
         },
         hard_end,
     )?;

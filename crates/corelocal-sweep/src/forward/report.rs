@@ -19,6 +19,8 @@ pub struct ForwardConfig {
     pub gen_cpu: Option<usize>,
     /// Datagrams per second asked for (0 = as fast as it goes).
     pub rate: u64,
+    /// Nice value of the generator and NAPI threads (0 = unchanged).
+    pub nice: i32,
     /// Frame size (bytes on a wire, FCS included).
     pub frame: usize,
     /// Flows.
@@ -56,8 +58,8 @@ pub struct Sample {
     pub sink_icmp_out: u64,
     /// Packets the firewall's final rule accepted (its nft counter; `None` without firewall).
     pub firewall_accepted: Option<u64>,
-    /// Run time of the generator and NAPI threads over the cell's whole life, ns (a NAPI
-    /// thread starved for the whole window still shows its work here).
+    /// Run time of each NAPI thread over the cell's whole life, ns (a thread starved for the
+    /// whole window still shows its work here).
     pub thread_ns: Vec<(String, u64)>,
     /// Values read back from the router's sysfs after applying the layout.
     pub applied: Vec<String>,
@@ -361,7 +363,7 @@ pub fn markdown(r: &ForwardReport) -> String {
              Each cell: a fresh testbed, the layout applied and read back, {} ms warm-up, {} ms \
              measured (per-second samples), the layout reverted and read back, the testbed \
              deleted. Rounds: {}; within each round every layout runs once, the order rotated \
-             by one each round, so other load on the machine falls on all layouts alike.\n",
+             by one each round, so other load on the machine falls on all layouts alike.{}\n",
             u8::from(c.forwarding),
             c.queues,
             c.gen_cpu
@@ -376,7 +378,16 @@ pub fn markdown(r: &ForwardReport) -> String {
             },
             c.warmup_ms,
             c.duration_ms,
-            c.rounds
+            c.rounds,
+            if c.nice == 0 {
+                String::new()
+            } else {
+                format!(
+                    " The generator and the NAPI threads ran at nice {}, so other processes \
+                     on the machine take little of their CPU (softirq work needs no such help).",
+                    c.nice
+                )
+            }
         );
     }
     let mut loads: Vec<usize> = r.cells.iter().map(|c| c.firewall_rules).collect();
@@ -764,6 +775,7 @@ mod tests {
                 mode: "netns".into(),
                 gen_cpu: Some(0),
                 rate: 0,
+                nice: 0,
                 frame: 64,
                 flows: 256,
                 batch: 64,
