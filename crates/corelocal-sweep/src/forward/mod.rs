@@ -415,12 +415,19 @@ fn sweep_netns(s: &Setup, topo: &Topology, report: &mut ForwardReport) {
                 seq += 1;
                 match result {
                     Ok(x) => {
+                        let each: Vec<String> = x
+                            .window
+                            .per_second
+                            .iter()
+                            .map(|p| format!("{:.0}", p / 1000.0))
+                            .collect();
                         eprintln!(
-                            "[{seq}/{total}] round {} {:<11} fw {:<5} forwarded {:>7.1} kpps, offered {:>7.1}, drops {:.0}/s{}",
+                            "[{seq}/{total}] round {} {:<11} fw {:<5} forwarded {:>7.1} kpps ({}), offered {:>7.1}, drops {:.0}/s{}",
                             round + 1,
                             l.name(),
                             fw,
                             x.window.forwarded_pps / 1000.0,
+                            each.join(" "),
                             x.window.offered_pps / 1000.0,
                             x.window.drops.total() as f64 / x.window.secs,
                             x.revert_error
@@ -505,7 +512,7 @@ pub fn run_cell(
             .into_iter()
             .zip(&last.threads)
             .filter(|((name, _), _)| name.starts_with("napi/"))
-            .map(|((name, _), (_, ns))| (name, *ns))
+            .map(|((name, _), t)| (name, t.run_ns))
             .collect(),
         applied: applied_lines,
         reverted,

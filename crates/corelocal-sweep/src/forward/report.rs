@@ -9,6 +9,9 @@ use std::fmt::Write;
 
 /// Format tag of the JSON file.
 pub const FORMAT: &str = "corelocal-sweep-forward/1";
+/// A round is quiet when none of our threads waited longer than this share of the window,
+/// percent, for a CPU.
+pub const QUIET_WAIT_PCT: f64 = 10.0;
 
 /// How the run was set up.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -90,6 +93,11 @@ pub struct CellResult {
     pub offered_pps: Option<f64>,
     /// Median drops per second (all points).
     pub drops_per_s: Option<f64>,
+    /// Rounds in which none of our threads waited more than [`QUIET_WAIT_PCT`] of the window
+    /// for a CPU (other load on the machine barely touched them).
+    pub quiet_rounds: usize,
+    /// Median forwarded pps over the quiet rounds.
+    pub quiet_pps: Option<f64>,
     /// Per-CPU work of the median round.
     pub cpus: Vec<CpuWork>,
     /// Generator / NAPI threads of the median round.
@@ -138,6 +146,8 @@ impl CellResult {
             max_pps: None,
             offered_pps: None,
             drops_per_s: None,
+            quiet_rounds: 0,
+            quiet_pps: None,
             cpus: Vec::new(),
             threads: Vec::new(),
             samples: Vec::new(),
@@ -163,6 +173,14 @@ impl CellResult {
             .map(|s| s.window.drops.total() as f64 / s.window.secs.max(1e-6))
             .collect();
         self.drops_per_s = median(&dr);
+        let quiet: Vec<f64> = self
+            .samples
+            .iter()
+            .filter(|s| is_quiet(&s.window))
+            .map(|s| s.window.forwarded_pps)
+            .collect();
+        self.quiet_rounds = quiet.len();
+        self.quiet_pps = median(&quiet);
         if let Some(m) = self.forwarded_pps {
             if let Some(s) = self.samples.iter().min_by(|a, b| {
                 (a.window.forwarded_pps - m)
@@ -174,6 +192,11 @@ impl CellResult {
             }
         }
     }
+}
+
+/// Whether no thread of ours waited more than [`QUIET_WAIT_PCT`] for a CPU in `w`.
+pub fn is_quiet(w: &Window) -> bool {
+    w.threads.iter().all(|t| t.wait_pct <= QUIET_WAIT_PCT)
 }
 
 fn kpps(v: Option<f64>) -> String {
@@ -192,8 +215,8 @@ pub fn text(r: &ForwardReport) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "{:<12} {:>5} {:>11} {:>17} {:>10} {:>10}  where (median round)",
-        "layout", "fw", "fwd kpps", "min-max kpps", "offered", "drops/s"
+        "{:<12} {:>5} {:>9} {:>13} {:>10} {:>8} {:>8}  where (median round)",
+        "layout", "fw", "fwd kpps", "min-max", "quiet (n)", "offered", "drops/s"
     );
     for c in &r.cells {
         let range = match (c.min_pps, c.max_pps) {
@@ -203,11 +226,12 @@ pub fn text(r: &ForwardReport) -> String {
         let cpus: Vec<String> = c.cpus.iter().map(cpu_brief).collect();
         let _ = writeln!(
             s,
-            "{:<12} {:>5} {:>11} {:>17} {:>10} {:>10}  {}",
+            "{:<12} {:>5} {:>9} {:>13} {:>10} {:>8} {:>8}  {}",
             c.name,
             c.firewall_rules,
             kpps(c.forwarded_pps),
             range,
+            format!("{} ({})", kpps(c.quiet_pps), c.quiet_rounds),
             kpps(c.offered_pps),
             c.drops_per_s.map_or("-".into(), |d| format!("{d:.0}")),
             if c.errors.is_empty() || !c.samples.is_empty() {
@@ -259,7 +283,12 @@ pub fn where_it_ran(c: &CellResult) -> String {
     let threads: Vec<String> = c
         .threads
         .iter()
-        .map(|t| format!("{} (CPU {}) {:.0}% busy", t.name, t.cpus, t.busy_pct))
+        .map(|t| {
+            format!(
+                "{} (CPU {}) {:.0}% busy, {:.0}% waiting for a CPU",
+                t.name, t.cpus, t.busy_pct, t.wait_pct
+            )
+        })
         .collect();
     format!("{}; {}", busy.join("; "), threads.join(", "))
 }
@@ -328,6 +357,22 @@ pub fn verdicts(cells: &[CellResult]) -> Vec<String> {
             bp / 1000.0,
             where_it_ran(best)
         ));
+        if group.iter().all(|c| c.quiet_rounds > 0) {
+            let mut q: Vec<(&str, f64)> = group
+                .iter()
+                .filter_map(|c| Some((c.name.as_str(), c.quiet_pps?)))
+                .collect();
+            q.sort_by(|a, b| b.1.total_cmp(&a.1));
+            let list: Vec<String> = q
+                .iter()
+                .map(|(n, p)| format!("{n} {:.1}", p / 1000.0))
+                .collect();
+            out.push(format!(
+                "{load}, quiet rounds only (no thread of ours waited over {QUIET_WAIT_PCT:.0}% \
+                 of the window for a CPU): {} kpps",
+                list.join(", ")
+            ));
+        }
     }
     out
 }
@@ -404,9 +449,9 @@ pub fn markdown(r: &ForwardReport) -> String {
         );
         let _ = writeln!(
             s,
-            "| layout | forwarded kpps (median) | min–max | offered kpps | drops/s | per CPU: softirq / sys / user % | softnet kpps per CPU | threads busy |"
+            "| layout | forwarded kpps (median) | min–max | quiet rounds: median (n) | offered kpps | drops/s | per CPU: softirq / sys / user % | softnet kpps per CPU | RPS IPIs/s, squeezes | threads: busy / waiting % |"
         );
-        let _ = writeln!(s, "|---|---:|---:|---:|---:|---|---|---|");
+        let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---|---|---|---|");
         for c in r.cells.iter().filter(|c| c.firewall_rules == fw) {
             let split: Vec<String> = c
                 .cpus
@@ -421,19 +466,32 @@ pub fn markdown(r: &ForwardReport) -> String {
             let th: Vec<String> = c
                 .threads
                 .iter()
-                .map(|t| format!("{} {:.0}%", t.name, t.busy_pct))
+                .map(|t| {
+                    format!(
+                        "{} (CPU {}) {:.0}/{:.0}",
+                        t.name, t.cpus, t.busy_pct, t.wait_pct
+                    )
+                })
+                .collect();
+            let ipis: Vec<String> = c
+                .cpus
+                .iter()
+                .map(|p| format!("CPU{} {:.0}, {}", p.cpu, p.rps_ipis_per_s, p.time_squeeze))
                 .collect();
             let _ = writeln!(
                 s,
-                "| {} | {} | {}–{} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {}–{} | {} ({}) | {} | {} | {} | {} | {} | {} |",
                 c.name,
                 kpps(c.forwarded_pps),
                 kpps(c.min_pps),
                 kpps(c.max_pps),
+                kpps(c.quiet_pps),
+                c.quiet_rounds,
                 kpps(c.offered_pps),
                 c.drops_per_s.map_or("-".into(), |d| format!("{d:.0}")),
                 split.join(", "),
                 sn.join(", "),
+                ipis.join("; "),
                 th.join(", ")
             );
         }

@@ -119,8 +119,25 @@ pub struct Point {
     pub gen_sent: u64,
     /// Failed `sendmmsg` calls.
     pub gen_errors: u64,
-    /// Thread run times, ns: (pid or tid, ns).
-    pub threads: Vec<(u32, u64)>,
+    /// Followed threads' schedstat.
+    pub threads: Vec<ThreadTime>,
+}
+
+/// A thread's `/proc/.../schedstat`: time on a CPU and time waiting for one.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ThreadTime {
+    /// Its pid or tid.
+    pub id: u32,
+    /// Run time, ns.
+    pub run_ns: u64,
+    /// Time runnable but waiting on a run queue, ns.
+    pub wait_ns: u64,
+}
+
+/// The first two fields of a schedstat line: (run ns, wait ns).
+pub fn parse_schedstat2(text: &str) -> Option<(u64, u64)> {
+    let mut f = text.split_whitespace().map(|x| x.parse::<u64>());
+    Some((f.next()?.ok()?, f.next()?.ok()?))
 }
 
 /// What a point reads.
@@ -164,7 +181,14 @@ impl Reader {
             threads: self
                 .threads
                 .iter()
-                .map(|(id, p)| (*id, procfs::parse_schedstat(&host(p)).unwrap_or(0)))
+                .map(|(id, p)| {
+                    let (run_ns, wait_ns) = parse_schedstat2(&host(p)).unwrap_or((0, 0));
+                    ThreadTime {
+                        id: *id,
+                        run_ns,
+                        wait_ns,
+                    }
+                })
                 .collect(),
         }
     }
@@ -240,6 +264,9 @@ pub struct ThreadBusy {
     pub cpus: String,
     /// Run time ÷ window, percent.
     pub busy_pct: f64,
+    /// Time it was runnable but waited for a CPU ÷ window, percent: how much other load
+    /// on the machine held it back.
+    pub wait_pct: f64,
 }
 
 /// One measured window.
@@ -380,12 +407,18 @@ pub fn window(points: &[Point], n: &Names, thread_names: &[(String, String)]) ->
         .threads
         .iter()
         .zip(thread_names)
-        .map(|((id, ns), (name, cpus))| {
-            let before = a.threads.iter().find(|(i, _)| i == id).map_or(0, |x| x.1);
+        .map(|(t, (name, cpus))| {
+            let before = a
+                .threads
+                .iter()
+                .find(|x| x.id == t.id)
+                .copied()
+                .unwrap_or_default();
             ThreadBusy {
                 name: name.clone(),
                 cpus: cpus.clone(),
-                busy_pct: d(*ns, before) as f64 / 1e7 / secs,
+                busy_pct: d(t.run_ns, before.run_ns) as f64 / 1e7 / secs,
+                wait_pct: d(t.wait_ns, before.wait_ns) as f64 / 1e7 / secs,
             }
         })
         .collect();
@@ -422,6 +455,12 @@ mod tests {
         assert_eq!(m["insert_failed"], 1);
         assert_eq!(m["invalid"], 2);
         assert_eq!(m["entries"], 16, "the table size, once");
+    }
+
+    #[test]
+    fn schedstat_run_and_wait() {
+        assert_eq!(parse_schedstat2("123 456 7\n"), Some((123, 456)));
+        assert_eq!(parse_schedstat2("123"), None);
     }
 
     #[test]
