@@ -89,9 +89,10 @@ pub struct Command {
     /// Datagrams per sendmmsg call.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..=gen::BATCH_MAX as i64))]
     pub batch: u16,
-    /// Nice value (-20..19) of the generator and NAPI threads: -20 makes them win the CPU
-    /// from other processes, as on a router that runs nothing else (softirq work always
-    /// does). 0 leaves them as they are.
+    /// Nice value (-20..19) of the generator and NAPI threads (0 leaves them as they are).
+    /// With kernel.sched_autogroup_enabled=1 a nice value only counts inside its session, so
+    /// it helps the NAPI kernel threads against other sessions but not the generator: the
+    /// layouts are then no longer compared on equal terms.
     #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = clap::value_parser!(i32).range(-20..=19))]
     pub nice: i32,
     /// Queues per direction of each veth (default: the number of online CPUs).
@@ -108,6 +109,10 @@ pub struct Command {
     /// setting; apply layouts with `corelocal tune` between runs.
     #[arg(long, value_name = "IN,OUT")]
     pub real_ifaces: Option<String>,
+    /// Re-render a saved run: read FILE (a PREFIX.json written before), recompute the
+    /// medians and the verdict, write PREFIX.{json,md,svg} for -o; nothing is measured.
+    #[arg(long, value_name = "FILE")]
+    pub from_json: Option<PathBuf>,
     /// Test hook: leave ip_forward off in the router (nothing must be forwarded).
     #[arg(long, hide = true)]
     pub no_ip_forward: bool,
@@ -232,6 +237,16 @@ pub fn setup(cmd: &Command, topo: &Topology) -> Result<Setup, SweepError> {
 
 /// Runs `corelocal sweep forward`.
 pub fn run(cmd: Command) -> ExitCode {
+    if let Some(path) = &cmd.from_json {
+        return match rerender(path).and_then(|r| write_outputs(&cmd, &r).map(|_| r)) {
+            Ok(r) if complete(&r) => ExitCode::SUCCESS,
+            Ok(_) => ExitCode::from(1),
+            Err(e) => {
+                eprintln!("corelocal sweep forward: {e}");
+                ExitCode::from(2)
+            }
+        };
+    }
     let result = sys::install_stop_handler()
         .map_err(|e| SweepError::Failed(format!("signals: {e}")))
         .and_then(|_| {
@@ -255,6 +270,25 @@ pub fn run(cmd: Command) -> ExitCode {
             }
         }
     }
+}
+
+/// Reads a saved report and recomputes its summaries (medians, quiet rounds, verdicts).
+pub fn rerender(path: &Path) -> Result<ForwardReport, SweepError> {
+    let mut r: ForwardReport = corelocal_tune::load_json(path, "sweep forward report")
+        .map_err(|e| SweepError::Input(e.to_string()))?;
+    if r.format != report::FORMAT {
+        return Err(SweepError::Input(format!(
+            "{}: format {:?}, not {:?}",
+            path.display(),
+            r.format,
+            report::FORMAT
+        )));
+    }
+    for c in &mut r.cells {
+        c.finish();
+    }
+    r.verdicts = report::verdicts(&r.cells);
+    Ok(r)
 }
 
 /// Whether every cell was measured, forwarded something, and was restored.
