@@ -340,6 +340,37 @@ fn stale_namespaces_of_dead_runs_are_removed() {
 }
 
 #[test]
+fn real_interfaces_are_only_measured() {
+    if !corelocal::testing::root_or_skip("real_interfaces_are_only_measured") {
+        return;
+    }
+    let _serial = serial();
+    let before = testbed::HostNet::read();
+    let r = run(&[
+        "--real-ifaces",
+        "lo,lo",
+        "--duration",
+        "300ms",
+        "--rounds",
+        "2",
+    ]);
+    assert_eq!(r.config.mode, "observe");
+    assert_eq!(r.cells.len(), 1);
+    assert_eq!(r.cells[0].name, "as-is");
+    assert_eq!(r.cells[0].samples.len(), 2);
+    assert!(r.cells[0].samples.iter().all(|s| s.applied.is_empty()));
+    assert!(corelocal_sweep::netns::ours_with(testbed::PREFIX).is_empty());
+    assert!(r.host_changed.is_empty());
+    assert!(before.changed(&testbed::HostNet::read()).is_empty());
+    let topo = Topology::host().unwrap();
+    let cli = Cli::parse_from(["forward", "--real-ifaces", "nosuch0,lo"]);
+    assert!(matches!(
+        forward::forward(&cli.cmd, &topo),
+        Err(corelocal_sweep::SweepError::Input(_))
+    ));
+}
+
+#[test]
 fn bad_flags_are_input_errors_and_touch_nothing() {
     let topo = Topology::host().unwrap();
     for args in [

@@ -392,7 +392,7 @@ fn notes(s: &Setup, r: &ForwardReport) -> Vec<String> {
             ));
         }
     }
-    if s.cpus.len() <= 2 {
+    if s.cpus.len() <= 2 && s.config.mode == "netns" {
         n.push(
             "a 2-CPU guest: one CPU for the generator and one for the router is the whole \
              machine; seed 002's router had 6 cores and a separate packet generator"

@@ -336,8 +336,8 @@ pub fn verdicts(cells: &[CellResult]) -> Vec<String> {
         };
         if bp <= 0.0 {
             out.push(format!(
-                "{load}: nothing was forwarded in any layout (ip_forward off in the router, or \
-                 the generator could not send)"
+                "{load}: nothing was forwarded (in the testbed: ip_forward off in the router, \
+                 or the generator could not send)"
             ));
             continue;
         }
