@@ -426,9 +426,11 @@ pub fn apply_layout(
             let report = apply::apply(&fs, &online, &lp.plan, &opts, &snap)
                 .map_err(|e| format!("tune apply in {ns_name}: {e}"))?;
             if report.wrote {
-                applied.snapshot_path = Some(snap);
+                applied.snapshot_path = Some(snap.clone());
             }
             if !report.failures.is_empty() {
+                // Rolled back (OnError::Rollback): the snapshot is no longer needed.
+                let _ = std::fs::remove_file(&snap);
                 let msgs: Vec<String> = report.failures.iter().map(|f| f.message.clone()).collect();
                 return Err(format!("tune apply: {}", msgs.join("; ")));
             }
