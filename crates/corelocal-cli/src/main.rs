@@ -29,8 +29,9 @@ enum Command {
     Bench(corelocal_bench::Command),
     /// Inspect and plan IRQ / RPS / XPS / RFS / RSS layouts.
     Tune(corelocal_tune::Command),
-    /// Flow x application affinity matrix for bulk TCP (seed 003).
-    Sweep(corelocal_sweep::Command),
+    /// Flow x application affinity matrix for bulk TCP (seed 003); `sweep forward`:
+    /// forwarded packets/s under RPS / XPS / NAPI layouts (seed 002).
+    Sweep(corelocal_sweep::SweepCommand),
     /// Live per-core view: CPU, interfaces, listen drops, corelocal workers.
     Top(corelocal_top::Command),
     /// The paper's static file set: `files gen --out DIR`.
@@ -47,7 +48,7 @@ fn main() -> ExitCode {
         Command::Serve(cmd) => serve::run(cmd),
         Command::Bench(cmd) => corelocal_bench::run(cmd),
         Command::Tune(cmd) => corelocal_tune::run(cmd),
-        Command::Sweep(cmd) => corelocal_sweep::run(cmd),
+        Command::Sweep(cmd) => corelocal_sweep::run_sweep(cmd),
         Command::Top(cmd) => corelocal_top::run(cmd),
         Command::Files(cmd) => files::run(cmd),
         Command::Sim(cmd) => sim::run(cmd),

@@ -1,5 +1,6 @@
 //! `corelocal sweep`: the flow × application affinity matrix of seed 003 for a bulk TCP
-//! transfer, on this host.
+//! transfer, on this host; and `corelocal sweep forward` ([`forward`]): seed 002's forwarded
+//! packets per second under RPS / XPS / threaded-NAPI layouts.
 //!
 //! For every (flow CPU, application CPU) pair of a CPU set, receive protocol processing is
 //! placed on the flow CPU — RPS on the receiving end of a veth pair between two private
@@ -13,6 +14,7 @@
 //! unsafe calls (setns, unshare, mount, signals).
 
 pub mod cell;
+pub mod forward;
 pub mod netns;
 pub mod place;
 pub mod placement;
@@ -115,6 +117,34 @@ pub struct Command {
     /// Root of the /proc and /sys trees for topology and IRQs (a fixture in tests).
     #[arg(long, default_value = "/", value_name = "DIR", hide = true)]
     pub root: PathBuf,
+}
+
+/// `corelocal sweep`: the matrix (flags below), or a subcommand.
+#[derive(Debug, Clone, clap::Args)]
+#[command(args_conflicts_with_subcommands = true, after_help = EXAMPLES)]
+pub struct SweepCommand {
+    /// A sweep other than the matrix.
+    #[command(subcommand)]
+    pub action: Option<SweepAction>,
+    /// The matrix's flags.
+    #[command(flatten)]
+    pub matrix: Command,
+}
+
+/// Sweeps other than the flow × application matrix.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum SweepAction {
+    /// Forwarded packets per second of a router in namespaces under RPS / XPS / threaded
+    /// NAPI layouts (seed 002).
+    Forward(forward::Command),
+}
+
+/// Runs `corelocal sweep [forward]`.
+pub fn run_sweep(cmd: SweepCommand) -> ExitCode {
+    match cmd.action {
+        Some(SweepAction::Forward(f)) => forward::run(f),
+        None => run(cmd.matrix),
+    }
 }
 
 /// Parses `500ms`, `3s`, `2m`, `1h` or a bare number of seconds.

@@ -146,18 +146,29 @@ impl VethPair {
 
 /// The pid in a namespace name made by this crate (`clsweep-PID-...`).
 pub fn owner_pid(name: &str) -> Option<u32> {
-    name.strip_prefix(PREFIX)?.split('-').next()?.parse().ok()
+    owner_pid_with(PREFIX, name)
+}
+
+/// The pid in a namespace name `PREFIX PID-...`.
+pub fn owner_pid_with(prefix: &str, name: &str) -> Option<u32> {
+    name.strip_prefix(prefix)?.split('-').next()?.parse().ok()
 }
 
 /// Deletes `clsweep-*` namespaces whose creating process is gone; returns their names.
 pub fn remove_stale() -> Vec<String> {
+    remove_stale_with(PREFIX)
+}
+
+/// Deletes namespaces named `prefix PID-...` whose creating process is gone; returns their
+/// names.
+pub fn remove_stale_with(prefix: &str) -> Vec<String> {
     let Ok(entries) = std::fs::read_dir("/run/netns") else {
         return Vec::new();
     };
     let mut removed = Vec::new();
     for e in entries.flatten().take(4096) {
         let name = e.file_name().to_string_lossy().into_owned();
-        let Some(pid) = owner_pid(&name) else {
+        let Some(pid) = owner_pid_with(prefix, &name) else {
             continue;
         };
         if std::path::Path::new(&format!("/proc/{pid}")).exists() {
@@ -172,6 +183,11 @@ pub fn remove_stale() -> Vec<String> {
 
 /// Namespaces of this crate that exist now (for tests and diagnostics).
 pub fn ours() -> Vec<String> {
+    ours_with(PREFIX)
+}
+
+/// Namespaces whose name starts with `prefix` that exist now.
+pub fn ours_with(prefix: &str) -> Vec<String> {
     let Ok(entries) = std::fs::read_dir("/run/netns") else {
         return Vec::new();
     };
@@ -179,7 +195,7 @@ pub fn ours() -> Vec<String> {
         .flatten()
         .take(4096)
         .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with(PREFIX))
+        .filter(|n| n.starts_with(prefix))
         .collect()
 }
 

@@ -182,7 +182,8 @@ pub fn text(r: &Report) -> String {
     s
 }
 
-fn esc(t: &str) -> String {
+/// `t` escaped for SVG/XML text.
+pub fn esc(t: &str) -> String {
     t.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")

@@ -1,11 +1,13 @@
 //! `corelocal top`: a live per-core view refreshed every second — per CPU user/sys/irq/softirq/
-//! idle and softnet work, per interface packets/s and bits/s with its RX steering (like seed
-//! 002's ifstat2), listen overflows/drops and softnet drops/time_squeeze, and per corelocal
-//! worker accepted local/stolen, queue length and busy (`--server-stats`).
+//! idle, softnet work, NET_RX softirq runs and RPS IPIs received, per interface packets/s and
+//! bits/s with its RX steering (like seed 002's ifstat2; of another network namespace with
+//! `--netns`, e.g. `sweep forward`'s router), listen overflows/drops and softnet
+//! drops/time_squeeze, and per corelocal worker accepted local/stolen, queue length and busy
+//! (`--server-stats`).
 //!
 //! Layout: [`corelocal::procfs`] and [`server`] parse (pure); [`sample`] reads a root and
-//! computes rates; [`render`] lays out 80 columns; [`sys`] holds the terminal calls (the only
-//! `unsafe`).
+//! computes rates; [`render`] lays out 80 columns; [`sys`] holds the terminal calls and the
+//! namespace join (the only `unsafe`).
 
 pub mod render;
 pub mod sample;
@@ -31,6 +33,7 @@ Examples:
   corelocal top --json --once | jq .cpus          # one JSON object, for scripts
   corelocal top --json --count 10                 # ten JSON lines, one per second
   corelocal top --root tests/fixtures/vm-0 --once # read /proc and /sys from a fixture
+  corelocal top --netns 'clfwd-*-r'               # the router of a running `sweep forward`
 
 Exit codes: 0 done; 1 the terminal or a file failed; 2 bad flags.";
 
@@ -57,6 +60,12 @@ pub struct Command {
     /// Root of the /proc and /sys trees read (a fixture directory in tests).
     #[arg(long, default_value = "/", value_name = "DIR")]
     pub root: PathBuf,
+    /// Show the interfaces (rates, RX queues, RPS) and TCP counters of this network
+    /// namespace under /run/netns instead of the host's; `*` matches any characters and the
+    /// newest match is taken at each refresh (`--netns 'clfwd-*-r'` follows `sweep forward`'s
+    /// router from cell to cell). CPU, softirq and softnet numbers are host-wide either way.
+    #[arg(long, value_name = "NAME")]
+    pub netns: Option<String>,
     /// Test hook: panic after the first frame (checks the terminal is restored on panic).
     #[arg(long, hide = true)]
     pub panic_after_frame: bool,
@@ -74,6 +83,7 @@ pub fn run(cmd: Command) -> ExitCode {
     let src = Source {
         root: cmd.root.clone(),
         server_stats: cmd.server_stats.clone(),
+        netns: cmd.netns.clone(),
     };
     let result = if cmd.once || cmd.json || !sys::is_tty(libc::STDOUT_FILENO) {
         stream(&cmd, &src, interval)

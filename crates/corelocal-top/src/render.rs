@@ -75,10 +75,12 @@ pub fn frame(v: &View, title: &str, interactive: bool) -> Vec<String> {
 }
 
 fn cpus(v: &View, out: &mut Vec<String>) {
-    out.push("CPU   user%  sys%  irq% sirq% idle%  softnet/s   drops/s squeeze/s".to_string());
+    out.push(
+        "CPU   user%  sys%  irq% sirq% idle% softnet/s drops/s sqz/s netrx/s  ipi/s".to_string(),
+    );
     for c in &v.cpus {
         out.push(format!(
-            "{:>3} {:>7.1} {:>5.1} {:>5.1} {:>5.1} {:>5.1} {:>10} {:>9} {:>9}",
+            "{:>3} {:>7.1} {:>5.1} {:>5.1} {:>5.1} {:>5.1} {:>9} {:>7} {:>5} {:>7} {:>6}",
             c.cpu,
             c.user,
             c.sys,
@@ -87,12 +89,19 @@ fn cpus(v: &View, out: &mut Vec<String>) {
             c.idle,
             human(c.softnet_pps),
             human(c.drops_ps),
-            human(c.squeeze_ps)
+            human(c.squeeze_ps),
+            human(c.net_rx_ps),
+            human(c.rps_ipis_ps)
         ));
     }
 }
 
 fn interfaces(v: &View, out: &mut Vec<String>) {
+    match &v.netns {
+        Some(Ok(name)) => out.push(format!("interfaces of network namespace {name}")),
+        Some(Err(e)) => out.push(e.clone()),
+        None => {}
+    }
     out.push(
         "IFACE          rx pkt/s rx bit/s tx pkt/s tx bit/s  rxq rps       irq cpus".to_string(),
     );

@@ -39,6 +39,10 @@ pub struct Sample {
     pub counters: BTreeMap<String, u64>,
     /// Per CPU softnet.
     pub softnet: Vec<Softnet>,
+    /// Per CPU NET_RX softirq runs (`/proc/softirqs`).
+    pub net_rx: Vec<(usize, u64)>,
+    /// The namespace shown (`--netns`), or why it could not be read.
+    pub netns: Option<Result<String, String>>,
     /// Load averages.
     pub loadavg: Option<[f64; 3]>,
     /// Steering per interface name.
@@ -54,6 +58,108 @@ pub struct Source {
     pub root: PathBuf,
     /// The server's stats file.
     pub server_stats: Option<PathBuf>,
+    /// Interfaces and TCP counters of this network namespace (a name under /run/netns, `*`
+    /// matching any characters; the newest match is taken at each refresh) instead of the
+    /// root's. CPU and softnet numbers stay host-wide.
+    pub netns: Option<String>,
+}
+
+/// Whether `name` matches `pattern`, where `*` matches any run of characters.
+pub fn glob_match(pattern: &str, name: &str) -> bool {
+    let parts: Vec<&str> = pattern.split('*').collect();
+    if parts.len() == 1 {
+        return pattern == name;
+    }
+    let (first, last) = (parts[0], parts[parts.len() - 1]);
+    if !name.starts_with(first) || name.len() < first.len() + last.len() || !name.ends_with(last) {
+        return false;
+    }
+    let mut rest = &name[first.len()..name.len() - last.len()];
+    for p in &parts[1..parts.len() - 1] {
+        match rest.find(p) {
+            Some(i) => rest = &rest[i + p.len()..],
+            None => return false,
+        }
+    }
+    true
+}
+
+/// The namespace `pattern` names now: itself when it has no `*`, else the most recently
+/// created match under /run/netns.
+pub fn resolve_netns(pattern: &str) -> Option<String> {
+    if !pattern.contains('*') {
+        return std::path::Path::new("/run/netns")
+            .join(pattern)
+            .exists()
+            .then(|| pattern.to_string());
+    }
+    std::fs::read_dir("/run/netns")
+        .ok()?
+        .flatten()
+        .take(4096)
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let made = e.metadata().and_then(|m| m.modified()).ok()?;
+            glob_match(pattern, &name).then_some((made, name))
+        })
+        .max()
+        .map(|(_, n)| n)
+}
+
+/// What is read inside a namespace.
+struct NetRead {
+    dev: String,
+    netstat: String,
+    steer: BTreeMap<String, Steer>,
+}
+
+/// Reads the namespace's interfaces, counters and steering from a short-lived thread that
+/// joins it (and drops it on exit, so its owner can delete it).
+fn read_netns(name: &str) -> Result<NetRead, String> {
+    let name = name.to_string();
+    std::thread::Builder::new()
+        .name("top-netns".into())
+        .spawn(move || {
+            crate::sys::enter_netns_with_sysfs(&name).map_err(|e| format!("netns {name}: {e}"))?;
+            let fs = RootFs::new("/");
+            let read = |p: &str| procfs::read_text(std::path::Path::new(p)).unwrap_or_default();
+            let dev = read("/proc/thread-self/net/dev");
+            let lines = state::parse_interrupts(&read("/proc/interrupts"));
+            let steer = procfs::parse_net_dev(&dev)
+                .iter()
+                .take(STEER_IFS_MAX)
+                .map(|i| (i.name.clone(), steer_of(&fs, &i.name, &lines)))
+                .collect();
+            Ok(NetRead {
+                netstat: read("/proc/thread-self/net/netstat"),
+                dev,
+                steer,
+            })
+        })
+        .map_err(|e| e.to_string())?
+        .join()
+        .map_err(|_| "the netns reader panicked".to_string())?
+}
+
+/// The NET_RX row of `/proc/softirqs`: (CPU, count).
+pub fn parse_net_rx(text: &str) -> Vec<(usize, u64)> {
+    let mut lines = text.lines();
+    let Some(header) = lines.next() else {
+        return Vec::new();
+    };
+    let cpus: Vec<usize> = header
+        .split_whitespace()
+        .filter_map(|c| c.strip_prefix("CPU")?.parse().ok())
+        .collect();
+    lines
+        .find_map(|l| l.trim_start().strip_prefix("NET_RX:"))
+        .map(|row| {
+            cpus.iter()
+                .zip(row.split_whitespace())
+                .map(|(c, v)| (*c, v.parse().unwrap_or(0)))
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 fn steer_of(fs: &RootFs, name: &str, lines: &[state::InterruptLine]) -> Steer {
@@ -80,14 +186,31 @@ impl Sample {
     pub fn read(src: &Source) -> Sample {
         let fs = RootFs::new(&src.root);
         let read = |rel: &str| fs.read(rel).unwrap_or_default();
-        let ifs = procfs::parse_net_dev(&read("proc/net/dev"));
-        let lines = state::parse_interrupts(&read("proc/interrupts"));
-        let steer = ifs
-            .iter()
-            .take(STEER_IFS_MAX)
-            .map(|i| (i.name.clone(), steer_of(&fs, &i.name, &lines)))
-            .collect();
-        let mut counters = procfs::parse_counters(&read("proc/net/netstat"));
+        let (ifs, steer, netstat, netns) = match &src.netns {
+            None => {
+                let ifs = procfs::parse_net_dev(&read("proc/net/dev"));
+                let lines = state::parse_interrupts(&read("proc/interrupts"));
+                let steer = ifs
+                    .iter()
+                    .take(STEER_IFS_MAX)
+                    .map(|i| (i.name.clone(), steer_of(&fs, &i.name, &lines)))
+                    .collect();
+                (ifs, steer, read("proc/net/netstat"), None)
+            }
+            Some(pattern) => match resolve_netns(pattern)
+                .ok_or_else(|| format!("no network namespace matches {pattern}"))
+                .and_then(|name| read_netns(&name).map(|r| (name, r)))
+            {
+                Ok((name, r)) => (
+                    procfs::parse_net_dev(&r.dev),
+                    r.steer,
+                    r.netstat,
+                    Some(Ok(name)),
+                ),
+                Err(e) => (Vec::new(), BTreeMap::new(), String::new(), Some(Err(e))),
+            },
+        };
+        let mut counters = procfs::parse_counters(&netstat);
         counters.retain(|k, _| k.starts_with("TcpExt:"));
         Sample {
             at: Instant::now(),
@@ -95,6 +218,8 @@ impl Sample {
             ifs,
             counters,
             softnet: procfs::parse_softnet(&read("proc/net/softnet_stat")),
+            net_rx: parse_net_rx(&read("proc/softirqs")),
+            netns,
             loadavg: procfs::parse_loadavg(&read("proc/loadavg")),
             steer,
             server: src.server_stats.as_ref().map(|p| server::read(p)),
@@ -123,6 +248,10 @@ pub struct CpuRow {
     pub drops_ps: f64,
     /// time_squeeze per second.
     pub squeeze_ps: f64,
+    /// NET_RX softirq runs per second (`/proc/softirqs`).
+    pub net_rx_ps: f64,
+    /// RPS IPIs received per second (softnet_stat).
+    pub rps_ipis_ps: f64,
 }
 
 /// One interface's row.
@@ -188,6 +317,8 @@ pub struct View {
     pub workers: Option<Vec<WorkerRow>>,
     /// Why the server's stats could not be read.
     pub server_error: Option<String>,
+    /// The namespace whose interfaces are shown (`--netns`), or why none could be read.
+    pub netns: Option<Result<String, String>>,
 }
 
 fn rate(now: u64, before: u64, secs: f64) -> f64 {
@@ -202,6 +333,7 @@ fn cpu_rows(a: &Sample, b: &Sample, secs: f64) -> Vec<CpuRow> {
             let p = t.since(&before).percent();
             let sn = |s: &Sample| s.softnet.iter().find(|x| x.cpu == *cpu).copied();
             let (sa, sb) = (sn(a).unwrap_or_default(), sn(b).unwrap_or_default());
+            let rx = |s: &Sample| s.net_rx.iter().find(|x| x.0 == *cpu).map_or(0, |x| x.1);
             CpuRow {
                 cpu: *cpu,
                 user: p.user,
@@ -212,6 +344,8 @@ fn cpu_rows(a: &Sample, b: &Sample, secs: f64) -> Vec<CpuRow> {
                 softnet_pps: rate(sb.processed, sa.processed, secs),
                 drops_ps: rate(sb.dropped, sa.dropped, secs),
                 squeeze_ps: rate(sb.time_squeeze, sa.time_squeeze, secs),
+                net_rx_ps: rate(rx(b), rx(a), secs),
+                rps_ipis_ps: rate(sb.received_rps, sa.received_rps, secs),
             }
         })
         .collect()
@@ -283,6 +417,27 @@ impl View {
             drops,
             workers,
             server_error,
+            netns: b.netns.clone(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn globs_and_net_rx() {
+        assert!(glob_match("clfwd-*-r", "clfwd-123-4-r"));
+        assert!(!glob_match("clfwd-*-r", "clfwd-123-4-g"));
+        assert!(glob_match("a*b*c", "axxbyyc") && !glob_match("a*b*c", "acb"));
+        assert!(glob_match("exact", "exact") && !glob_match("exact", "exactly"));
+        assert!(glob_match("*", "anything"));
+        assert!(
+            !glob_match("ab*ba", "aba"),
+            "prefix and suffix may not overlap"
+        );
+        let t = "       CPU0  CPU1\n HI: 0 0\n NET_RX:  7  9\n";
+        assert_eq!(parse_net_rx(t), vec![(0, 7), (1, 9)]);
     }
 }

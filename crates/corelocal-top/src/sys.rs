@@ -146,3 +146,46 @@ pub fn install_stop_handler() -> io::Result<()> {
 pub fn stop_requested() -> bool {
     STOP.load(Ordering::SeqCst)
 }
+
+fn check(rc: libc::c_int) -> io::Result<()> {
+    if rc == -1 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// Moves the calling thread (only) into the network namespace bound at `/run/netns/NAME`,
+/// gives it a private mount namespace (a slave of the host's: nothing propagates back) and
+/// mounts a fresh sysfs on `/sys` there, so `/sys/class/net` and `/proc/thread-self/net` show
+/// that namespace. Meant for a short-lived thread: its exit drops every reference, so the
+/// namespace can go away when its owner deletes it.
+pub fn enter_netns_with_sysfs(name: &str) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let file = std::fs::File::open(std::path::Path::new("/run/netns").join(name))?;
+    // SAFETY: the fd is open for the whole call; setns changes only this thread's namespace.
+    check(unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) })?;
+    // SAFETY: CLONE_NEWNS implies CLONE_FS; both unshare only this thread's fs/mount state.
+    check(unsafe { libc::unshare(libc::CLONE_NEWNS) })?;
+    // SAFETY: NUL-terminated literals; a NULL source/type/data is allowed for a propagation
+    // change, which affects only this thread's new mount namespace.
+    check(unsafe {
+        libc::mount(
+            std::ptr::null(),
+            c"/".as_ptr(),
+            std::ptr::null(),
+            libc::MS_REC | libc::MS_SLAVE,
+            std::ptr::null(),
+        )
+    })?;
+    // SAFETY: as above; the new sysfs is mounted only in this thread's mount namespace.
+    check(unsafe {
+        libc::mount(
+            c"sysfs".as_ptr(),
+            c"/sys".as_ptr(),
+            c"sysfs".as_ptr(),
+            0,
+            std::ptr::null(),
+        )
+    })
+}

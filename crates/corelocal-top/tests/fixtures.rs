@@ -34,6 +34,7 @@ fn view(tag: &str) -> View {
     let src = |r: &Path| Source {
         root: r.to_path_buf(),
         server_stats: None,
+        netns: None,
     };
     let a = Sample::read(&src(&r0));
     let mut b = Sample::read(&src(&r1));
@@ -105,6 +106,7 @@ fn steering_columns_come_from_sysfs() {
     let s = Sample::read(&Source {
         root: dir.clone(),
         server_stats: None,
+        netns: None,
     });
     let st = &s.steer["eth0"];
     assert_eq!(st.rx_queues, 1);
@@ -122,6 +124,7 @@ fn workers_with_and_without_balancer_fields() {
     let src = Source {
         root: dir.clone(),
         server_stats: Some(stats.clone()),
+        netns: None,
     };
     let a = Sample::read(&src);
     let line1 = line0.replace("\"accepted\":100", "\"accepted\":300");
@@ -179,4 +182,38 @@ fn binary_json_once_and_bad_flags() {
         assert_eq!(out.status.code(), Some(2), "{bad:?}");
     }
     std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// `--netns`: the interfaces of a namespace, read from a thread that joins it and leaves;
+/// the namespace can be deleted right after. Needs root (skips otherwise, not under CI=true).
+#[test]
+fn netns_interfaces_are_read_from_inside_the_namespace() {
+    if !corelocal::testing::root_or_skip("netns_interfaces_are_read_from_inside_the_namespace") {
+        return;
+    }
+    let ns = format!("cltop-{}", std::process::id());
+    corelocal::testing::sh(&format!(
+        "ip netns add {ns} && ip -n {ns} link add tq0 numrxqueues 2 type veth peer name tq1 && \
+         ip -n {ns} link set tq0 up && ip -n {ns} link set tq1 up"
+    ));
+    let src = Source {
+        root: PathBuf::from("/"),
+        server_stats: None,
+        netns: Some("cltop-*".into()),
+    };
+    let s = Sample::read(&src);
+    corelocal::testing::sh(&format!("ip netns del {ns}"));
+    assert_eq!(s.netns, Some(Ok(ns.clone())));
+    let names: Vec<&str> = s.ifs.iter().map(|i| i.name.as_str()).collect();
+    assert!(
+        names.contains(&"tq0") && names.contains(&"tq1"),
+        "{names:?}"
+    );
+    assert_eq!(s.steer["tq0"].rx_queues, 2, "sysfs of the namespace");
+    let gone = Sample::read(&Source {
+        netns: Some(ns.clone()),
+        ..src
+    });
+    assert!(gone.ifs.is_empty());
+    assert!(matches!(gone.netns, Some(Err(_))));
 }
