@@ -6,13 +6,59 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use corelocal::runtime::{CloseReason, Handler, Output, Step};
+use corelocal_proto::memcache::meta::{self as mp, MetaOp};
 use corelocal_proto::memcache::{
     self, data_chunk_ok, expiry_unix, line_overflow, next_line, parse_line, write_line,
     write_value, Command, Overflow, Stats, StoreOp,
 };
 
+use super::meta::{write_ms_reply, MetaAnswer};
 use super::store::{Arith, Now, Put, Stored};
 use super::Inner;
+
+/// A storage command line (text `set`… or meta `ms`), before its data.
+struct StoreLine<'a> {
+    op: StoreOp,
+    key: &'a [u8],
+    flags: u32,
+    exptime: i32,
+    bytes: usize,
+    cas: u64,
+    noreply: bool,
+    invalidate: bool,
+    /// `ms`: how to reply (`None`: the text protocol's STORED…).
+    meta: Option<MetaAnswer>,
+}
+
+impl<'a> StoreLine<'a> {
+    fn text(st: &memcache::Store<'a>) -> StoreLine<'a> {
+        StoreLine {
+            op: st.op,
+            key: st.key,
+            flags: st.flags,
+            exptime: st.exptime,
+            bytes: st.bytes,
+            cas: st.cas,
+            noreply: st.noreply,
+            invalidate: false,
+            meta: None,
+        }
+    }
+
+    fn meta(req: &'a mp::MetaRequest<'_>) -> StoreLine<'a> {
+        StoreLine {
+            op: req.store_op,
+            key: req.key.bytes(),
+            flags: req.flags.client_flags,
+            exptime: req.flags.ttl.unwrap_or(0),
+            bytes: req.datalen,
+            cas: req.flags.cas.unwrap_or(0),
+            noreply: false,
+            invalidate: req.flags.invalidate,
+            meta: Some(MetaAnswer::new(req)),
+        }
+    }
+}
 
 /// A storage command whose data is still arriving.
 struct Pending {
@@ -22,6 +68,8 @@ struct Pending {
     exp: u64,
     cas: u64,
     noreply: bool,
+    invalidate: bool,
+    meta: Option<MetaAnswer>,
     /// Data plus its `\r\n` (capacity reserved up front: bounded by the item size limit).
     chunk: Vec<u8>,
     chunk_len: usize,
@@ -58,7 +106,7 @@ impl KvConn {
     /// Handles a storage line; `after` is the input following it. Returns bytes consumed.
     fn begin_store(
         &mut self,
-        st: &memcache::Store<'_>,
+        st: StoreLine<'_>,
         after: &[u8],
         out: &mut Output,
         now: Now,
@@ -66,9 +114,11 @@ impl KvConn {
         let store = &self.inner.store;
         let chunk_len = st.bytes + 2;
         if store.too_large(st.key, st.flags, st.bytes) {
-            reply(out, memcache::TOO_LARGE, st.noreply);
-            // memcached drops the old value of a failed set rather than leave it stale.
-            if st.op == StoreOp::Set {
+            // Meta commands always answer errors.
+            reply(out, memcache::TOO_LARGE, st.noreply && st.meta.is_none());
+            // memcached drops the old value of a failed set rather than leave it stale (`ms`:
+            // whatever its mode).
+            if st.op == StoreOp::Set || st.meta.is_some() {
                 store.delete(st.key, now);
             }
             let taken = chunk_len.min(after.len());
@@ -86,9 +136,11 @@ impl KvConn {
                 exp,
                 data: &after[..chunk_len],
                 cas: self.inner.cas_of(st.cas),
+                invalidate: st.invalidate,
+                key_binary: st.meta.as_ref().is_some_and(|m| m.key_binary),
             };
             let r = self.inner.store_chunk(put, now);
-            reply(out, r, st.noreply);
+            answer_store(out, r, st.key, st.noreply, st.meta.as_ref());
             return chunk_len;
         }
         let mut chunk = Vec::with_capacity(chunk_len);
@@ -100,6 +152,8 @@ impl KvConn {
             exp,
             cas: self.inner.cas_of(st.cas),
             noreply: st.noreply,
+            invalidate: st.invalidate,
+            meta: st.meta,
             chunk,
             chunk_len,
         }));
@@ -130,12 +184,43 @@ impl KvConn {
                         exp: p.exp,
                         data: &p.chunk,
                         cas: p.cas,
+                        invalidate: p.invalidate,
+                        key_binary: p.meta.as_ref().is_some_and(|m| m.key_binary),
                     };
                     let r = self.inner.store_chunk(put, now);
-                    reply(out, r, p.noreply);
+                    answer_store(out, r, &p.key, p.noreply, p.meta.as_ref());
                     self.state = State::Line;
                 }
                 n
+            }
+        }
+    }
+
+    /// A meta command line; `after` is the input following it (an `ms`'s data). Returns the
+    /// bytes of `after` consumed.
+    fn meta_line(
+        &mut self,
+        op: MetaOp,
+        line: &[u8],
+        after: &[u8],
+        out: &mut Output,
+        now: Now,
+    ) -> usize {
+        match mp::parse(op, line) {
+            Err(e) => {
+                write_line(out.bytes_mut(), e.reply);
+                let taken = e.swallow.min(after.len());
+                if taken < e.swallow {
+                    self.state = State::Swallow((e.swallow - taken) as u64);
+                }
+                taken
+            }
+            Ok(req) if op == MetaOp::Set => {
+                self.begin_store(StoreLine::meta(&req), after, out, now)
+            }
+            Ok(req) => {
+                self.inner.meta(&req, out.bytes_mut(), now);
+                0
             }
         }
     }
@@ -205,6 +290,7 @@ impl KvConn {
             Command::Verbosity { noreply } => reply(out, "OK", noreply),
             Command::Stats(which) => inner.stats(which, out.bytes_mut(), now),
             Command::MetaNoop => write_line(out.bytes_mut(), "MN"),
+            Command::Meta { .. } => unreachable!("meta commands are handled by meta_line"),
             Command::Quit | Command::CrossProtocol => {}
         }
     }
@@ -237,16 +323,37 @@ impl From<Stored> for &'static str {
     }
 }
 
-/// What a complete data chunk yields: a store outcome, or a bad chunk.
+/// What a complete data chunk yields: a store outcome (and the new CAS unique), or a bad
+/// chunk.
 enum ChunkResult {
-    Stored(Stored),
+    Stored(Stored, u64),
     BadChunk,
+}
+
+/// Answers a storage command: the text protocol's line (unless `noreply`), or `ms`'s reply.
+fn answer_store(
+    out: &mut Output,
+    r: ChunkResult,
+    key: &[u8],
+    noreply: bool,
+    meta: Option<&MetaAnswer>,
+) {
+    match meta {
+        None => reply(out, r, noreply),
+        Some(m) => {
+            let (result, cas) = match r {
+                ChunkResult::Stored(s, cas) => (Ok(s), cas),
+                ChunkResult::BadChunk => (Err(memcache::BAD_CHUNK), 0),
+            };
+            write_ms_reply(out.bytes_mut(), result, cas, key, m);
+        }
+    }
 }
 
 impl From<ChunkResult> for &'static str {
     fn from(r: ChunkResult) -> &'static str {
         match r {
-            ChunkResult::Stored(s) => s.into(),
+            ChunkResult::Stored(s, _) => s.into(),
             ChunkResult::BadChunk => memcache::BAD_CHUNK,
         }
     }
@@ -269,7 +376,8 @@ impl Inner {
             return ChunkResult::BadChunk;
         }
         put.data = &put.data[..put.data.len() - 2];
-        ChunkResult::Stored(self.store.store(&put, now))
+        let (stored, cas) = self.store.store_cas(&put, now);
+        ChunkResult::Stored(stored, cas)
     }
 
     fn flush(&self, delay: i32, now: Now) {
@@ -416,7 +524,11 @@ impl Handler for KvConn {
                     return Step::close(input.len(), requests, CloseReason::BadRequest);
                 }
                 Ok(Command::Store(st)) => {
-                    consumed += self.begin_store(&st, &input[consumed..], out, now);
+                    consumed +=
+                        self.begin_store(StoreLine::text(&st), &input[consumed..], out, now);
+                }
+                Ok(Command::Meta { op, line }) => {
+                    consumed += self.meta_line(op, line, &input[consumed..], out, now);
                 }
                 Ok(cmd) => self.execute(cmd, out, now),
             }

@@ -2,11 +2,14 @@
 //!
 //! [`KvService`] speaks the memcached text protocol (get/gets/gat/gats, set/add/replace/
 //! append/prepend/cas, delete, incr/decr, touch, flush_all, version, verbosity, stats, quit,
-//! `noreply`) over a [`store::Store`] shared by every worker: striped locks, each stripe its
+//! `noreply`) and its meta protocol (mg/ms/md/ma/me/mn) over a [`store::Store`] shared by every worker: striped locks, each stripe its
 //! own LRU and byte budget. Replies — errors included — are byte-identical to memcached
 //! 1.6.18's for the cases in the tests (checked against a live memcached).
 
 mod conn;
+mod meta;
+#[cfg(test)]
+mod meta_tests;
 pub mod store;
 #[cfg(test)]
 mod tests;
@@ -17,6 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use corelocal::runtime::{ConnInfo, Service};
+use corelocal_proto::memcache::slabs::SlabClasses;
 use corelocal_proto::memcache::Limits;
 
 pub use conn::KvConn;
@@ -45,7 +49,7 @@ pub struct KvConfig {
     /// allowed`), so that a client cannot empty a cache others share.
     pub flush_enabled: bool,
     /// CAS uniques kept (memcached `-C` turns them off: `gets` reports 0, `cas` of a present
-    /// item always stores, and `flush_all` can only tell items apart by the second they were
+    /// item answers EXISTS, and `flush_all` can only tell items apart by the second they were
     /// stored in, so an item stored in the same second as a flush is flushed too).
     pub cas_enabled: bool,
 }
@@ -74,6 +78,8 @@ struct Inner {
     /// Unix seconds at creation (memcached's `process_started`, for absolute expiry times).
     started_unix: u64,
     pid: u32,
+    /// memcached's slab classes, for reporting (`me`, `stats items|slabs`).
+    slabs: SlabClasses,
     curr_connections: AtomicU64,
     total_connections: AtomicU64,
     cmd_flush: AtomicU64,
@@ -88,6 +94,18 @@ impl Inner {
         Now {
             unix: (self.wall_base + since).as_secs(),
             ns: u64::try_from(since_second.as_nanos()).unwrap_or(u64::MAX),
+        }
+    }
+
+    /// memcached's relative clock for a unix time: seconds since its `process_started`, which
+    /// it sets 62 s before it starts; its "already expired" time 1 stays 1. (Remaining TTLs
+    /// are differences of these, in 32 bits, as memcached prints them.)
+    fn rel_time(&self, unix: u64) -> u32 {
+        let base = self.started_unix.saturating_sub(62);
+        if unix <= base {
+            1
+        } else {
+            (unix - base) as u32
         }
     }
 
@@ -145,6 +163,7 @@ impl KvService {
             config.stripes,
         )
         .with_cas(config.cas_enabled);
+        let slabs = SlabClasses::new(48, 1.25, 512 * 1024, config.item_bytes_max);
         Ok(KvService {
             inner: Arc::new(Inner {
                 config,
@@ -153,6 +172,7 @@ impl KvService {
                 instant_base,
                 started_unix: wall_since_epoch.as_secs(),
                 pid: std::process::id(),
+                slabs,
                 curr_connections: AtomicU64::new(0),
                 total_connections: AtomicU64::new(0),
                 cmd_flush: AtomicU64::new(0),

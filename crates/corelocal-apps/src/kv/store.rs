@@ -29,6 +29,15 @@ pub struct Now {
     pub ns: u64,
 }
 
+/// [`Slot::bits`]: fetched since stored (memcached's `ITEM_FETCHED`).
+const FETCHED: u8 = 1;
+/// Marked stale by `md I` or an `ms I` with an older CAS (`ITEM_STALE`).
+const STALE: u8 = 2;
+/// A client was told it won the recache (`W`); later ones see `Z` (`ITEM_TOKEN_SENT`).
+const TOKEN_SENT: u8 = 4;
+/// Stored by `ms` with a base64 key (`b`): `mg k` returns it encoded (`ITEM_KEY_BINARY`).
+const KEY_BINARY: u8 = 8;
+
 /// One stored item.
 struct Slot {
     key: Box<[u8]>,
@@ -38,6 +47,10 @@ struct Slot {
     exp: u64,
     cas: u64,
     stored_ns: u64,
+    /// Unix seconds of the last access (store or fetch): `mg l`, `me la=`.
+    atime: u64,
+    /// [`FETCHED`], [`STALE`], [`TOKEN_SENT`], [`KEY_BINARY`].
+    bits: u8,
     prev: u32,
     next: u32,
 }
@@ -141,8 +154,13 @@ pub struct Put<'a> {
     pub exp: u64,
     /// The value.
     pub data: &'a [u8],
-    /// CAS unique to compare (`cas` only).
+    /// CAS unique to compare (`cas`; `ms` append/prepend with `C`); 0: none.
     pub cas: u64,
+    /// `ms I` with `C`: a CAS lower than the item's stores the value as stale (keeping the
+    /// item's expiry) instead of failing.
+    pub invalidate: bool,
+    /// The key was sent base64-encoded (`ms b`).
+    pub key_binary: bool,
 }
 
 /// Outcome of a storage command.
@@ -324,6 +342,8 @@ impl Store {
         s.counters.get_hits += 1;
         s.bump(i);
         let slot = &mut s.slots[i as usize];
+        slot.bits |= FETCHED;
+        slot.atime = now.unix;
         if let Some(exp) = touch_exp {
             slot.exp = exp;
         }
@@ -336,6 +356,11 @@ impl Store {
 
     /// A storage command with its data.
     pub fn store(&self, put: &Put<'_>, now: Now) -> Stored {
+        self.store_cas(put, now).0
+    }
+
+    /// A storage command with its data; also the stored item's CAS unique (0 unless stored).
+    pub fn store_cas(&self, put: &Put<'_>, now: Now) -> (Stored, u64) {
         let Put {
             op,
             key,
@@ -343,23 +368,33 @@ impl Store {
             exp,
             data,
             cas,
+            invalidate,
+            key_binary,
         } = *put;
         let flush = self.flush_at();
         let item_max = self.item_bytes_max;
         let mut s = self.stripe(key);
         s.counters.cmd_set += 1;
         let present = s.live(key, now, flush, self.flush_slack_ns, false);
+        let mut bits = if key_binary { KEY_BINARY } else { 0 };
+        let mut exp = exp;
         let value = match (op, present) {
             (StoreOp::Set, _) => data.to_vec(),
             (StoreOp::Add, Some(i)) => {
                 s.bump(i);
-                return Stored::NotStored;
+                return (Stored::NotStored, 0);
             }
             (StoreOp::Add, None) => data.to_vec(),
             (StoreOp::Replace | StoreOp::Append | StoreOp::Prepend, None) => {
-                return Stored::NotStored
+                return (Stored::NotStored, 0)
             }
             (StoreOp::Replace, Some(_)) => data.to_vec(),
+            // memcached compares a CAS given with append/prepend (`ms MA C…`): equal or none.
+            (StoreOp::Append | StoreOp::Prepend, Some(i))
+                if cas != 0 && s.slots[i as usize].cas != cas =>
+            {
+                return (Stored::Exists, 0);
+            }
             (StoreOp::Append | StoreOp::Prepend, Some(i)) => {
                 let old = &s.slots[i as usize];
                 let mut v = Vec::with_capacity(old.value.len() + data.len());
@@ -373,27 +408,45 @@ impl Store {
                 // memcached keeps the old flags and expiry, and answers NOT_STORED when the
                 // combined value does not fit.
                 if memcache::item_size(key.len(), old.flags, v.len()) > item_max {
-                    return Stored::NotStored;
+                    return (Stored::NotStored, 0);
                 }
                 let (flags, exp) = (old.flags, old.exp);
-                return s.put(key, v, flags, exp, now);
+                return s.put_bits(key, v, flags, exp, bits, now);
             }
             (StoreOp::Cas, None) => {
                 s.counters.cas_misses += 1;
-                return Stored::NotFound;
+                return (Stored::NotFound, 0);
             }
-            // Without CAS the item's unique is 0 and so is the command's (memcached stores it
-            // in an item that has no room for one): always equal.
-            (StoreOp::Cas, Some(i)) if s.cas_enabled && s.slots[i as usize].cas != cas => {
-                s.counters.cas_badval += 1;
-                return Stored::Exists;
-            }
-            (StoreOp::Cas, Some(_)) => {
-                s.counters.cas_hits += 1;
+            (StoreOp::Cas, Some(i)) => {
+                let (old_cas, old_exp, old_bits) = {
+                    let old = &s.slots[i as usize];
+                    (old.cas, old.exp, old.bits)
+                };
+                // memcached: a unique of 0 (none given, or CAS disabled with -C, where every
+                // unique is 0) never matches; `ms I` stores an older unique as stale.
+                if cas != 0 && cas == old_cas {
+                    s.counters.cas_hits += 1;
+                } else if invalidate && cas != 0 && cas < old_cas {
+                    s.counters.cas_hits += 1;
+                    exp = old_exp;
+                    bits |= STALE | (old_bits & TOKEN_SENT);
+                } else {
+                    s.counters.cas_badval += 1;
+                    return (Stored::Exists, 0);
+                }
                 data.to_vec()
             }
         };
-        s.put(key, value, flags, exp, now)
+        s.put_bits(key, value, flags, exp, bits, now)
+    }
+
+    /// Locks `key`'s stripe and looks the key up (an expired or flushed item is removed), for
+    /// a meta command that reads and changes the item under one lock.
+    pub fn lock<'s>(&'s self, key: &[u8], now: Now) -> Locked<'s> {
+        let flush = self.flush_at();
+        let mut s = self.stripe(key);
+        let slot = s.live(key, now, flush, self.flush_slack_ns, true);
+        Locked { s, slot, now }
     }
 
     /// Removes `key`; whether it was there.
@@ -438,12 +491,7 @@ impl Store {
         };
         let old_len = s.slots[i as usize].value.len();
         let value = memcache::arith_value(n, old_len);
-        let cas = s.next_cas();
-        let grew = value.len() as u64 - old_len.min(value.len()) as u64;
-        let slot = &mut s.slots[i as usize];
-        slot.value = value;
-        slot.cas = cas;
-        s.bytes += grew;
+        s.set_value(i, value);
         s.bump(i);
         Arith::Value(n)
     }
@@ -542,14 +590,43 @@ impl Stripe {
         memcache::item_size(key_len, flags, value_len) + SLOT_OVERHEAD_BYTES + key_len as u64
     }
 
+    /// Replaces item `i`'s value (incr/decr) with a new CAS unique: in place when it fits,
+    /// as memcached, else as a new item (so the stale and fetched marks go).
+    fn set_value(&mut self, i: u32, value: Vec<u8>) {
+        let cas = self.next_cas();
+        let slot = &mut self.slots[i as usize];
+        let old_len = slot.value.len();
+        if value.len() > old_len {
+            slot.bits &= KEY_BINARY;
+        }
+        let old = Stripe::cost(slot.key.len(), slot.flags, old_len);
+        let new = Stripe::cost(slot.key.len(), slot.flags, value.len());
+        slot.value = value;
+        slot.cas = cas;
+        self.bytes = self.bytes - old + new;
+    }
+
     /// Inserts or replaces `key`, evicting from the LRU tail to stay within the byte budget.
     fn put(&mut self, key: &[u8], value: Vec<u8>, flags: u32, exp: u64, now: Now) -> Stored {
+        self.put_bits(key, value, flags, exp, 0, now).0
+    }
+
+    /// [`Stripe::put`] with the item's marks; also the new CAS unique.
+    fn put_bits(
+        &mut self,
+        key: &[u8],
+        value: Vec<u8>,
+        flags: u32,
+        exp: u64,
+        bits: u8,
+        now: Now,
+    ) -> (Stored, u64) {
         let cost = Stripe::cost(key.len(), flags, value.len());
         if let Some(&i) = self.map.get(key) {
             self.remove(i);
         }
         if cost > self.bytes_max {
-            return Stored::NoMemory;
+            return (Stored::NoMemory, 0);
         }
         while self.bytes + cost > self.bytes_max && self.tail != NIL {
             let victim = self.tail;
@@ -564,6 +641,8 @@ impl Stripe {
             exp,
             cas,
             stored_ns: now.ns,
+            atime: now.unix,
+            bits,
             prev: NIL,
             next: NIL,
         };
@@ -581,7 +660,7 @@ impl Stripe {
         self.link_front(i);
         self.bytes += cost;
         self.counters.total_items += 1;
-        Stored::Stored
+        (Stored::Stored, cas)
     }
 
     fn remove(&mut self, i: u32) {
@@ -641,5 +720,150 @@ impl Stripe {
             self.unlink(i);
             self.link_front(i);
         }
+    }
+}
+
+/// A stripe locked for one key (see [`Store::lock`]): the item, if live, can be read and
+/// changed, created on a miss, or removed, all under the one lock.
+pub struct Locked<'s> {
+    s: MutexGuard<'s, Stripe>,
+    slot: Option<u32>,
+    now: Now,
+}
+
+impl std::fmt::Debug for Locked<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Locked")
+            .field("hit", &self.slot.is_some())
+            .finish()
+    }
+}
+
+impl Locked<'_> {
+    /// Whether the key holds a live item.
+    pub fn hit(&self) -> bool {
+        self.slot.is_some()
+    }
+
+    fn slot(&self) -> &Slot {
+        &self.s.slots[self.slot.expect("Locked: no item") as usize]
+    }
+
+    fn slot_mut(&mut self) -> &mut Slot {
+        let i = self.slot.expect("Locked: no item");
+        &mut self.s.slots[i as usize]
+    }
+
+    /// The stripe's counters (for the command's statistics).
+    pub fn counters(&mut self) -> &mut Counters {
+        &mut self.s.counters
+    }
+
+    /// Creates the item on a miss (`mg N`, `ma N`); false when it does not fit in memory.
+    pub fn create(&mut self, key: &[u8], value: Vec<u8>, exp: u64) -> bool {
+        debug_assert!(self.slot.is_none());
+        if self.s.put(key, value, 0, exp, self.now) != Stored::Stored {
+            return false;
+        }
+        self.slot = self.s.map.get(key).copied();
+        self.slot.is_some()
+    }
+
+    /// Removes the item (`md`).
+    pub fn remove(&mut self) {
+        if let Some(i) = self.slot.take() {
+            self.s.remove(i);
+        }
+    }
+
+    /// The item's key. Panics without an item (as every accessor below).
+    pub fn key(&self) -> &[u8] {
+        &self.slot().key
+    }
+
+    /// The item's value.
+    pub fn value(&self) -> &[u8] {
+        &self.slot().value
+    }
+
+    /// Client flags.
+    pub fn flags(&self) -> u32 {
+        self.slot().flags
+    }
+
+    /// CAS unique.
+    pub fn cas(&self) -> u64 {
+        self.slot().cas
+    }
+
+    /// Absolute expiry (unix seconds; 0 = never).
+    pub fn exp(&self) -> u64 {
+        self.slot().exp
+    }
+
+    /// Sets the expiry.
+    pub fn set_exp(&mut self, exp: u64) {
+        self.slot_mut().exp = exp;
+    }
+
+    /// Unix seconds of the last access.
+    pub fn atime(&self) -> u64 {
+        self.slot().atime
+    }
+
+    /// Fetched since it was stored.
+    pub fn fetched(&self) -> bool {
+        self.slot().bits & FETCHED != 0
+    }
+
+    /// Marked stale.
+    pub fn stale(&self) -> bool {
+        self.slot().bits & STALE != 0
+    }
+
+    /// A client has been told it won the recache.
+    pub fn token_sent(&self) -> bool {
+        self.slot().bits & TOKEN_SENT != 0
+    }
+
+    /// Records that a client won the recache.
+    pub fn set_token_sent(&mut self) {
+        self.slot_mut().bits |= TOKEN_SENT;
+    }
+
+    /// Stored with a base64 key.
+    pub fn key_binary(&self) -> bool {
+        self.slot().bits & KEY_BINARY != 0
+    }
+
+    /// Marks the item stale with a new CAS unique and lets the next client win the recache
+    /// (`md I`).
+    pub fn invalidate(&mut self) {
+        let cas = self.s.next_cas();
+        let slot = self.slot_mut();
+        slot.bits = (slot.bits | STALE) & !TOKEN_SENT;
+        slot.cas = cas;
+    }
+
+    /// Replaces the value with a new CAS unique (`ma`).
+    pub fn set_value(&mut self, value: Vec<u8>) {
+        let i = self.slot.expect("Locked: no item");
+        self.s.set_value(i, value);
+    }
+
+    /// A fetch's LRU bump: most recently used, marked fetched, accessed now.
+    pub fn bump(&mut self) {
+        let i = self.slot.expect("Locked: no item");
+        self.s.bump(i);
+        let unix = self.now.unix;
+        let slot = self.slot_mut();
+        slot.bits |= FETCHED;
+        slot.atime = unix;
+    }
+
+    /// Moves the item to the head of the LRU without marking it fetched.
+    pub fn touch_lru(&mut self) {
+        let i = self.slot.expect("Locked: no item");
+        self.s.bump(i);
     }
 }

@@ -94,7 +94,8 @@ pub(super) struct KvArgs {
     /// Refuse flush_all (memcached -F): `CLIENT_ERROR flush_all not allowed`.
     #[arg(long)]
     pub(super) disable_flush_all: bool,
-    /// Keep no CAS uniques (memcached -C): gets reports 0 and cas of a present item stores.
+    /// Keep no CAS uniques (memcached -C): gets reports 0 and cas of a present item answers
+    /// EXISTS.
     #[arg(long)]
     pub(super) disable_cas: bool,
 }

@@ -14,14 +14,18 @@
 //!   malformed command, which is decided before `noreply` is looked at.
 //! - A storage command refused before its data is read (bad number, key too long) does not
 //!   skip the data: the data line is then read as a command (usually `ERROR`), as memcached.
-//! - Meta commands (`mg`, `ms`, ...) other than `mn` are answered `ERROR`.
+//! - Meta commands (`mg`, `ms`, `md`, `ma`, `me`) are returned unparsed as [`Command::Meta`]
+//!   and parsed by [`meta::parse`]; `mn` is [`Command::MetaNoop`]; any other two-byte `m?`
+//!   command is `ERROR`.
 //! - An unknown command whose last token starts with `HTTP/` is hung up on without a reply
 //!   ([`Command::CrossProtocol`]), so that a browser cannot be used to talk to the server.
 //! - A line without `\n` longer than 2048 bytes is hung up on, unless it is a `get`/`gets`
 //!   (a large multiget); a `get` line longer than [`Limits::get_line_bytes_max`] is answered
 //!   with memcached's reply when it cannot buffer a request, [`READ_TOO_LARGE`], and closed.
 
+pub mod meta;
 mod numbers;
+pub mod slabs;
 #[cfg(test)]
 mod tests;
 
@@ -229,6 +233,14 @@ pub enum Command<'a> {
     Quit,
     /// `mn` (meta no-op): answered `MN`.
     MetaNoop,
+    /// A meta command with a key (`mg`, `ms`, `md`, `ma`, `me`), left for [`meta::parse`]
+    /// (kept out of this enum so that it stays small for the `get` path).
+    Meta {
+        /// Which one.
+        op: meta::MetaOp,
+        /// The whole line.
+        line: &'a [u8],
+    },
     /// An unknown command that ends like an HTTP request line (`GET / HTTP/1.1`): close
     /// without a reply, as memcached does, so that a web page cannot make a browser speak to
     /// the server (cross-protocol requests).
@@ -332,6 +344,26 @@ pub fn parse_line(line: &[u8]) -> Result<Command<'_>, Reject> {
         b"version" => Ok(Command::Version),
         b"quit" => Ok(Command::Quit),
         b"mn" => Ok(Command::MetaNoop),
+        b"mg" => Ok(Command::Meta {
+            op: meta::MetaOp::Get,
+            line,
+        }),
+        b"ms" => Ok(Command::Meta {
+            op: meta::MetaOp::Set,
+            line,
+        }),
+        b"md" => Ok(Command::Meta {
+            op: meta::MetaOp::Delete,
+            line,
+        }),
+        b"ma" => Ok(Command::Meta {
+            op: meta::MetaOp::Arith,
+            line,
+        }),
+        b"me" => Ok(Command::Meta {
+            op: meta::MetaOp::Debug,
+            line,
+        }),
         b"verbosity" if n == 2 || n == 3 => {
             let nr = noreply(&t, n);
             match safe_strtoul(t[1]) {

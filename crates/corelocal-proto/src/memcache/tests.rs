@@ -306,7 +306,7 @@ fn other_commands() {
     assert_eq!(ok("stats"), Command::Stats(Stats::General));
     assert_eq!(ok("stats settings extra"), Command::Stats(Stats::Settings));
     assert_eq!(rej("stats foo"), (ERROR, false));
-    for bad in ["", "\r", "s", "GET k", "foo", "mg k", "\0\x01"] {
+    for bad in ["", "\r", "s", "GET k", "foo", "mx k", "\0\x01"] {
         assert_eq!(rej(bad), (ERROR, false), "{bad:?}");
     }
 }
