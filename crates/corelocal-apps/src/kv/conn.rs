@@ -9,7 +9,7 @@ use corelocal::runtime::{CloseReason, Handler, Output, Step};
 use corelocal_proto::memcache::meta::{self as mp, MetaOp};
 use corelocal_proto::memcache::{
     self, data_chunk_ok, expiry_unix, line_overflow, next_line, parse_line, write_line,
-    write_value, Command, Overflow, Stats, StoreOp,
+    write_value, Command, Overflow, StoreOp,
 };
 
 use super::meta::{write_ms_reply, MetaAnswer};
@@ -89,13 +89,16 @@ enum State {
 pub struct KvConn {
     inner: Arc<Inner>,
     state: State,
+    /// The worker serving it (its byte counters).
+    worker: usize,
 }
 
 impl KvConn {
-    pub(super) fn new(inner: Arc<Inner>) -> KvConn {
+    pub(super) fn new(inner: Arc<Inner>, worker: usize) -> KvConn {
         KvConn {
             inner,
             state: State::Line,
+            worker,
         }
     }
 
@@ -113,7 +116,13 @@ impl KvConn {
     ) -> usize {
         let store = &self.inner.store;
         let chunk_len = st.bytes + 2;
+        if st.meta.is_none() && self.inner.stats.detail_on() {
+            self.inner
+                .stats
+                .record_prefix(self.inner.config.prefix_delimiter, st.key, 2, false);
+        }
         if store.too_large(st.key, st.flags, st.bytes) {
+            store.count_too_large(st.key);
             // Meta commands always answer errors.
             reply(out, memcache::TOO_LARGE, st.noreply && st.meta.is_none());
             // memcached drops the old value of a failed set rather than leave it stale (`ms`:
@@ -233,10 +242,16 @@ impl KvConn {
                 let touch_exp = touch.map(|e| expiry_unix(e, now.unix, inner.started_unix));
                 let buf = out.bytes_mut();
                 let start = buf.len();
+                let detail = inner.stats.detail_on();
                 for key in keys {
-                    store.get(key, now, touch_exp, |flags, value, unique| {
+                    let hit = store.get(key, now, touch_exp, |flags, value, unique| {
                         write_value(buf, key, flags, value, cas.then_some(unique));
                     });
+                    if detail {
+                        inner
+                            .stats
+                            .record_prefix(inner.config.prefix_delimiter, key, 0, hit);
+                    }
                     if (buf.len() - start) as u64 > inner.config.get_response_bytes_max {
                         buf.truncate(start);
                         write_line(buf, memcache::GET_TOO_LARGE);
@@ -247,6 +262,11 @@ impl KvConn {
             }
             Command::Store(_) => unreachable!("storage commands are handled by begin_store"),
             Command::Delete { key, noreply } => {
+                if inner.stats.detail_on() {
+                    inner
+                        .stats
+                        .record_prefix(inner.config.prefix_delimiter, key, 3, false);
+                }
                 let found = store.delete(key, now);
                 reply(out, if found { "DELETED" } else { "NOT_FOUND" }, noreply);
             }
@@ -287,20 +307,17 @@ impl KvConn {
             Command::Version => {
                 write_line(out.bytes_mut(), &format!("VERSION {}", memcache::VERSION));
             }
-            Command::Verbosity { noreply } => reply(out, "OK", noreply),
+            Command::Verbosity { level, noreply } => {
+                // memcached caps it at its MAX_VERBOSITY_LEVEL, 2; we print nothing more for
+                // it, but report it in `stats settings`.
+                inner.stats.verbosity.store(level.min(2), Ordering::Relaxed);
+                reply(out, "OK", noreply);
+            }
             Command::Stats(which) => inner.stats(which, out.bytes_mut(), now),
             Command::MetaNoop => write_line(out.bytes_mut(), "MN"),
             Command::Meta { .. } => unreachable!("meta commands are handled by meta_line"),
             Command::Quit | Command::CrossProtocol => {}
         }
-    }
-}
-
-fn yes_no(b: bool) -> &'static str {
-    if b {
-        "yes"
-    } else {
-        "no"
     }
 }
 
@@ -381,6 +398,12 @@ impl Inner {
     }
 
     fn flush(&self, delay: i32, now: Now) {
+        let at = if delay <= 0 {
+            now.unix
+        } else {
+            expiry_unix(delay, now.unix, self.started_unix).max(now.unix)
+        };
+        self.stats.oldest_unix.store(at, Ordering::Relaxed);
         if !self.config.cas_enabled {
             // memcached -C: items stored in or before the flush's second die once that second
             // has come; there are no uniques to tell apart those stored just after the flush.
@@ -408,80 +431,22 @@ impl Inner {
             _ => self.store.flush(None),
         }
     }
-
-    fn stats(&self, which: Stats, out: &mut Vec<u8>, now: Now) {
-        match which {
-            Stats::Reset => {
-                self.store.reset_counters();
-                write_line(out, "RESET");
-                return;
-            }
-            Stats::Empty => {}
-            Stats::Settings => {
-                let _ = write!(
-                    out,
-                    "STAT maxbytes {}\r\nSTAT item_size_max {}\r\nSTAT evictions on\r\n\
-                     STAT cas_enabled {}\r\nSTAT flush_enabled {}\r\nSTAT stripes {}\r\n",
-                    self.store.memory_bytes_max(),
-                    self.store.item_bytes_max(),
-                    yes_no(self.config.cas_enabled),
-                    yes_no(self.config.flush_enabled),
-                    self.config.stripes,
-                );
-            }
-            Stats::General => self.general_stats(out, now),
-        }
-        write_line(out, "END");
-    }
-
-    fn general_stats(&self, out: &mut Vec<u8>, now: Now) {
-        let t = self.store.totals();
-        let c = t.counters;
-        let conns = (
-            self.curr_connections.load(Ordering::Relaxed),
-            self.total_connections.load(Ordering::Relaxed),
-        );
-        let rows: [(&str, u64); 30] = [
-            ("pid", u64::from(self.pid)),
-            ("uptime", now.unix.saturating_sub(self.started_unix)),
-            ("time", now.unix),
-            ("pointer_size", 64),
-            ("curr_connections", conns.0),
-            ("total_connections", conns.1),
-            ("cmd_get", c.cmd_get),
-            ("cmd_set", c.cmd_set),
-            ("cmd_flush", self.cmd_flush.load(Ordering::Relaxed)),
-            ("cmd_touch", c.cmd_touch),
-            ("get_hits", c.get_hits),
-            ("get_misses", c.get_misses),
-            ("get_expired", c.get_expired),
-            ("get_flushed", c.get_flushed),
-            ("delete_misses", c.delete_misses),
-            ("delete_hits", c.delete_hits),
-            ("incr_misses", c.incr_misses),
-            ("incr_hits", c.incr_hits),
-            ("decr_misses", c.decr_misses),
-            ("decr_hits", c.decr_hits),
-            ("cas_misses", c.cas_misses),
-            ("cas_hits", c.cas_hits),
-            ("cas_badval", c.cas_badval),
-            ("touch_hits", c.touch_hits),
-            ("touch_misses", c.touch_misses),
-            ("limit_maxbytes", self.store.memory_bytes_max()),
-            ("bytes", t.bytes),
-            ("curr_items", t.curr_items),
-            ("total_items", c.total_items),
-            ("evictions", c.evictions),
-        ];
-        let _ = write!(out, "STAT version {}\r\n", memcache::VERSION);
-        for (name, v) in rows {
-            let _ = write!(out, "STAT {name} {v}\r\n");
-        }
-    }
 }
 
 impl Handler for KvConn {
     fn on_input(&mut self, input: &[u8], out: &mut Output, now: Instant) -> Step {
+        let before = out.total_len();
+        let step = self.input(input, out, now);
+        let written = out.total_len().saturating_sub(before);
+        self.inner
+            .stats
+            .count_io(self.worker, step.consumed as u64, written);
+        step
+    }
+}
+
+impl KvConn {
+    fn input(&mut self, input: &[u8], out: &mut Output, now: Instant) -> Step {
         let now = self.now(now);
         let limits = self.inner.config.limits;
         let mut consumed = 0;

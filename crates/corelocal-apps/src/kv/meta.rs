@@ -302,6 +302,7 @@ impl Inner {
     }
 
     fn meta_debug(&self, req: &MetaRequest<'_>, out: &mut Vec<u8>, now: Now) {
+        self.stats.count_meta();
         let l = self.store.lock(req.key.bytes(), now);
         if !l.hit() {
             drop(l);
@@ -326,7 +327,7 @@ impl Inner {
             now.unix.saturating_sub(l.atime()),
             l.cas(),
             if l.fetched() { "yes" } else { "no" },
-            self.slabs.class_of(size),
+            self.store.slabs().class_of(size),
         );
     }
 

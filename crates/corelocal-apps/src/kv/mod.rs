@@ -2,14 +2,17 @@
 //!
 //! [`KvService`] speaks the memcached text protocol (get/gets/gat/gats, set/add/replace/
 //! append/prepend/cas, delete, incr/decr, touch, flush_all, version, verbosity, stats, quit,
-//! `noreply`) and its meta protocol (mg/ms/md/ma/me/mn) over a [`store::Store`] shared by every worker: striped locks, each stripe its
-//! own LRU and byte budget. Replies — errors included — are byte-identical to memcached
+//! `noreply`) and its meta protocol (mg/ms/md/ma/me/mn) over a [`store::Store`] shared by
+//! every worker: striped locks, each stripe its own LRU and byte budget. Replies — errors included — are byte-identical to memcached
 //! 1.6.18's for the cases in the tests (checked against a live memcached).
 
 mod conn;
 mod meta;
 #[cfg(test)]
 mod meta_tests;
+mod stats;
+#[cfg(test)]
+mod stats_tests;
 pub mod store;
 #[cfg(test)]
 mod tests;
@@ -20,7 +23,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use corelocal::runtime::{ConnInfo, Service};
-use corelocal_proto::memcache::slabs::SlabClasses;
 use corelocal_proto::memcache::Limits;
 
 pub use conn::KvConn;
@@ -52,6 +54,60 @@ pub struct KvConfig {
     /// item answers EXISTS, and `flush_all` can only tell items apart by the second they were
     /// stored in, so an item stored in the same second as a flush is flushed too).
     pub cas_enabled: bool,
+    /// What `stats` and `stats settings` report about the server around the service (the
+    /// runtime owns these; memcached's names).
+    pub report: Report,
+    /// `stats detail` key prefix delimiter (memcached `-D`, default `:`).
+    pub prefix_delimiter: u8,
+    /// `stats cachedump` and `lru_crawler metadump` allowed (memcached `-X` turns them off).
+    pub dump_enabled: bool,
+    /// Background reclaim of expired items (memcached's LRU crawler; `-o no_lru_crawler`
+    /// turns it off, and then `lru_crawler` commands answer `CLIENT_ERROR lru crawler
+    /// disabled`).
+    pub lru_crawler: bool,
+    /// `stats sizes` histogram kept from the start (memcached `-o track_sizes`).
+    pub track_sizes: bool,
+    /// Evict to make room (memcached `-M` turns it off: a full store refuses new items with
+    /// `SERVER_ERROR out of memory storing object`).
+    pub evictions: bool,
+    /// The `shutdown` command stops the server (memcached `-A`); else it is refused.
+    pub shutdown_enabled: bool,
+    /// ASCII authentication (memcached `-Y`): accepted user/password pairs; empty = off.
+    pub auth: Vec<(Vec<u8>, Vec<u8>)>,
+}
+
+/// Facts about the surrounding server that memcached's `stats` report and the service cannot
+/// see for itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Report {
+    /// Worker threads (`threads`, `num_threads`).
+    pub threads: u32,
+    /// Connection limit (`max_connections`, `maxconns`).
+    pub max_connections: u64,
+    /// First listening port (`tcpport`).
+    pub tcp_port: u16,
+    /// Listen address when one was given (`inter`).
+    pub interface: Option<String>,
+    /// Listen backlog (`tcp_backlog`).
+    pub backlog: u32,
+    /// Idle connection timeout in seconds, 0 = none (`idle_timeout`).
+    pub idle_timeout_secs: u64,
+    /// Requests handled per read before yielding (`reqs_per_event`).
+    pub reqs_per_event: u32,
+}
+
+impl Default for Report {
+    fn default() -> Report {
+        Report {
+            threads: 1,
+            max_connections: 1024,
+            tcp_port: 11211,
+            interface: None,
+            backlog: 1024,
+            idle_timeout_secs: 0,
+            reqs_per_event: 20,
+        }
+    }
 }
 
 impl Default for KvConfig {
@@ -65,6 +121,14 @@ impl Default for KvConfig {
             get_response_bytes_max: 64 << 20,
             flush_enabled: true,
             cas_enabled: true,
+            report: Report::default(),
+            prefix_delimiter: b':',
+            dump_enabled: true,
+            lru_crawler: true,
+            track_sizes: false,
+            evictions: true,
+            shutdown_enabled: false,
+            auth: Vec::new(),
         }
     }
 }
@@ -78,11 +142,11 @@ struct Inner {
     /// Unix seconds at creation (memcached's `process_started`, for absolute expiry times).
     started_unix: u64,
     pid: u32,
-    /// memcached's slab classes, for reporting (`me`, `stats items|slabs`).
-    slabs: SlabClasses,
     curr_connections: AtomicU64,
     total_connections: AtomicU64,
     cmd_flush: AtomicU64,
+    /// Everything else `stats` reports that is not in the store.
+    stats: stats::ServerStats,
 }
 
 impl Inner {
@@ -157,13 +221,14 @@ impl KvService {
         while config.stripes > 1 && config.stripes > fit {
             config.stripes /= 2;
         }
+        let config_for_stats = config.clone();
         let store = Store::new(
             config.memory_bytes_max,
             config.item_bytes_max,
             config.stripes,
         )
-        .with_cas(config.cas_enabled);
-        let slabs = SlabClasses::new(48, 1.25, 512 * 1024, config.item_bytes_max);
+        .with_cas(config.cas_enabled)
+        .with_evictions(config.evictions);
         Ok(KvService {
             inner: Arc::new(Inner {
                 config,
@@ -172,10 +237,10 @@ impl KvService {
                 instant_base,
                 started_unix: wall_since_epoch.as_secs(),
                 pid: std::process::id(),
-                slabs,
                 curr_connections: AtomicU64::new(0),
                 total_connections: AtomicU64::new(0),
                 cmd_flush: AtomicU64::new(0),
+                stats: stats::ServerStats::new(&config_for_stats),
             }),
         })
     }
@@ -199,9 +264,8 @@ impl Service for KvService {
     }
 
     fn connect(&self, info: &ConnInfo) -> KvConn {
-        let _ = info;
         self.inner.curr_connections.fetch_add(1, Ordering::Relaxed);
         self.inner.total_connections.fetch_add(1, Ordering::Relaxed);
-        KvConn::new(self.inner.clone())
+        KvConn::new(self.inner.clone(), info.worker)
     }
 }

@@ -13,6 +13,7 @@ use std::hash::{BuildHasher, BuildHasherDefault};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
+use corelocal_proto::memcache::slabs::{SlabClasses, CLASSES_MAX};
 use corelocal_proto::memcache::{self, StoreOp};
 
 /// Bytes charged per item on top of memcached's item size (map entry, LRU links, key copy).
@@ -51,6 +52,11 @@ struct Slot {
     atime: u64,
     /// [`FETCHED`], [`STALE`], [`TOKEN_SENT`], [`KEY_BINARY`].
     bits: u8,
+    /// memcached's slab class for this item's size (reporting only).
+    class: u8,
+    /// The stripe's flush generation when stored: an immediate flush_all bumps the stripe's,
+    /// and items of an older one are dead (removed when next touched, or reclaimed).
+    gen: u32,
     prev: u32,
     next: u32,
 }
@@ -98,6 +104,17 @@ pub struct Counters {
     pub total_items: u64,
     /// Live items evicted to make room.
     pub evictions: u64,
+    /// Dead (expired or flushed) items whose memory was taken back: at the LRU tail, by the
+    /// crawler, or when touched.
+    pub reclaimed: u64,
+    /// Expired items reclaimed that were never fetched.
+    pub expired_unfetched: u64,
+    /// Live items evicted that were never fetched.
+    pub evicted_unfetched: u64,
+    /// Storage commands refused: the item is over the size limit.
+    pub store_too_large: u64,
+    /// Storage commands refused: no memory could be freed for the item.
+    pub store_no_memory: u64,
 }
 
 impl Counters {
@@ -123,11 +140,90 @@ impl Counters {
             (&mut self.touch_misses, o.touch_misses),
             (&mut self.total_items, o.total_items),
             (&mut self.evictions, o.evictions),
+            (&mut self.reclaimed, o.reclaimed),
+            (&mut self.expired_unfetched, o.expired_unfetched),
+            (&mut self.evicted_unfetched, o.evicted_unfetched),
+            (&mut self.store_too_large, o.store_too_large),
+            (&mut self.store_no_memory, o.store_no_memory),
         ];
         for (a, b) in pairs {
             *a += b;
         }
     }
+}
+
+/// What memcached reports per slab class and we can count: evictions and reclaims by the
+/// class an item's size falls in.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ClassCounters {
+    /// Live items evicted.
+    pub evicted: u64,
+    /// Of those, items with an expiry.
+    pub evicted_nonzero: u64,
+    /// Seconds since the last evicted item was last accessed.
+    pub evicted_time: u64,
+    /// Storage refused for lack of memory.
+    pub outofmemory: u64,
+    /// Dead items reclaimed.
+    pub reclaimed: u64,
+    /// Expired items reclaimed that were never fetched.
+    pub expired_unfetched: u64,
+    /// Live items evicted that were never fetched.
+    pub evicted_unfetched: u64,
+    /// Dead items the crawler reclaimed.
+    pub crawler_reclaimed: u64,
+    /// Items the crawler looked at.
+    pub crawler_checked: u64,
+}
+
+impl ClassCounters {
+    fn add(&mut self, o: &ClassCounters) {
+        self.evicted += o.evicted;
+        self.evicted_nonzero += o.evicted_nonzero;
+        self.evicted_time = self.evicted_time.max(o.evicted_time);
+        self.outofmemory += o.outofmemory;
+        self.reclaimed += o.reclaimed;
+        self.expired_unfetched += o.expired_unfetched;
+        self.evicted_unfetched += o.evicted_unfetched;
+        self.crawler_reclaimed += o.crawler_reclaimed;
+        self.crawler_checked += o.crawler_checked;
+    }
+}
+
+/// One slab class's items, from a scan of the store (`stats items`, `stats slabs`).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ClassItems {
+    /// Items (live or not yet reclaimed).
+    pub number: u64,
+    /// Seconds since the least recently accessed of them was accessed.
+    pub age: u64,
+    /// Their sizes summed (memcached's `mem_requested`).
+    pub mem_requested: u64,
+    /// Counters kept per class.
+    pub counters: ClassCounters,
+}
+
+/// What [`Store::dump`] passes for each item.
+#[derive(Debug, Clone, Copy)]
+pub struct ItemInfo<'a> {
+    /// Key.
+    pub key: &'a [u8],
+    /// Value length.
+    pub value_len: usize,
+    /// Client flags.
+    pub flags: u32,
+    /// Absolute expiry (0 = never).
+    pub exp: u64,
+    /// Unix seconds of the last access.
+    pub atime: u64,
+    /// CAS unique.
+    pub cas: u64,
+    /// Fetched since stored.
+    pub fetched: bool,
+    /// Stored with a base64 key.
+    pub key_binary: bool,
+    /// Slab class.
+    pub class: u8,
 }
 
 /// Totals over all stripes.
@@ -206,6 +302,14 @@ struct Stripe {
     /// memcached `-C`: every unique is 0.
     cas_enabled: bool,
     counters: Counters,
+    /// Per slab class (index = class id).
+    classes: Vec<ClassCounters>,
+    /// Flush generation (see [`Slot::gen`]).
+    gen: u32,
+    /// Evict live items to make room (memcached without `-M`).
+    evict: bool,
+    /// Slab class of each item size (shared by all stripes; reporting only).
+    slabs: std::sync::Arc<SlabClasses>,
 }
 
 /// Stripes sit on their own cache lines so that locking one does not disturb a neighbour.
@@ -226,6 +330,7 @@ pub struct Store {
     cas_enabled: bool,
     item_bytes_max: u64,
     memory_bytes_max: u64,
+    slabs: std::sync::Arc<SlabClasses>,
 }
 
 impl std::fmt::Debug for Store {
@@ -243,6 +348,7 @@ impl Store {
         assert!(stripes.is_power_of_two(), "stripes must be a power of two");
         let bits = stripes.trailing_zeros();
         let per = memory_bytes_max / stripes as u64;
+        let slabs = std::sync::Arc::new(SlabClasses::new(48, 1.25, 512 * 1024, item_bytes_max));
         let stripes = (0..stripes)
             .map(|i| {
                 Padded(Mutex::new(Stripe {
@@ -258,6 +364,10 @@ impl Store {
                     cas_shift: bits,
                     cas_enabled: true,
                     counters: Counters::default(),
+                    classes: vec![ClassCounters::default(); CLASSES_MAX],
+                    gen: 0,
+                    evict: true,
+                    slabs: slabs.clone(),
                 }))
             })
             .collect();
@@ -270,6 +380,7 @@ impl Store {
             cas_enabled: true,
             item_bytes_max,
             memory_bytes_max,
+            slabs,
         }
     }
 
@@ -282,6 +393,15 @@ impl Store {
         self.flush_slack_ns = if enabled { 0 } else { 1_000_000_000 };
         for p in self.stripes.iter_mut() {
             p.0.get_mut().unwrap_or_else(|e| e.into_inner()).cas_enabled = enabled;
+        }
+        self
+    }
+
+    /// With `enabled` false, a full store refuses new items instead of evicting live ones
+    /// (memcached `-M`; dead ones are still reclaimed).
+    pub fn with_evictions(mut self, enabled: bool) -> Store {
+        for p in self.stripes.iter_mut() {
+            p.0.get_mut().unwrap_or_else(|e| e.into_inner()).evict = enabled;
         }
         self
     }
@@ -515,17 +635,112 @@ impl Store {
         }
     }
 
-    /// flush_all: now (every stripe emptied) or at `at_ns` (items stored before then die).
+    /// flush_all: now (every item stored so far is dead: removed when next looked up, as
+    /// memcached, which counts that as `get_flushed`, or reclaimed by the LRU or the crawler)
+    /// or at `at_ns` (items stored before then die). A flush now cancels a pending one.
     pub fn flush(&self, at_ns: Option<u64>) {
         match at_ns {
             Some(at) => self.flush_at_ns.store(at.max(1), Ordering::Relaxed),
             None => {
                 self.flush_at_ns.store(0, Ordering::Relaxed);
                 for p in self.stripes.iter() {
-                    p.0.lock().unwrap_or_else(|e| e.into_inner()).clear();
+                    let mut s = p.0.lock().unwrap_or_else(|e| e.into_inner());
+                    s.gen = s.gen.wrapping_add(1);
                 }
             }
         }
+    }
+
+    /// The memcached slab classes items are reported in.
+    pub fn slabs(&self) -> &SlabClasses {
+        &self.slabs
+    }
+
+    /// Counts a storage command refused before its data (too large for the item limit).
+    pub fn count_too_large(&self, key: &[u8]) {
+        self.stripe(key).counters.store_too_large += 1;
+    }
+
+    /// Per slab class: items, their age and size, and the class counters (one pass over
+    /// every stripe, each locked in turn).
+    pub fn classes(&self, now: Now) -> Vec<ClassItems> {
+        let mut out = vec![ClassItems::default(); CLASSES_MAX];
+        for p in self.stripes.iter() {
+            let s = p.0.lock().unwrap_or_else(|e| e.into_inner());
+            for (c, sc) in out.iter_mut().zip(&s.classes) {
+                c.counters.add(sc);
+            }
+            let mut i = s.head;
+            while i != NIL {
+                let slot = &s.slots[i as usize];
+                let c = &mut out[usize::from(slot.class)];
+                c.number += 1;
+                c.age = c.age.max(now.unix.saturating_sub(slot.atime));
+                c.mem_requested +=
+                    memcache::item_size(slot.key.len(), slot.flags, slot.value.len());
+                i = slot.next;
+            }
+        }
+        out
+    }
+
+    /// Calls `f` for every live item (a stripe at a time, under its lock, most recently used
+    /// first), until it returns false: `lru_crawler metadump`, `stats cachedump`.
+    pub fn dump(&self, now: Now, mut f: impl FnMut(&ItemInfo<'_>) -> bool) {
+        let flush = self.flush_at();
+        for p in self.stripes.iter() {
+            let s = p.0.lock().unwrap_or_else(|e| e.into_inner());
+            let mut i = s.head;
+            while i != NIL {
+                let slot = &s.slots[i as usize];
+                i = slot.next;
+                if s.dead(slot, now, flush, self.flush_slack_ns) {
+                    continue;
+                }
+                let info = ItemInfo {
+                    key: &slot.key,
+                    value_len: slot.value.len(),
+                    flags: slot.flags,
+                    exp: slot.exp,
+                    atime: slot.atime,
+                    cas: slot.cas,
+                    fetched: slot.bits & FETCHED != 0,
+                    key_binary: slot.bits & KEY_BINARY != 0,
+                    class: slot.class,
+                };
+                if !f(&info) {
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Reclaims up to `limit` dead (expired or flushed) items per stripe, walking from the
+    /// LRU tail (memcached's LRU crawler); returns (items checked, items reclaimed).
+    pub fn crawl(&self, now: Now, limit: usize) -> (u64, u64) {
+        let flush = self.flush_at();
+        let (mut checked, mut reclaimed) = (0, 0);
+        for p in self.stripes.iter() {
+            let mut s = p.0.lock().unwrap_or_else(|e| e.into_inner());
+            let mut i = s.tail;
+            let mut n = 0;
+            while i != NIL && n < limit {
+                let slot = &s.slots[i as usize];
+                let prev = slot.prev;
+                let class = usize::from(slot.class);
+                checked += 1;
+                n += 1;
+                let dead = s.dead(slot, now, flush, self.flush_slack_ns);
+                s.classes[class].crawler_checked += 1;
+                if dead {
+                    s.reclaim(i, now);
+                    s.classes[class].crawler_reclaimed += 1;
+                    reclaimed += 1;
+                }
+                i = prev;
+            }
+        }
+        (checked, reclaimed)
     }
 
     /// Sums every stripe.
@@ -543,7 +758,11 @@ impl Store {
     /// `stats reset`: zeroes the counters (not items or bytes).
     pub fn reset_counters(&self) {
         for p in self.stripes.iter() {
-            p.0.lock().unwrap_or_else(|e| e.into_inner()).counters = Counters::default();
+            let mut s = p.0.lock().unwrap_or_else(|e| e.into_inner());
+            s.counters = Counters::default();
+            s.classes
+                .iter_mut()
+                .for_each(|c| *c = ClassCounters::default());
         }
     }
 }
@@ -561,21 +780,45 @@ impl Stripe {
         let i = *self.map.get(key)?;
         let slot = &self.slots[i as usize];
         let expired = slot.exp != 0 && slot.exp <= now.unix;
-        let flushed = flush_at != 0
-            && flush_at <= now.ns
-            && slot.stored_ns < flush_at.saturating_add(flush_slack_ns);
+        let flushed = slot.gen != self.gen
+            || (flush_at != 0
+                && flush_at <= now.ns
+                && slot.stored_ns < flush_at.saturating_add(flush_slack_ns));
         if !expired && !flushed {
             return Some(i);
         }
         if count {
-            if expired {
-                self.counters.get_expired += 1;
-            } else {
+            if flushed {
                 self.counters.get_flushed += 1;
+            } else {
+                self.counters.get_expired += 1;
             }
         }
-        self.remove(i);
+        self.reclaim(i, now);
         None
+    }
+
+    /// Whether an item is dead: expired, or flushed (immediately or by a passed deadline).
+    fn dead(&self, slot: &Slot, now: Now, flush_at: u64, flush_slack_ns: u64) -> bool {
+        (slot.exp != 0 && slot.exp <= now.unix)
+            || slot.gen != self.gen
+            || (flush_at != 0
+                && flush_at <= now.ns
+                && slot.stored_ns < flush_at.saturating_add(flush_slack_ns))
+    }
+
+    /// Removes a dead item, counted as reclaimed.
+    fn reclaim(&mut self, i: u32, now: Now) {
+        let slot = &self.slots[i as usize];
+        let class = usize::from(slot.class);
+        let unfetched_expiry = slot.bits & FETCHED == 0 && slot.exp != 0 && slot.exp <= now.unix;
+        self.counters.reclaimed += 1;
+        self.classes[class].reclaimed += 1;
+        if unfetched_expiry {
+            self.counters.expired_unfetched += 1;
+            self.classes[class].expired_unfetched += 1;
+        }
+        self.remove(i);
     }
 
     fn next_cas(&mut self) -> u64 {
@@ -625,12 +868,41 @@ impl Stripe {
         if let Some(&i) = self.map.get(key) {
             self.remove(i);
         }
+        let class = self
+            .slabs
+            .class_of(memcache::item_size(key.len(), flags, value.len())) as u8;
         if cost > self.bytes_max {
+            self.counters.store_no_memory += 1;
+            self.classes[usize::from(class)].outofmemory += 1;
             return (Stored::NoMemory, 0);
         }
         while self.bytes + cost > self.bytes_max && self.tail != NIL {
             let victim = self.tail;
+            let v = &self.slots[victim as usize];
+            // A dead item at the tail is reclaimed, not evicted (memcached's tail check).
+            if v.gen != self.gen || (v.exp != 0 && v.exp <= now.unix) {
+                self.reclaim(victim, now);
+                continue;
+            }
+            if !self.evict {
+                self.counters.store_no_memory += 1;
+                self.classes[usize::from(class)].outofmemory += 1;
+                return (Stored::NoMemory, 0);
+            }
+            let (vc, unfetched, nonzero) =
+                (usize::from(v.class), v.bits & FETCHED == 0, v.exp != 0);
+            let idle = now.unix.saturating_sub(v.atime);
             self.counters.evictions += 1;
+            let c = &mut self.classes[vc];
+            c.evicted += 1;
+            c.evicted_time = idle;
+            if nonzero {
+                c.evicted_nonzero += 1;
+            }
+            if unfetched {
+                c.evicted_unfetched += 1;
+                self.counters.evicted_unfetched += 1;
+            }
             self.remove(victim);
         }
         let cas = self.next_cas();
@@ -643,6 +915,8 @@ impl Stripe {
             stored_ns: now.ns,
             atime: now.unix,
             bits,
+            class,
+            gen: self.gen,
             prev: NIL,
             next: NIL,
         };
@@ -671,15 +945,6 @@ impl Stripe {
         self.bytes -= Stripe::cost(key.len(), slot.flags, value.len());
         self.map.remove(&key);
         self.free.push(i);
-    }
-
-    fn clear(&mut self) {
-        self.map.clear();
-        self.slots.clear();
-        self.free.clear();
-        self.head = NIL;
-        self.tail = NIL;
-        self.bytes = 0;
     }
 
     fn unlink(&mut self, i: u32) {

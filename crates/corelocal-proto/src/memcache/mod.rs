@@ -153,9 +153,38 @@ pub enum Stats {
     Reset,
     /// `stats settings`.
     Settings,
-    /// `stats items|slabs|sizes|conns`: answered with an empty list.
-    Empty,
+    /// `stats items`: per slab class.
+    Items,
+    /// `stats slabs`: per slab class.
+    Slabs,
+    /// `stats sizes`: the item size histogram.
+    Sizes,
+    /// `stats sizes_enable`.
+    SizesEnable,
+    /// `stats sizes_disable`.
+    SizesDisable,
+    /// `stats conns`: one entry per connection and listener.
+    Conns,
+    /// `stats detail on|off|dump`; `None`: anything else (answered [`DETAIL_USAGE`]).
+    Detail(Option<Detail>),
+    /// `stats cachedump <class> <limit>`: the class and limit, or the error for bad ones
+    /// (reported only when dumps are allowed, which memcached checks first).
+    Cachedump(Result<(u32, u32), &'static str>),
 }
+
+/// `stats detail` sub-commands (per key-prefix statistics).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Detail {
+    /// Start counting.
+    On,
+    /// Stop counting.
+    Off,
+    /// List the counts.
+    Dump,
+}
+
+/// `stats detail` without on, off or dump.
+pub const DETAIL_USAGE: &str = "CLIENT_ERROR usage: stats detail on|off|dump";
 
 /// The keys of a retrieval command, in order (no allocation).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -222,8 +251,10 @@ pub enum Command<'a> {
     },
     /// `version`.
     Version,
-    /// `verbosity <level> [noreply]` (accepted and ignored).
+    /// `verbosity <level> [noreply]`.
     Verbosity {
+        /// The level.
+        level: u32,
         /// Suppress the reply.
         noreply: bool,
     },
@@ -367,7 +398,7 @@ pub fn parse_line(line: &[u8]) -> Result<Command<'_>, Reject> {
         b"verbosity" if n == 2 || n == 3 => {
             let nr = noreply(&t, n);
             match safe_strtoul(t[1]) {
-                Some(_) => Ok(Command::Verbosity { noreply: nr }),
+                Some(level) => Ok(Command::Verbosity { level, noreply: nr }),
                 None => Err(reject(BAD_FORMAT, nr)),
             }
         }
@@ -540,12 +571,35 @@ fn parse_stats<'a>(t: &[&'a [u8]; 8], n: usize) -> Result<Command<'a>, Reject> {
     if n == 1 {
         return Ok(Command::Stats(Stats::General));
     }
-    match t[1] {
-        b"reset" => Ok(Command::Stats(Stats::Reset)),
-        b"settings" => Ok(Command::Stats(Stats::Settings)),
-        b"items" | b"slabs" | b"sizes" | b"conns" => Ok(Command::Stats(Stats::Empty)),
-        _ => Err(error()),
-    }
+    let which = match t[1] {
+        b"reset" => Stats::Reset,
+        b"settings" => Stats::Settings,
+        b"items" => Stats::Items,
+        b"slabs" => Stats::Slabs,
+        b"sizes" => Stats::Sizes,
+        b"sizes_enable" => Stats::SizesEnable,
+        b"sizes_disable" => Stats::SizesDisable,
+        b"conns" => Stats::Conns,
+        b"detail" => Stats::Detail(match (n, t[2]) {
+            (3.., b"on") => Some(Detail::On),
+            (3.., b"off") => Some(Detail::Off),
+            (3.., b"dump") => Some(Detail::Dump),
+            _ => None,
+        }),
+        b"cachedump" => Stats::Cachedump(if n < 4 {
+            Err("CLIENT_ERROR bad command line")
+        } else {
+            match (safe_strtoul(t[2]), safe_strtoul(t[3])) {
+                (Some(id), Some(_)) if id as usize >= slabs::CLASSES_MAX => {
+                    Err("CLIENT_ERROR Illegal slab id")
+                }
+                (Some(id), Some(limit)) => Ok((id, limit)),
+                _ => Err(BAD_FORMAT),
+            }
+        }),
+        _ => return Err(error()),
+    };
+    Ok(Command::Stats(which))
 }
 
 /// memcached's item size for the size limit: header (48) + CAS (8) + key + NUL + data + CRLF,
