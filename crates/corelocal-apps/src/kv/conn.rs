@@ -3,7 +3,7 @@
 use std::io::Write;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use corelocal::runtime::{CloseReason, Handler, Output, Step};
 use corelocal_proto::memcache::meta::{self as mp, MetaOp};
@@ -12,6 +12,7 @@ use corelocal_proto::memcache::{
     write_value, Command, Overflow, StoreOp,
 };
 
+use super::admin::Auth;
 use super::meta::{write_ms_reply, MetaAnswer};
 use super::store::{Arith, Now, Put, Stored};
 use super::Inner;
@@ -91,14 +92,28 @@ pub struct KvConn {
     state: State,
     /// The worker serving it (its byte counters).
     worker: usize,
+    /// memcached `-Y`: where the connection is in the authentication exchange.
+    auth: Auth,
+    /// Over the connection limit (memcached `-c`): answered and closed at its first input.
+    rejected: bool,
+    /// When input last came (for counting idle kicks).
+    last_input: Instant,
 }
 
 impl KvConn {
-    pub(super) fn new(inner: Arc<Inner>, worker: usize) -> KvConn {
+    pub(super) fn new(inner: Arc<Inner>, worker: usize, rejected: bool, now: Instant) -> KvConn {
+        let auth = if inner.config.auth.is_empty() {
+            Auth::Done
+        } else {
+            Auth::Line
+        };
         KvConn {
             inner,
             state: State::Line,
             worker,
+            auth,
+            rejected,
+            last_input: now,
         }
     }
 
@@ -307,6 +322,13 @@ impl KvConn {
             Command::Version => {
                 write_line(out.bytes_mut(), &format!("VERSION {}", memcache::VERSION));
             }
+            Command::CacheMemlimit { mb, noreply } => {
+                inner.cache_memlimit(mb, noreply, out.bytes_mut())
+            }
+            Command::Watch { noreply } => inner.watch(noreply, out.bytes_mut()),
+            Command::Shutdown(_) | Command::LruCrawler(_) => {
+                unreachable!("handled by the input loop")
+            }
             Command::Verbosity { level, noreply } => {
                 // memcached caps it at its MAX_VERBOSITY_LEVEL, 2; we print nothing more for
                 // it, but report it in `stats settings`.
@@ -447,10 +469,29 @@ impl Handler for KvConn {
 
 impl KvConn {
     fn input(&mut self, input: &[u8], out: &mut Output, now: Instant) -> Step {
+        self.last_input = now;
+        if self.rejected {
+            // memcached writes this at accept and closes; we can answer only once input came.
+            out.write(b"ERROR Too many open connections\r\n");
+            return Step::close(input.len(), 0, CloseReason::Done);
+        }
         let now = self.now(now);
         let limits = self.inner.config.limits;
         let mut consumed = 0;
         let mut requests = 0;
+        while self.auth != Auth::Done {
+            let (n, close) =
+                self.inner
+                    .authenticate(&mut self.auth, &input[consumed..], out.bytes_mut());
+            if close {
+                return Step::close(input.len(), requests, CloseReason::TooLarge);
+            }
+            if n == 0 {
+                return Step::read(consumed, requests);
+            }
+            consumed += n;
+            requests += 1;
+        }
         loop {
             consumed += self.continue_data(&input[consumed..], out, now);
             let rest = &input[consumed..];
@@ -495,6 +536,12 @@ impl KvConn {
                 Ok(Command::Meta { op, line }) => {
                     consumed += self.meta_line(op, line, &input[consumed..], out, now);
                 }
+                Ok(Command::Shutdown(mode)) => {
+                    if self.inner.shutdown(mode, out.bytes_mut()) {
+                        return Step::close(input.len(), requests, CloseReason::Done);
+                    }
+                }
+                Ok(Command::LruCrawler(c)) => self.inner.lru_crawler(c, out.bytes_mut(), now),
                 Ok(cmd) => self.execute(cmd, out, now),
             }
         }
@@ -504,5 +551,11 @@ impl KvConn {
 impl Drop for KvConn {
     fn drop(&mut self) {
         self.inner.curr_connections.fetch_sub(1, Ordering::Relaxed);
+        let idle = self.inner.config.report.idle_timeout_secs;
+        // A connection closed after at least the idle timeout without input was closed for
+        // it (memcached's idle_kicks); the clock is read only when the stat is reported.
+        if idle > 0 && self.last_input.elapsed() >= Duration::from_secs(idle) {
+            self.inner.stats.idle_kicks.fetch_add(1, Ordering::Relaxed);
+        }
     }
 }

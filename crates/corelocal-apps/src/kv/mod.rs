@@ -6,6 +6,9 @@
 //! every worker: striped locks, each stripe its own LRU and byte budget. Replies — errors included — are byte-identical to memcached
 //! 1.6.18's for the cases in the tests (checked against a live memcached).
 
+mod admin;
+#[cfg(test)]
+mod admin_tests;
 mod conn;
 mod meta;
 #[cfg(test)]
@@ -25,6 +28,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use corelocal::runtime::{ConnInfo, Service};
 use corelocal_proto::memcache::Limits;
 
+pub use admin::{parse_auth_file, Credentials, ShutdownHook};
 pub use conn::KvConn;
 use store::{Now, Store};
 
@@ -67,13 +71,20 @@ pub struct KvConfig {
     pub lru_crawler: bool,
     /// `stats sizes` histogram kept from the start (memcached `-o track_sizes`).
     pub track_sizes: bool,
+    /// `stats detail` counting from the start (memcached `-D` turns it on).
+    pub detail: bool,
     /// Evict to make room (memcached `-M` turns it off: a full store refuses new items with
     /// `SERVER_ERROR out of memory storing object`).
     pub evictions: bool,
     /// The `shutdown` command stops the server (memcached `-A`); else it is refused.
     pub shutdown_enabled: bool,
+    /// What `shutdown` calls (with `-A`; without a hook the command is refused too).
+    pub shutdown: Option<ShutdownHook>,
+    /// Connections over this many (process-wide) are answered `ERROR Too many open
+    /// connections` and closed (memcached `-c`); 0: no limit here.
+    pub conn_limit: u64,
     /// ASCII authentication (memcached `-Y`): accepted user/password pairs; empty = off.
-    pub auth: Vec<(Vec<u8>, Vec<u8>)>,
+    pub auth: Vec<admin::Credentials>,
 }
 
 /// Facts about the surrounding server that memcached's `stats` report and the service cannot
@@ -126,8 +137,11 @@ impl Default for KvConfig {
             dump_enabled: true,
             lru_crawler: true,
             track_sizes: false,
+            detail: false,
             evictions: true,
             shutdown_enabled: false,
+            shutdown: None,
+            conn_limit: 0,
             auth: Vec::new(),
         }
     }
@@ -229,20 +243,22 @@ impl KvService {
         )
         .with_cas(config.cas_enabled)
         .with_evictions(config.evictions);
-        Ok(KvService {
-            inner: Arc::new(Inner {
-                config,
-                store,
-                wall_base: wall_since_epoch,
-                instant_base,
-                started_unix: wall_since_epoch.as_secs(),
-                pid: std::process::id(),
-                curr_connections: AtomicU64::new(0),
-                total_connections: AtomicU64::new(0),
-                cmd_flush: AtomicU64::new(0),
-                stats: stats::ServerStats::new(&config_for_stats),
-            }),
-        })
+        let inner = Arc::new(Inner {
+            config,
+            store,
+            wall_base: wall_since_epoch,
+            instant_base,
+            started_unix: wall_since_epoch.as_secs(),
+            pid: std::process::id(),
+            curr_connections: AtomicU64::new(0),
+            total_connections: AtomicU64::new(0),
+            cmd_flush: AtomicU64::new(0),
+            stats: stats::ServerStats::new(&config_for_stats),
+        });
+        if inner.config.lru_crawler {
+            admin::start_crawler(&inner);
+        }
+        Ok(KvService { inner })
     }
 
     /// The configuration in use (stripes as adjusted).
@@ -264,8 +280,16 @@ impl Service for KvService {
     }
 
     fn connect(&self, info: &ConnInfo) -> KvConn {
-        self.inner.curr_connections.fetch_add(1, Ordering::Relaxed);
+        let curr = self.inner.curr_connections.fetch_add(1, Ordering::Relaxed) + 1;
         self.inner.total_connections.fetch_add(1, Ordering::Relaxed);
-        KvConn::new(self.inner.clone(), info.worker)
+        let limit = self.inner.config.conn_limit;
+        let rejected = limit != 0 && curr > limit;
+        if rejected {
+            self.inner
+                .stats
+                .rejected_connections
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        KvConn::new(self.inner.clone(), info.worker, rejected, info.now)
     }
 }

@@ -48,6 +48,8 @@ pub(super) struct ServerStats {
     pub(super) crawler_reclaimed: AtomicU64,
     pub(super) crawler_checked: AtomicU64,
     pub(super) rejected_connections: AtomicU64,
+    pub(super) crawler_enabled: AtomicBool,
+    pub(super) idle_kicks: AtomicU64,
 }
 
 impl ServerStats {
@@ -58,7 +60,7 @@ impl ServerStats {
             auth_errors: AtomicU64::new(0),
             io: (0..WORKER_SLOTS).map(|_| WorkerIo::default()).collect(),
             verbosity: AtomicU32::new(0),
-            detail: AtomicBool::new(false),
+            detail: AtomicBool::new(config.detail),
             prefixes: Mutex::new(BTreeMap::new()),
             sizes: AtomicBool::new(config.track_sizes),
             oldest_unix: AtomicU64::new(0),
@@ -67,6 +69,8 @@ impl ServerStats {
             crawler_reclaimed: AtomicU64::new(0),
             crawler_checked: AtomicU64::new(0),
             rejected_connections: AtomicU64::new(0),
+            crawler_enabled: AtomicBool::new(config.lru_crawler),
+            idle_kicks: AtomicU64::new(0),
         }
     }
 
@@ -111,6 +115,7 @@ impl ServerStats {
         self.auth_cmds.store(0, Ordering::Relaxed);
         self.auth_errors.store(0, Ordering::Relaxed);
         self.rejected_connections.store(0, Ordering::Relaxed);
+        self.idle_kicks.store(0, Ordering::Relaxed);
         self.crawler_reclaimed.store(0, Ordering::Relaxed);
         self.crawler_checked.store(0, Ordering::Relaxed);
         for w in self.io.iter() {
@@ -230,8 +235,12 @@ impl Inner {
             memcache::VERSION,
         );
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let max_connections = match self.config.conn_limit {
+            0 => r.max_connections,
+            n => n,
+        };
         let mut rows: Vec<(&str, u64)> = vec![
-            ("max_connections", r.max_connections),
+            ("max_connections", max_connections),
             ("curr_connections", curr),
             ("total_connections", load(&self.total_connections)),
             ("rejected_connections", load(&s.rejected_connections)),
@@ -288,6 +297,15 @@ impl Inner {
             ("slab_reassign_running", 0),
             ("slabs_moved", 0),
         ];
+        if r.idle_timeout_secs > 0 {
+            // memcached reports it after `auth_errors` when an idle timeout is set.
+            let at = rows
+                .iter()
+                .position(|(k, _)| *k == "auth_errors")
+                .unwrap_or(0)
+                + 1;
+            rows.insert(at, ("idle_kicks", load(&s.idle_kicks)));
+        }
         if crawler {
             rows.push((
                 "lru_crawler_running",
@@ -325,13 +343,17 @@ impl Inner {
         let cfg = &self.config;
         let r = &cfg.report;
         let s = &self.stats;
+        let max_connections = match cfg.conn_limit {
+            0 => r.max_connections,
+            n => n,
+        };
         let oldest = match s.oldest_unix.load(Ordering::Relaxed) {
             0 => 0,
             t => self.rel_time(t),
         };
         let rows: Vec<(&str, String)> = vec![
             ("maxbytes", self.store.memory_bytes_max().to_string()),
-            ("maxconns", r.max_connections.to_string()),
+            ("maxconns", max_connections.to_string()),
             ("tcpport", r.tcp_port.to_string()),
             ("udpport", "0".into()),
             (

@@ -329,7 +329,7 @@ pub struct Store {
     flush_slack_ns: u64,
     cas_enabled: bool,
     item_bytes_max: u64,
-    memory_bytes_max: u64,
+    memory_bytes_max: AtomicU64,
     slabs: std::sync::Arc<SlabClasses>,
 }
 
@@ -379,7 +379,7 @@ impl Store {
             flush_slack_ns: 0,
             cas_enabled: true,
             item_bytes_max,
-            memory_bytes_max,
+            memory_bytes_max: AtomicU64::new(memory_bytes_max),
             slabs,
         }
     }
@@ -413,7 +413,7 @@ impl Store {
 
     /// The configured memory limit.
     pub fn memory_bytes_max(&self) -> u64 {
-        self.memory_bytes_max
+        self.memory_bytes_max.load(Ordering::Relaxed)
     }
 
     /// The configured item size limit.
@@ -651,6 +651,16 @@ impl Store {
         }
     }
 
+    /// Changes the memory limit (`cache_memlimit`): each stripe's share; a lower one is
+    /// reached by evicting as new items need room.
+    pub fn set_memory_limit(&self, bytes: u64) {
+        let per = bytes / self.stripes.len() as u64;
+        for p in self.stripes.iter() {
+            p.0.lock().unwrap_or_else(|e| e.into_inner()).bytes_max = per;
+        }
+        self.memory_bytes_max.store(bytes, Ordering::Relaxed);
+    }
+
     /// The memcached slab classes items are reported in.
     pub fn slabs(&self) -> &SlabClasses {
         &self.slabs
@@ -717,7 +727,7 @@ impl Store {
 
     /// Reclaims up to `limit` dead (expired or flushed) items per stripe, walking from the
     /// LRU tail (memcached's LRU crawler); returns (items checked, items reclaimed).
-    pub fn crawl(&self, now: Now, limit: usize) -> (u64, u64) {
+    pub fn crawl(&self, now: Now, limit: usize, classes: Option<&[u8]>) -> (u64, u64) {
         let flush = self.flush_at();
         let (mut checked, mut reclaimed) = (0, 0);
         for p in self.stripes.iter() {
@@ -728,6 +738,10 @@ impl Store {
                 let slot = &s.slots[i as usize];
                 let prev = slot.prev;
                 let class = usize::from(slot.class);
+                if classes.is_some_and(|c| !c.contains(&slot.class)) {
+                    i = prev;
+                    continue;
+                }
                 checked += 1;
                 n += 1;
                 let dead = s.dead(slot, now, flush, self.flush_slack_ns);

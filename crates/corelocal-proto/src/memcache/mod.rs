@@ -183,6 +183,26 @@ pub enum Detail {
     Dump,
 }
 
+/// `lru_crawler` sub-commands (memcached's `process_lru_crawler_command`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Crawler<'a> {
+    /// `lru_crawler crawl <all|1,2,…>`: reclaim expired items of those classes.
+    Crawl(&'a [u8]),
+    /// `lru_crawler metadump <all|1,2,…|hash>`: list every item's metadata.
+    Metadump(&'a [u8]),
+    /// `lru_crawler tocrawl <n>` (`None`: not a number).
+    Tocrawl(Option<u32>),
+    /// `lru_crawler sleep <µs>` (`None`: not a number).
+    Sleep(Option<u32>),
+    /// `lru_crawler enable`.
+    Enable,
+    /// `lru_crawler disable`.
+    Disable,
+}
+
+/// `shutdown` with a mode other than `graceful`.
+pub const BAD_SHUTDOWN_MODE: &str = "CLIENT_ERROR invalid shutdown mode";
+
 /// `stats detail` without on, off or dump.
 pub const DETAIL_USAGE: &str = "CLIENT_ERROR usage: stats detail on|off|dump";
 
@@ -271,6 +291,23 @@ pub enum Command<'a> {
         op: meta::MetaOp,
         /// The whole line.
         line: &'a [u8],
+    },
+    /// `shutdown [graceful]`: `Some(graceful)`, or `None` for another mode (answered
+    /// [`BAD_SHUTDOWN_MODE`] when shutdown is enabled).
+    Shutdown(Option<bool>),
+    /// `cache_memlimit <megabytes> [noreply]`: `None` when not a number (answered `ERROR`).
+    CacheMemlimit {
+        /// The new limit in MiB.
+        mb: Option<u32>,
+        /// Suppress the reply.
+        noreply: bool,
+    },
+    /// `lru_crawler <subcommand>`.
+    LruCrawler(Crawler<'a>),
+    /// `watch [...]`: live logging (refused: see the server).
+    Watch {
+        /// Suppress the reply.
+        noreply: bool,
     },
     /// An unknown command that ends like an HTTP request line (`GET / HTTP/1.1`): close
     /// without a reply, as memcached does, so that a web page cannot make a browser speak to
@@ -403,6 +440,19 @@ pub fn parse_line(line: &[u8]) -> Result<Command<'_>, Reject> {
             }
         }
         b"stats" => parse_stats(&t, n),
+        b"shutdown" => Ok(Command::Shutdown(match (n, t[1]) {
+            (1, _) => Some(false),
+            (2, b"graceful") => Some(true),
+            _ => None,
+        })),
+        b"cache_memlimit" if n == 2 || n == 3 => Ok(Command::CacheMemlimit {
+            mb: safe_strtoul(t[1]),
+            noreply: noreply(&t, n),
+        }),
+        b"lru_crawler" => parse_crawler(&t, n),
+        b"watch" => Ok(Command::Watch {
+            noreply: noreply(&t, n),
+        }),
         name if !is_memcached_command(name) && looks_like_http(line) => Ok(Command::CrossProtocol),
         _ => Err(error()),
     }
@@ -565,6 +615,19 @@ fn parse_flush<'a>(t: &[&'a [u8]; 8], n: usize) -> Result<Command<'a>, Reject> {
         Some(0)
     };
     Ok(Command::FlushAll { delay, noreply: nr })
+}
+
+fn parse_crawler<'a>(t: &[&'a [u8]; 8], n: usize) -> Result<Command<'a>, Reject> {
+    let c = match (n, t[1]) {
+        (3, b"crawl") => Crawler::Crawl(t[2]),
+        (3, b"metadump") => Crawler::Metadump(t[2]),
+        (3, b"tocrawl") => Crawler::Tocrawl(safe_strtoul(t[2])),
+        (3, b"sleep") => Crawler::Sleep(safe_strtoul(t[2])),
+        (2, b"enable") => Crawler::Enable,
+        (2, b"disable") => Crawler::Disable,
+        _ => return Err(error()),
+    };
+    Ok(Command::LruCrawler(c))
 }
 
 fn parse_stats<'a>(t: &[&'a [u8]; 8], n: usize) -> Result<Command<'a>, Reject> {
