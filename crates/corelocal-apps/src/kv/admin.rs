@@ -109,10 +109,18 @@ impl Inner {
         }
     }
 
-    /// `lru_crawler …`.
-    pub(super) fn lru_crawler(self: &Arc<Self>, c: Crawler<'_>, out: &mut Vec<u8>, now: Now) {
+    /// `lru_crawler …`; `pipelined`: replies to earlier commands are still queued (memcached
+    /// refuses a metadump then, its stream would interleave with them).
+    pub(super) fn lru_crawler(
+        self: &Arc<Self>,
+        c: Crawler<'_>,
+        out: &mut Vec<u8>,
+        now: Now,
+        pipelined: bool,
+    ) {
         let s = &self.stats;
-        if !self.config.lru_crawler && matches!(c, Crawler::Crawl(_) | Crawler::Metadump(_)) {
+        let enabled = s.crawler_enabled.load(Ordering::Relaxed);
+        if !enabled && matches!(c, Crawler::Crawl(_) | Crawler::Metadump(_)) {
             return write_line(out, "CLIENT_ERROR lru crawler disabled");
         }
         match c {
@@ -134,6 +142,9 @@ impl Inner {
             Crawler::Metadump(list) => {
                 if !self.config.dump_enabled {
                     return write_line(out, "ERROR metadump not allowed");
+                }
+                if pipelined {
+                    return write_line(out, "ERROR cannot pipeline other commands before metadump");
                 }
                 let Some(which) = classes(list) else {
                     return write_line(out, "BADCLASS invalid class id");

@@ -297,3 +297,58 @@ fn idle_kicks_are_counted_when_a_timeout_is_set() {
     let (svc, base) = service(KvConfig::default());
     assert!(!run(&svc, "stats\r\n", base).contains("idle_kicks"));
 }
+
+/// memcached's debug build moves its clock with `debugtime` (t/expirations.t); ours only
+/// with `debug_time`, else `ERROR` as memcached's release build.
+#[test]
+fn debugtime_moves_the_clock_only_when_enabled() {
+    let (svc, base) = service(KvConfig::default());
+    assert_eq!(run(&svc, "debugtime 3\r\n", base), "ERROR\r\n");
+    let (svc, base) = service(KvConfig {
+        debug_time: true,
+        ..KvConfig::default()
+    });
+    // The clock is read once per read of input: the next one sees the move.
+    assert_eq!(
+        run(
+            &svc,
+            "set foo 0 3 6\r\nfooval\r\ndebugtime 2\r\ndebugtime -1\r\n",
+            base
+        ),
+        "STORED\r\nOK\r\nERROR\r\n"
+    );
+    assert_eq!(
+        run(&svc, "get foo\r\n", base),
+        "VALUE foo 0 6\r\nfooval\r\nEND\r\n"
+    );
+    assert_eq!(run(&svc, "debugtime 1\r\n", base), "OK\r\n");
+    assert_eq!(run(&svc, "get foo\r\n", base), "END\r\n");
+}
+
+/// Started without the crawler (`-o no_lru_crawler`, `no_modern`): crawl and metadump are
+/// refused until `lru_crawler enable`; a metadump after other commands in the same read is
+/// refused (its stream would interleave with their replies).
+#[test]
+fn crawler_enable_and_metadump_alone() {
+    let (svc, base) = service(KvConfig {
+        lru_crawler: false,
+        ..KvConfig::default()
+    });
+    let st = run(&svc, "stats settings\r\nstats\r\n", base);
+    assert!(st.contains("STAT lru_crawler no\r\n") && !st.contains("lru_crawler_running"));
+    assert_eq!(
+        run(
+            &svc,
+            "lru_crawler metadump all\r\nlru_crawler enable\r\n",
+            base
+        ),
+        "CLIENT_ERROR lru crawler disabled\r\nOK\r\n"
+    );
+    let st = run(&svc, "stats settings\r\nstats\r\n", base);
+    assert!(st.contains("STAT lru_crawler yes\r\n") && st.contains("lru_crawler_running"));
+    assert_eq!(
+        run(&svc, "mg foo v\r\nlru_crawler metadump all\r\n", base),
+        "EN\r\nERROR cannot pipeline other commands before metadump\r\n"
+    );
+    assert_eq!(run(&svc, "lru_crawler metadump all\r\n", base), "END\r\n");
+}

@@ -326,6 +326,20 @@ impl KvConn {
                 inner.cache_memlimit(mb, noreply, out.bytes_mut())
             }
             Command::Watch { noreply } => inner.watch(noreply, out.bytes_mut()),
+            Command::DebugTime(delta) => {
+                // Forward only: our clock is monotonic.
+                let reply = match delta {
+                    Some(d) if inner.config.debug_time && d >= 0 => {
+                        inner
+                            .stats
+                            .time_offset
+                            .fetch_add(d as u64, Ordering::Relaxed);
+                        "OK"
+                    }
+                    _ => "ERROR",
+                };
+                write_line(out.bytes_mut(), reply);
+            }
             Command::Shutdown(_) | Command::LruCrawler(_) => {
                 unreachable!("handled by the input loop")
             }
@@ -541,7 +555,10 @@ impl KvConn {
                         return Step::close(input.len(), requests, CloseReason::Done);
                     }
                 }
-                Ok(Command::LruCrawler(c)) => self.inner.lru_crawler(c, out.bytes_mut(), now),
+                Ok(Command::LruCrawler(c)) => {
+                    let pipelined = out.total_len() > 0;
+                    self.inner.lru_crawler(c, out.bytes_mut(), now, pipelined);
+                }
                 Ok(cmd) => self.execute(cmd, out, now),
             }
         }

@@ -65,14 +65,18 @@ pub struct KvConfig {
     pub prefix_delimiter: u8,
     /// `stats cachedump` and `lru_crawler metadump` allowed (memcached `-X` turns them off).
     pub dump_enabled: bool,
-    /// Background reclaim of expired items (memcached's LRU crawler; `-o no_lru_crawler`
-    /// turns it off, and then `lru_crawler` commands answer `CLIENT_ERROR lru crawler
-    /// disabled`).
+    /// Background reclaim of expired items at start (memcached's LRU crawler; `-o
+    /// no_lru_crawler` turns it off, and then `lru_crawler crawl|metadump` answer
+    /// `CLIENT_ERROR lru crawler disabled` until `lru_crawler enable`).
     pub lru_crawler: bool,
     /// `stats sizes` histogram kept from the start (memcached `-o track_sizes`).
     pub track_sizes: bool,
     /// `stats detail` counting from the start (memcached `-D` turns it on).
     pub detail: bool,
+    /// Accept `debugtime <seconds>`, which moves the service's clock forward (memcached's
+    /// debug build, for its tests); off, the command is `ERROR` as in memcached's release
+    /// build.
+    pub debug_time: bool,
     /// Evict to make room (memcached `-M` turns it off: a full store refuses new items with
     /// `SERVER_ERROR out of memory storing object`).
     pub evictions: bool,
@@ -138,6 +142,7 @@ impl Default for KvConfig {
             lru_crawler: true,
             track_sizes: false,
             detail: false,
+            debug_time: false,
             evictions: true,
             shutdown_enabled: false,
             shutdown: None,
@@ -165,7 +170,10 @@ struct Inner {
 
 impl Inner {
     fn now(&self, now: Instant) -> Now {
-        let since = now.saturating_duration_since(self.instant_base);
+        let mut since = now.saturating_duration_since(self.instant_base);
+        if self.config.debug_time {
+            since += Duration::from_secs(self.stats.time_offset.load(Ordering::Relaxed));
+        }
         // Counted from the start of the wall-clock second the store was created in, so that
         // wall seconds begin at multiples of 1e9 (flush_all without CAS works by seconds).
         let since_second = since + Duration::from_nanos(self.wall_base.subsec_nanos().into());
@@ -255,9 +263,8 @@ impl KvService {
             cmd_flush: AtomicU64::new(0),
             stats: stats::ServerStats::new(&config_for_stats),
         });
-        if inner.config.lru_crawler {
-            admin::start_crawler(&inner);
-        }
+        // Started even when off: `lru_crawler enable` turns it on.
+        admin::start_crawler(&inner);
         Ok(KvService { inner })
     }
 

@@ -50,6 +50,8 @@ pub(super) struct ServerStats {
     pub(super) rejected_connections: AtomicU64,
     pub(super) crawler_enabled: AtomicBool,
     pub(super) idle_kicks: AtomicU64,
+    /// `debugtime`: seconds the clock was moved forward.
+    pub(super) time_offset: AtomicU64,
 }
 
 impl ServerStats {
@@ -71,6 +73,7 @@ impl ServerStats {
             rejected_connections: AtomicU64::new(0),
             crawler_enabled: AtomicBool::new(config.lru_crawler),
             idle_kicks: AtomicU64::new(0),
+            time_offset: AtomicU64::new(0),
         }
     }
 
@@ -223,7 +226,7 @@ impl Inner {
         let (user, system) = rusage();
         let (read, written) = s.io_totals();
         let curr = self.curr_connections.load(Ordering::Relaxed);
-        let crawler = self.config.lru_crawler;
+        let crawler = s.crawler_enabled.load(Ordering::Relaxed);
         let _ = write!(
             out,
             "STAT pid {}\r\nSTAT uptime {}\r\nSTAT time {}\r\nSTAT version {}\r\n\
@@ -389,7 +392,10 @@ impl Inner {
             ("slab_automove_ratio", "0.80".into()),
             ("slab_automove_window", "30".into()),
             ("slab_chunk_max", "524288".into()),
-            ("lru_crawler", yes_no(cfg.lru_crawler).into()),
+            (
+                "lru_crawler",
+                yes_no(s.crawler_enabled.load(Ordering::Relaxed)).into(),
+            ),
             ("lru_crawler_sleep", "100".into()),
             ("lru_crawler_tocrawl", "0".into()),
             ("tail_repair_time", "0".into()),
@@ -422,7 +428,6 @@ impl Inner {
     }
 
     fn items_stats(&self, out: &mut Vec<u8>, now: Now) {
-        let crawler = self.config.lru_crawler;
         for (id, c) in self.store.classes(now).iter().enumerate() {
             if c.number == 0 {
                 continue;
@@ -440,14 +445,8 @@ impl Inner {
                 ("reclaimed", k.reclaimed),
                 ("expired_unfetched", k.expired_unfetched),
                 ("evicted_unfetched", k.evicted_unfetched),
-                (
-                    "crawler_reclaimed",
-                    if crawler { k.crawler_reclaimed } else { 0 },
-                ),
-                (
-                    "crawler_items_checked",
-                    if crawler { k.crawler_checked } else { 0 },
-                ),
+                ("crawler_reclaimed", k.crawler_reclaimed),
+                ("crawler_items_checked", k.crawler_checked),
                 ("lrutail_reflocked", 0),
             ];
             for (name, v) in rows {
@@ -462,12 +461,12 @@ impl Inner {
         let slabs = self.store.slabs();
         let mut active = 0;
         for (id, c) in self.store.classes(now).iter().enumerate() {
-            if id == 0 || c.number == 0 || id > slabs.sizes().len() {
+            if id == 0 || !c.counters.used || id > slabs.sizes().len() {
                 continue;
             }
             active += 1;
             let per = u64::from(slabs.per_page(id as u32));
-            let pages = c.number.div_ceil(per);
+            let pages = c.number.div_ceil(per).max(1);
             let rows: [(&str, u64); 7] = [
                 ("chunk_size", u64::from(slabs.sizes()[id - 1])),
                 ("chunks_per_page", per),

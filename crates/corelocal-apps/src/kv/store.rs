@@ -174,6 +174,9 @@ pub struct ClassCounters {
     pub crawler_reclaimed: u64,
     /// Items the crawler looked at.
     pub crawler_checked: u64,
+    /// Whether the class ever held an item (memcached keeps a class's pages once it has
+    /// had one, and lists it in `stats slabs` from then on).
+    pub used: bool,
 }
 
 impl ClassCounters {
@@ -187,6 +190,7 @@ impl ClassCounters {
         self.evicted_unfetched += o.evicted_unfetched;
         self.crawler_reclaimed += o.crawler_reclaimed;
         self.crawler_checked += o.crawler_checked;
+        self.used |= o.used;
     }
 }
 
@@ -774,9 +778,13 @@ impl Store {
         for p in self.stripes.iter() {
             let mut s = p.0.lock().unwrap_or_else(|e| e.into_inner());
             s.counters = Counters::default();
-            s.classes
-                .iter_mut()
-                .for_each(|c| *c = ClassCounters::default());
+            // Counters go; which classes hold pages stays (memcached's pages stay).
+            s.classes.iter_mut().for_each(|c| {
+                *c = ClassCounters {
+                    used: c.used,
+                    ..ClassCounters::default()
+                }
+            });
         }
     }
 }
@@ -946,6 +954,7 @@ impl Stripe {
         };
         self.map.insert(key.into(), i);
         self.link_front(i);
+        self.classes[usize::from(class)].used = true;
         self.bytes += cost;
         self.counters.total_items += 1;
         (Stored::Stored, cas)

@@ -165,6 +165,7 @@ fn kv_config(args: &mut KvArgs, get_line_bytes_max: usize) -> Result<KvConfig, S
         dump_enabled: !args.disable_dumping,
         lru_crawler: !args.no_lru_crawler,
         track_sizes: args.track_sizes,
+        debug_time: args.debug_time,
         evictions: !args.disable_evictions,
         shutdown_enabled: args.enable_shutdown,
         shutdown: Some(shutdown),

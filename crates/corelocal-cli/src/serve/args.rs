@@ -125,6 +125,10 @@ pub(super) struct KvArgs {
     /// (memcached -D).
     #[arg(long, value_name = "CHAR")]
     pub(super) detail_delimiter: Option<char>,
+    /// Accept `debugtime <seconds>`, which moves the cache's clock forward (memcached's debug
+    /// build has it for its tests; never for a shared cache: any client could expire items).
+    #[arg(long, hide = true)]
+    pub(super) debug_time: bool,
 }
 
 #[derive(Debug, Args)]

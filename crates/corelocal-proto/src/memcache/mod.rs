@@ -304,6 +304,9 @@ pub enum Command<'a> {
     },
     /// `lru_crawler <subcommand>`.
     LruCrawler(Crawler<'a>),
+    /// `debugtime <seconds>` (memcached's debug build): moves the clock forward; `None` when
+    /// not a number (answered `ERROR`).
+    DebugTime(Option<i64>),
     /// `watch [...]`: live logging (refused: see the server).
     Watch {
         /// Suppress the reply.
@@ -450,6 +453,9 @@ pub fn parse_line(line: &[u8]) -> Result<Command<'_>, Reject> {
             noreply: noreply(&t, n),
         }),
         b"lru_crawler" => parse_crawler(&t, n),
+        b"debugtime" if n >= 2 => Ok(Command::DebugTime(
+            std::str::from_utf8(t[1]).ok().and_then(|v| v.parse().ok()),
+        )),
         b"watch" => Ok(Command::Watch {
             noreply: noreply(&t, n),
         }),
