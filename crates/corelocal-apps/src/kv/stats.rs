@@ -455,11 +455,13 @@ impl Inner {
         }
     }
 
-    /// `stats slabs`: the pages memcached would use for these items (our store allocates per
-    /// item; `total_malloced` is the bytes it charges).
+    /// `stats slabs`: the 1 MiB pages memcached would hold for these items (our store
+    /// allocates per item): a class keeps at least one once it held an item, as memcached's
+    /// do; `total_malloced` is those pages' bytes.
     fn slabs_stats(&self, out: &mut Vec<u8>, now: Now) {
         let slabs = self.store.slabs();
         let mut active = 0;
+        let mut malloced = 0;
         for (id, c) in self.store.classes(now).iter().enumerate() {
             if id == 0 || !c.counters.used || id > slabs.sizes().len() {
                 continue;
@@ -467,6 +469,7 @@ impl Inner {
             active += 1;
             let per = u64::from(slabs.per_page(id as u32));
             let pages = c.number.div_ceil(per).max(1);
+            malloced += pages << 20;
             let rows: [(&str, u64); 7] = [
                 ("chunk_size", u64::from(slabs.sizes()[id - 1])),
                 ("chunks_per_page", per),
@@ -482,8 +485,7 @@ impl Inner {
         }
         let _ = write!(
             out,
-            "STAT active_slabs {active}\r\nSTAT total_malloced {}\r\n",
-            self.store.totals().bytes
+            "STAT active_slabs {active}\r\nSTAT total_malloced {malloced}\r\n"
         );
     }
 

@@ -253,6 +253,7 @@ fn items_slabs_sizes_and_cachedump() {
     assert_eq!(get(&st, "1:total_chunks"), "10922");
     assert_eq!(get(&st, "10:chunk_size"), "752");
     assert_eq!(get(&st, "active_slabs"), "2");
+    assert_eq!(get(&st, "total_malloced"), (2u64 << 20).to_string());
     assert!(out.contains("STAT sizes_status disabled\r\n"), "{out}");
     // cachedump: binary keys left out; the limit; bad class and missing arguments.
     assert!(
