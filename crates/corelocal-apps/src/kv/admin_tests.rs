@@ -352,3 +352,21 @@ fn crawler_enable_and_metadump_alone() {
     );
     assert_eq!(run(&svc, "lru_crawler metadump all\r\n", base), "END\r\n");
 }
+
+/// memcached's t/strtol-testing.t and the slab commands: we have no slab pages to move.
+#[test]
+fn slabs_commands() {
+    let (svc, base) = service(KvConfig::default());
+    assert_eq!(
+        run(
+            &svc,
+            "slabs automove invalid\r\nslabs automove 3\r\nslabs automove 2\r\n\
+             slabs automove 1 noreply\r\nslabs automove ratio x\r\nslabs automove ratio 0.5\r\n\
+             slabs reassign 1 2\r\nslabs reassign 1\r\nslabs\r\n",
+            base
+        ),
+        "CLIENT_ERROR bad command line format\r\nERROR\r\nOK\r\nERROR\r\nOK\r\n\
+         CLIENT_ERROR slab reassignment disabled\r\nERROR\r\nERROR\r\n"
+    );
+    assert!(run(&svc, "stats settings\r\n", base).contains("STAT slab_automove 1\r\n"));
+}

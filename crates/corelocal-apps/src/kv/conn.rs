@@ -326,6 +326,20 @@ impl KvConn {
                 inner.cache_memlimit(mb, noreply, out.bytes_mut())
             }
             Command::Watch { noreply } => inner.watch(noreply, out.bytes_mut()),
+            Command::Slabs { cmd, noreply } => {
+                let reply = match cmd {
+                    // We have no slab pages to move: memcached's reply when it may not.
+                    memcache::Slabs::Reassign => "CLIENT_ERROR slab reassignment disabled",
+                    // Kept for `stats settings`; nothing to move.
+                    memcache::Slabs::Automove(level) => {
+                        inner.stats.slab_automove.store(level, Ordering::Relaxed);
+                        "OK"
+                    }
+                    memcache::Slabs::AutomoveRatio => "OK",
+                    memcache::Slabs::Bad(reply) => reply,
+                };
+                reply_str(out, reply, noreply);
+            }
             Command::DebugTime(delta) => {
                 // Forward only: our clock is monotonic.
                 let reply = match delta {
@@ -354,6 +368,13 @@ impl KvConn {
             Command::Meta { .. } => unreachable!("meta commands are handled by meta_line"),
             Command::Quit | Command::CrossProtocol => {}
         }
+    }
+}
+
+/// Writes a reply line unless `noreply` was given.
+fn reply_str(out: &mut Output, line: &str, noreply: bool) {
+    if !noreply {
+        write_line(out.bytes_mut(), line);
     }
 }
 

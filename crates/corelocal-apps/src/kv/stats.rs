@@ -50,6 +50,8 @@ pub(super) struct ServerStats {
     pub(super) rejected_connections: AtomicU64,
     pub(super) crawler_enabled: AtomicBool,
     pub(super) idle_kicks: AtomicU64,
+    /// `slabs automove` level, reported (no slab pages to move).
+    pub(super) slab_automove: AtomicU32,
     /// `debugtime`: seconds the clock was moved forward.
     pub(super) time_offset: AtomicU64,
 }
@@ -74,6 +76,7 @@ impl ServerStats {
             crawler_enabled: AtomicBool::new(config.lru_crawler),
             idle_kicks: AtomicU64::new(0),
             time_offset: AtomicU64::new(0),
+            slab_automove: AtomicU32::new(0),
         }
     }
 
@@ -388,7 +391,10 @@ impl Inner {
             ("maxconns_fast", "yes".into()),
             ("hashpower_init", "0".into()),
             ("slab_reassign", "no".into()),
-            ("slab_automove", "0".into()),
+            (
+                "slab_automove",
+                s.slab_automove.load(Ordering::Relaxed).to_string(),
+            ),
             ("slab_automove_ratio", "0.80".into()),
             ("slab_automove_window", "30".into()),
             ("slab_chunk_max", "524288".into()),

@@ -200,6 +200,19 @@ pub enum Crawler<'a> {
     Disable,
 }
 
+/// `slabs` sub-commands (memcached's `process_slabs_command`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Slabs {
+    /// `slabs reassign <src> <dst>`.
+    Reassign,
+    /// `slabs automove <0|1|2>`.
+    Automove(u32),
+    /// `slabs automove ratio <r>`.
+    AutomoveRatio,
+    /// Refused with this reply.
+    Bad(&'static str),
+}
+
 /// `shutdown` with a mode other than `graceful`.
 pub const BAD_SHUTDOWN_MODE: &str = "CLIENT_ERROR invalid shutdown mode";
 
@@ -304,6 +317,13 @@ pub enum Command<'a> {
     },
     /// `lru_crawler <subcommand>`.
     LruCrawler(Crawler<'a>),
+    /// `slabs reassign|automove …`, memcached's slab page mover.
+    Slabs {
+        /// What was asked.
+        cmd: Slabs,
+        /// Suppress the reply (`automove` only, as memcached).
+        noreply: bool,
+    },
     /// `debugtime <seconds>` (memcached's debug build): moves the clock forward; `None` when
     /// not a number (answered `ERROR`).
     DebugTime(Option<i64>),
@@ -453,6 +473,31 @@ pub fn parse_line(line: &[u8]) -> Result<Command<'_>, Reject> {
             noreply: noreply(&t, n),
         }),
         b"lru_crawler" => parse_crawler(&t, n),
+        b"slabs" if n == 4 && t[1] == b"reassign" => Ok(Command::Slabs {
+            cmd: Slabs::Reassign,
+            noreply: false,
+        }),
+        b"slabs" if n >= 3 && t[1] == b"automove" => {
+            let cmd = if t[2] == b"ratio" {
+                let ratio = std::str::from_utf8(t[3])
+                    .ok()
+                    .and_then(|r| r.parse::<f64>().ok());
+                match ratio {
+                    Some(_) if n >= 4 => Slabs::AutomoveRatio,
+                    _ => Slabs::Bad(ERROR),
+                }
+            } else {
+                match safe_strtoul(t[2]) {
+                    None => Slabs::Bad(BAD_FORMAT),
+                    Some(level @ 0..=2) => Slabs::Automove(level),
+                    Some(_) => Slabs::Bad(ERROR),
+                }
+            };
+            Ok(Command::Slabs {
+                cmd,
+                noreply: noreply(&t, n),
+            })
+        }
         b"debugtime" if n >= 2 => Ok(Command::DebugTime(
             std::str::from_utf8(t[1]).ok().and_then(|v| v.parse().ok()),
         )),
