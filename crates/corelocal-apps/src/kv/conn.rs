@@ -3,16 +3,63 @@
 use std::io::Write;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use corelocal::runtime::{CloseReason, Handler, Output, Step};
+use corelocal_proto::memcache::meta::{self as mp, MetaOp};
 use corelocal_proto::memcache::{
     self, data_chunk_ok, expiry_unix, line_overflow, next_line, parse_line, write_line,
-    write_value, Command, Overflow, Stats, StoreOp,
+    write_value, Command, Overflow, StoreOp,
 };
 
+use super::admin::Auth;
+use super::meta::{write_ms_reply, MetaAnswer};
 use super::store::{Arith, Now, Put, Stored};
 use super::Inner;
+
+/// A storage command line (text `set`… or meta `ms`), before its data.
+struct StoreLine<'a> {
+    op: StoreOp,
+    key: &'a [u8],
+    flags: u32,
+    exptime: i32,
+    bytes: usize,
+    cas: u64,
+    noreply: bool,
+    invalidate: bool,
+    /// `ms`: how to reply (`None`: the text protocol's STORED…).
+    meta: Option<MetaAnswer>,
+}
+
+impl<'a> StoreLine<'a> {
+    fn text(st: &memcache::Store<'a>) -> StoreLine<'a> {
+        StoreLine {
+            op: st.op,
+            key: st.key,
+            flags: st.flags,
+            exptime: st.exptime,
+            bytes: st.bytes,
+            cas: st.cas,
+            noreply: st.noreply,
+            invalidate: false,
+            meta: None,
+        }
+    }
+
+    fn meta(req: &'a mp::MetaRequest<'_>) -> StoreLine<'a> {
+        StoreLine {
+            op: req.store_op,
+            key: req.key.bytes(),
+            flags: req.flags.client_flags,
+            exptime: req.flags.ttl.unwrap_or(0),
+            bytes: req.datalen,
+            cas: req.flags.cas.unwrap_or(0),
+            noreply: false,
+            invalidate: req.flags.invalidate,
+            meta: Some(MetaAnswer::new(req)),
+        }
+    }
+}
 
 /// A storage command whose data is still arriving.
 struct Pending {
@@ -22,6 +69,8 @@ struct Pending {
     exp: u64,
     cas: u64,
     noreply: bool,
+    invalidate: bool,
+    meta: Option<MetaAnswer>,
     /// Data plus its `\r\n` (capacity reserved up front: bounded by the item size limit).
     chunk: Vec<u8>,
     chunk_len: usize,
@@ -41,13 +90,30 @@ enum State {
 pub struct KvConn {
     inner: Arc<Inner>,
     state: State,
+    /// The worker serving it (its byte counters).
+    worker: usize,
+    /// memcached `-Y`: where the connection is in the authentication exchange.
+    auth: Auth,
+    /// Over the connection limit (memcached `-c`): answered and closed at its first input.
+    rejected: bool,
+    /// When input last came (for counting idle kicks).
+    last_input: Instant,
 }
 
 impl KvConn {
-    pub(super) fn new(inner: Arc<Inner>) -> KvConn {
+    pub(super) fn new(inner: Arc<Inner>, worker: usize, rejected: bool, now: Instant) -> KvConn {
+        let auth = if inner.config.auth.is_empty() {
+            Auth::Done
+        } else {
+            Auth::Line
+        };
         KvConn {
             inner,
             state: State::Line,
+            worker,
+            auth,
+            rejected,
+            last_input: now,
         }
     }
 
@@ -58,17 +124,25 @@ impl KvConn {
     /// Handles a storage line; `after` is the input following it. Returns bytes consumed.
     fn begin_store(
         &mut self,
-        st: &memcache::Store<'_>,
+        st: StoreLine<'_>,
         after: &[u8],
         out: &mut Output,
         now: Now,
     ) -> usize {
         let store = &self.inner.store;
         let chunk_len = st.bytes + 2;
+        if st.meta.is_none() && self.inner.stats.detail_on() {
+            self.inner
+                .stats
+                .record_prefix(self.inner.config.prefix_delimiter, st.key, 2, false);
+        }
         if store.too_large(st.key, st.flags, st.bytes) {
-            reply(out, memcache::TOO_LARGE, st.noreply);
-            // memcached drops the old value of a failed set rather than leave it stale.
-            if st.op == StoreOp::Set {
+            store.count_too_large(st.key);
+            // Meta commands always answer errors.
+            reply(out, memcache::TOO_LARGE, st.noreply && st.meta.is_none());
+            // memcached drops the old value of a failed set rather than leave it stale (`ms`:
+            // whatever its mode).
+            if st.op == StoreOp::Set || st.meta.is_some() {
                 store.delete(st.key, now);
             }
             let taken = chunk_len.min(after.len());
@@ -86,9 +160,11 @@ impl KvConn {
                 exp,
                 data: &after[..chunk_len],
                 cas: self.inner.cas_of(st.cas),
+                invalidate: st.invalidate,
+                key_binary: st.meta.as_ref().is_some_and(|m| m.key_binary),
             };
             let r = self.inner.store_chunk(put, now);
-            reply(out, r, st.noreply);
+            answer_store(out, r, st.key, st.noreply, st.meta.as_ref());
             return chunk_len;
         }
         let mut chunk = Vec::with_capacity(chunk_len);
@@ -100,6 +176,8 @@ impl KvConn {
             exp,
             cas: self.inner.cas_of(st.cas),
             noreply: st.noreply,
+            invalidate: st.invalidate,
+            meta: st.meta,
             chunk,
             chunk_len,
         }));
@@ -130,12 +208,43 @@ impl KvConn {
                         exp: p.exp,
                         data: &p.chunk,
                         cas: p.cas,
+                        invalidate: p.invalidate,
+                        key_binary: p.meta.as_ref().is_some_and(|m| m.key_binary),
                     };
                     let r = self.inner.store_chunk(put, now);
-                    reply(out, r, p.noreply);
+                    answer_store(out, r, &p.key, p.noreply, p.meta.as_ref());
                     self.state = State::Line;
                 }
                 n
+            }
+        }
+    }
+
+    /// A meta command line; `after` is the input following it (an `ms`'s data). Returns the
+    /// bytes of `after` consumed.
+    fn meta_line(
+        &mut self,
+        op: MetaOp,
+        line: &[u8],
+        after: &[u8],
+        out: &mut Output,
+        now: Now,
+    ) -> usize {
+        match mp::parse(op, line) {
+            Err(e) => {
+                write_line(out.bytes_mut(), e.reply);
+                let taken = e.swallow.min(after.len());
+                if taken < e.swallow {
+                    self.state = State::Swallow((e.swallow - taken) as u64);
+                }
+                taken
+            }
+            Ok(req) if op == MetaOp::Set => {
+                self.begin_store(StoreLine::meta(&req), after, out, now)
+            }
+            Ok(req) => {
+                self.inner.meta(&req, out.bytes_mut(), now);
+                0
             }
         }
     }
@@ -148,10 +257,16 @@ impl KvConn {
                 let touch_exp = touch.map(|e| expiry_unix(e, now.unix, inner.started_unix));
                 let buf = out.bytes_mut();
                 let start = buf.len();
+                let detail = inner.stats.detail_on();
                 for key in keys {
-                    store.get(key, now, touch_exp, |flags, value, unique| {
+                    let hit = store.get(key, now, touch_exp, |flags, value, unique| {
                         write_value(buf, key, flags, value, cas.then_some(unique));
                     });
+                    if detail {
+                        inner
+                            .stats
+                            .record_prefix(inner.config.prefix_delimiter, key, 0, hit);
+                    }
                     if (buf.len() - start) as u64 > inner.config.get_response_bytes_max {
                         buf.truncate(start);
                         write_line(buf, memcache::GET_TOO_LARGE);
@@ -162,6 +277,11 @@ impl KvConn {
             }
             Command::Store(_) => unreachable!("storage commands are handled by begin_store"),
             Command::Delete { key, noreply } => {
+                if inner.stats.detail_on() {
+                    inner
+                        .stats
+                        .record_prefix(inner.config.prefix_delimiter, key, 3, false);
+                }
                 let found = store.delete(key, now);
                 reply(out, if found { "DELETED" } else { "NOT_FOUND" }, noreply);
             }
@@ -202,19 +322,59 @@ impl KvConn {
             Command::Version => {
                 write_line(out.bytes_mut(), &format!("VERSION {}", memcache::VERSION));
             }
-            Command::Verbosity { noreply } => reply(out, "OK", noreply),
+            Command::CacheMemlimit { mb, noreply } => {
+                inner.cache_memlimit(mb, noreply, out.bytes_mut())
+            }
+            Command::Watch { noreply } => inner.watch(noreply, out.bytes_mut()),
+            Command::Slabs { cmd, noreply } => {
+                let reply = match cmd {
+                    // We have no slab pages to move: memcached's reply when it may not.
+                    memcache::Slabs::Reassign => "CLIENT_ERROR slab reassignment disabled",
+                    // Kept for `stats settings`; nothing to move.
+                    memcache::Slabs::Automove(level) => {
+                        inner.stats.slab_automove.store(level, Ordering::Relaxed);
+                        "OK"
+                    }
+                    memcache::Slabs::AutomoveRatio => "OK",
+                    memcache::Slabs::Bad(reply) => reply,
+                };
+                reply_str(out, reply, noreply);
+            }
+            Command::DebugTime(delta) => {
+                // Forward only: our clock is monotonic.
+                let reply = match delta {
+                    Some(d) if inner.config.debug_time && d >= 0 => {
+                        inner
+                            .stats
+                            .time_offset
+                            .fetch_add(d as u64, Ordering::Relaxed);
+                        "OK"
+                    }
+                    _ => "ERROR",
+                };
+                write_line(out.bytes_mut(), reply);
+            }
+            Command::Shutdown(_) | Command::LruCrawler(_) => {
+                unreachable!("handled by the input loop")
+            }
+            Command::Verbosity { level, noreply } => {
+                // memcached caps it at its MAX_VERBOSITY_LEVEL, 2; we print nothing more for
+                // it, but report it in `stats settings`.
+                inner.stats.verbosity.store(level.min(2), Ordering::Relaxed);
+                reply(out, "OK", noreply);
+            }
             Command::Stats(which) => inner.stats(which, out.bytes_mut(), now),
             Command::MetaNoop => write_line(out.bytes_mut(), "MN"),
+            Command::Meta { .. } => unreachable!("meta commands are handled by meta_line"),
             Command::Quit | Command::CrossProtocol => {}
         }
     }
 }
 
-fn yes_no(b: bool) -> &'static str {
-    if b {
-        "yes"
-    } else {
-        "no"
+/// Writes a reply line unless `noreply` was given.
+fn reply_str(out: &mut Output, line: &str, noreply: bool) {
+    if !noreply {
+        write_line(out.bytes_mut(), line);
     }
 }
 
@@ -237,16 +397,37 @@ impl From<Stored> for &'static str {
     }
 }
 
-/// What a complete data chunk yields: a store outcome, or a bad chunk.
+/// What a complete data chunk yields: a store outcome (and the new CAS unique), or a bad
+/// chunk.
 enum ChunkResult {
-    Stored(Stored),
+    Stored(Stored, u64),
     BadChunk,
+}
+
+/// Answers a storage command: the text protocol's line (unless `noreply`), or `ms`'s reply.
+fn answer_store(
+    out: &mut Output,
+    r: ChunkResult,
+    key: &[u8],
+    noreply: bool,
+    meta: Option<&MetaAnswer>,
+) {
+    match meta {
+        None => reply(out, r, noreply),
+        Some(m) => {
+            let (result, cas) = match r {
+                ChunkResult::Stored(s, cas) => (Ok(s), cas),
+                ChunkResult::BadChunk => (Err(memcache::BAD_CHUNK), 0),
+            };
+            write_ms_reply(out.bytes_mut(), result, cas, key, m);
+        }
+    }
 }
 
 impl From<ChunkResult> for &'static str {
     fn from(r: ChunkResult) -> &'static str {
         match r {
-            ChunkResult::Stored(s) => s.into(),
+            ChunkResult::Stored(s, _) => s.into(),
             ChunkResult::BadChunk => memcache::BAD_CHUNK,
         }
     }
@@ -269,10 +450,17 @@ impl Inner {
             return ChunkResult::BadChunk;
         }
         put.data = &put.data[..put.data.len() - 2];
-        ChunkResult::Stored(self.store.store(&put, now))
+        let (stored, cas) = self.store.store_cas(&put, now);
+        ChunkResult::Stored(stored, cas)
     }
 
     fn flush(&self, delay: i32, now: Now) {
+        let at = if delay <= 0 {
+            now.unix
+        } else {
+            expiry_unix(delay, now.unix, self.started_unix).max(now.unix)
+        };
+        self.stats.oldest_unix.store(at, Ordering::Relaxed);
         if !self.config.cas_enabled {
             // memcached -C: items stored in or before the flush's second die once that second
             // has come; there are no uniques to tell apart those stored just after the flush.
@@ -300,84 +488,45 @@ impl Inner {
             _ => self.store.flush(None),
         }
     }
-
-    fn stats(&self, which: Stats, out: &mut Vec<u8>, now: Now) {
-        match which {
-            Stats::Reset => {
-                self.store.reset_counters();
-                write_line(out, "RESET");
-                return;
-            }
-            Stats::Empty => {}
-            Stats::Settings => {
-                let _ = write!(
-                    out,
-                    "STAT maxbytes {}\r\nSTAT item_size_max {}\r\nSTAT evictions on\r\n\
-                     STAT cas_enabled {}\r\nSTAT flush_enabled {}\r\nSTAT stripes {}\r\n",
-                    self.store.memory_bytes_max(),
-                    self.store.item_bytes_max(),
-                    yes_no(self.config.cas_enabled),
-                    yes_no(self.config.flush_enabled),
-                    self.config.stripes,
-                );
-            }
-            Stats::General => self.general_stats(out, now),
-        }
-        write_line(out, "END");
-    }
-
-    fn general_stats(&self, out: &mut Vec<u8>, now: Now) {
-        let t = self.store.totals();
-        let c = t.counters;
-        let conns = (
-            self.curr_connections.load(Ordering::Relaxed),
-            self.total_connections.load(Ordering::Relaxed),
-        );
-        let rows: [(&str, u64); 30] = [
-            ("pid", u64::from(self.pid)),
-            ("uptime", now.unix.saturating_sub(self.started_unix)),
-            ("time", now.unix),
-            ("pointer_size", 64),
-            ("curr_connections", conns.0),
-            ("total_connections", conns.1),
-            ("cmd_get", c.cmd_get),
-            ("cmd_set", c.cmd_set),
-            ("cmd_flush", self.cmd_flush.load(Ordering::Relaxed)),
-            ("cmd_touch", c.cmd_touch),
-            ("get_hits", c.get_hits),
-            ("get_misses", c.get_misses),
-            ("get_expired", c.get_expired),
-            ("get_flushed", c.get_flushed),
-            ("delete_misses", c.delete_misses),
-            ("delete_hits", c.delete_hits),
-            ("incr_misses", c.incr_misses),
-            ("incr_hits", c.incr_hits),
-            ("decr_misses", c.decr_misses),
-            ("decr_hits", c.decr_hits),
-            ("cas_misses", c.cas_misses),
-            ("cas_hits", c.cas_hits),
-            ("cas_badval", c.cas_badval),
-            ("touch_hits", c.touch_hits),
-            ("touch_misses", c.touch_misses),
-            ("limit_maxbytes", self.store.memory_bytes_max()),
-            ("bytes", t.bytes),
-            ("curr_items", t.curr_items),
-            ("total_items", c.total_items),
-            ("evictions", c.evictions),
-        ];
-        let _ = write!(out, "STAT version {}\r\n", memcache::VERSION);
-        for (name, v) in rows {
-            let _ = write!(out, "STAT {name} {v}\r\n");
-        }
-    }
 }
 
 impl Handler for KvConn {
     fn on_input(&mut self, input: &[u8], out: &mut Output, now: Instant) -> Step {
+        let before = out.total_len();
+        let step = self.input(input, out, now);
+        let written = out.total_len().saturating_sub(before);
+        self.inner
+            .stats
+            .count_io(self.worker, step.consumed as u64, written);
+        step
+    }
+}
+
+impl KvConn {
+    fn input(&mut self, input: &[u8], out: &mut Output, now: Instant) -> Step {
+        self.last_input = now;
+        if self.rejected {
+            // memcached writes this at accept and closes; we can answer only once input came.
+            out.write(b"ERROR Too many open connections\r\n");
+            return Step::close(input.len(), 0, CloseReason::Done);
+        }
         let now = self.now(now);
         let limits = self.inner.config.limits;
         let mut consumed = 0;
         let mut requests = 0;
+        while self.auth != Auth::Done {
+            let (n, close) =
+                self.inner
+                    .authenticate(&mut self.auth, &input[consumed..], out.bytes_mut());
+            if close {
+                return Step::close(input.len(), requests, CloseReason::TooLarge);
+            }
+            if n == 0 {
+                return Step::read(consumed, requests);
+            }
+            consumed += n;
+            requests += 1;
+        }
         loop {
             consumed += self.continue_data(&input[consumed..], out, now);
             let rest = &input[consumed..];
@@ -416,7 +565,20 @@ impl Handler for KvConn {
                     return Step::close(input.len(), requests, CloseReason::BadRequest);
                 }
                 Ok(Command::Store(st)) => {
-                    consumed += self.begin_store(&st, &input[consumed..], out, now);
+                    consumed +=
+                        self.begin_store(StoreLine::text(&st), &input[consumed..], out, now);
+                }
+                Ok(Command::Meta { op, line }) => {
+                    consumed += self.meta_line(op, line, &input[consumed..], out, now);
+                }
+                Ok(Command::Shutdown(mode)) => {
+                    if self.inner.shutdown(mode, out.bytes_mut()) {
+                        return Step::close(input.len(), requests, CloseReason::Done);
+                    }
+                }
+                Ok(Command::LruCrawler(c)) => {
+                    let pipelined = out.total_len() > 0;
+                    self.inner.lru_crawler(c, out.bytes_mut(), now, pipelined);
                 }
                 Ok(cmd) => self.execute(cmd, out, now),
             }
@@ -427,5 +589,11 @@ impl Handler for KvConn {
 impl Drop for KvConn {
     fn drop(&mut self) {
         self.inner.curr_connections.fetch_sub(1, Ordering::Relaxed);
+        let idle = self.inner.config.report.idle_timeout_secs;
+        // A connection closed after at least the idle timeout without input was closed for
+        // it (memcached's idle_kicks); the clock is read only when the stat is reported.
+        if idle > 0 && self.last_input.elapsed() >= Duration::from_secs(idle) {
+            self.inner.stats.idle_kicks.fetch_add(1, Ordering::Relaxed);
+        }
     }
 }

@@ -2,11 +2,20 @@
 //!
 //! [`KvService`] speaks the memcached text protocol (get/gets/gat/gats, set/add/replace/
 //! append/prepend/cas, delete, incr/decr, touch, flush_all, version, verbosity, stats, quit,
-//! `noreply`) over a [`store::Store`] shared by every worker: striped locks, each stripe its
-//! own LRU and byte budget. Replies — errors included — are byte-identical to memcached
+//! `noreply`) and its meta protocol (mg/ms/md/ma/me/mn) over a [`store::Store`] shared by
+//! every worker: striped locks, each stripe its own LRU and byte budget. Replies — errors included — are byte-identical to memcached
 //! 1.6.18's for the cases in the tests (checked against a live memcached).
 
+mod admin;
+#[cfg(test)]
+mod admin_tests;
 mod conn;
+mod meta;
+#[cfg(test)]
+mod meta_tests;
+mod stats;
+#[cfg(test)]
+mod stats_tests;
 pub mod store;
 #[cfg(test)]
 mod tests;
@@ -19,6 +28,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use corelocal::runtime::{ConnInfo, Service};
 use corelocal_proto::memcache::Limits;
 
+pub use admin::{parse_auth_file, Credentials, ShutdownHook};
 pub use conn::KvConn;
 use store::{Now, Store};
 
@@ -45,9 +55,74 @@ pub struct KvConfig {
     /// allowed`), so that a client cannot empty a cache others share.
     pub flush_enabled: bool,
     /// CAS uniques kept (memcached `-C` turns them off: `gets` reports 0, `cas` of a present
-    /// item always stores, and `flush_all` can only tell items apart by the second they were
+    /// item answers EXISTS, and `flush_all` can only tell items apart by the second they were
     /// stored in, so an item stored in the same second as a flush is flushed too).
     pub cas_enabled: bool,
+    /// What `stats` and `stats settings` report about the server around the service (the
+    /// runtime owns these; memcached's names).
+    pub report: Report,
+    /// `stats detail` key prefix delimiter (memcached `-D`, default `:`).
+    pub prefix_delimiter: u8,
+    /// `stats cachedump` and `lru_crawler metadump` allowed (memcached `-X` turns them off).
+    pub dump_enabled: bool,
+    /// Background reclaim of expired items at start (memcached's LRU crawler; `-o
+    /// no_lru_crawler` turns it off, and then `lru_crawler crawl|metadump` answer
+    /// `CLIENT_ERROR lru crawler disabled` until `lru_crawler enable`).
+    pub lru_crawler: bool,
+    /// `stats sizes` histogram kept from the start (memcached `-o track_sizes`).
+    pub track_sizes: bool,
+    /// `stats detail` counting from the start (memcached `-D` turns it on).
+    pub detail: bool,
+    /// Accept `debugtime <seconds>`, which moves the service's clock forward (memcached's
+    /// debug build, for its tests); off, the command is `ERROR` as in memcached's release
+    /// build.
+    pub debug_time: bool,
+    /// Evict to make room (memcached `-M` turns it off: a full store refuses new items with
+    /// `SERVER_ERROR out of memory storing object`).
+    pub evictions: bool,
+    /// The `shutdown` command stops the server (memcached `-A`); else it is refused.
+    pub shutdown_enabled: bool,
+    /// What `shutdown` calls (with `-A`; without a hook the command is refused too).
+    pub shutdown: Option<ShutdownHook>,
+    /// Connections over this many (process-wide) are answered `ERROR Too many open
+    /// connections` and closed (memcached `-c`); 0: no limit here.
+    pub conn_limit: u64,
+    /// ASCII authentication (memcached `-Y`): accepted user/password pairs; empty = off.
+    pub auth: Vec<admin::Credentials>,
+}
+
+/// Facts about the surrounding server that memcached's `stats` report and the service cannot
+/// see for itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Report {
+    /// Worker threads (`threads`, `num_threads`).
+    pub threads: u32,
+    /// Connection limit (`max_connections`, `maxconns`).
+    pub max_connections: u64,
+    /// First listening port (`tcpport`).
+    pub tcp_port: u16,
+    /// Listen address when one was given (`inter`).
+    pub interface: Option<String>,
+    /// Listen backlog (`tcp_backlog`).
+    pub backlog: u32,
+    /// Idle connection timeout in seconds, 0 = none (`idle_timeout`).
+    pub idle_timeout_secs: u64,
+    /// Requests handled per read before yielding (`reqs_per_event`).
+    pub reqs_per_event: u32,
+}
+
+impl Default for Report {
+    fn default() -> Report {
+        Report {
+            threads: 1,
+            max_connections: 1024,
+            tcp_port: 11211,
+            interface: None,
+            backlog: 1024,
+            idle_timeout_secs: 0,
+            reqs_per_event: 20,
+        }
+    }
 }
 
 impl Default for KvConfig {
@@ -61,6 +136,18 @@ impl Default for KvConfig {
             get_response_bytes_max: 64 << 20,
             flush_enabled: true,
             cas_enabled: true,
+            report: Report::default(),
+            prefix_delimiter: b':',
+            dump_enabled: true,
+            lru_crawler: true,
+            track_sizes: false,
+            detail: false,
+            debug_time: false,
+            evictions: true,
+            shutdown_enabled: false,
+            shutdown: None,
+            conn_limit: 0,
+            auth: Vec::new(),
         }
     }
 }
@@ -77,17 +164,34 @@ struct Inner {
     curr_connections: AtomicU64,
     total_connections: AtomicU64,
     cmd_flush: AtomicU64,
+    /// Everything else `stats` reports that is not in the store.
+    stats: stats::ServerStats,
 }
 
 impl Inner {
     fn now(&self, now: Instant) -> Now {
-        let since = now.saturating_duration_since(self.instant_base);
+        let mut since = now.saturating_duration_since(self.instant_base);
+        if self.config.debug_time {
+            since += Duration::from_secs(self.stats.time_offset.load(Ordering::Relaxed));
+        }
         // Counted from the start of the wall-clock second the store was created in, so that
         // wall seconds begin at multiples of 1e9 (flush_all without CAS works by seconds).
         let since_second = since + Duration::from_nanos(self.wall_base.subsec_nanos().into());
         Now {
             unix: (self.wall_base + since).as_secs(),
             ns: u64::try_from(since_second.as_nanos()).unwrap_or(u64::MAX),
+        }
+    }
+
+    /// memcached's relative clock for a unix time: seconds since its `process_started`, which
+    /// it sets 62 s before it starts; its "already expired" time 1 stays 1. (Remaining TTLs
+    /// are differences of these, in 32 bits, as memcached prints them.)
+    fn rel_time(&self, unix: u64) -> u32 {
+        let base = self.started_unix.saturating_sub(62);
+        if unix <= base {
+            1
+        } else {
+            (unix - base) as u32
         }
     }
 
@@ -139,25 +243,29 @@ impl KvService {
         while config.stripes > 1 && config.stripes > fit {
             config.stripes /= 2;
         }
+        let config_for_stats = config.clone();
         let store = Store::new(
             config.memory_bytes_max,
             config.item_bytes_max,
             config.stripes,
         )
-        .with_cas(config.cas_enabled);
-        Ok(KvService {
-            inner: Arc::new(Inner {
-                config,
-                store,
-                wall_base: wall_since_epoch,
-                instant_base,
-                started_unix: wall_since_epoch.as_secs(),
-                pid: std::process::id(),
-                curr_connections: AtomicU64::new(0),
-                total_connections: AtomicU64::new(0),
-                cmd_flush: AtomicU64::new(0),
-            }),
-        })
+        .with_cas(config.cas_enabled)
+        .with_evictions(config.evictions);
+        let inner = Arc::new(Inner {
+            config,
+            store,
+            wall_base: wall_since_epoch,
+            instant_base,
+            started_unix: wall_since_epoch.as_secs(),
+            pid: std::process::id(),
+            curr_connections: AtomicU64::new(0),
+            total_connections: AtomicU64::new(0),
+            cmd_flush: AtomicU64::new(0),
+            stats: stats::ServerStats::new(&config_for_stats),
+        });
+        // Started even when off: `lru_crawler enable` turns it on.
+        admin::start_crawler(&inner);
+        Ok(KvService { inner })
     }
 
     /// The configuration in use (stripes as adjusted).
@@ -179,9 +287,16 @@ impl Service for KvService {
     }
 
     fn connect(&self, info: &ConnInfo) -> KvConn {
-        let _ = info;
-        self.inner.curr_connections.fetch_add(1, Ordering::Relaxed);
+        let curr = self.inner.curr_connections.fetch_add(1, Ordering::Relaxed) + 1;
         self.inner.total_connections.fetch_add(1, Ordering::Relaxed);
-        KvConn::new(self.inner.clone())
+        let limit = self.inner.config.conn_limit;
+        let rejected = limit != 0 && curr > limit;
+        if rejected {
+            self.inner
+                .stats
+                .rejected_connections
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        KvConn::new(self.inner.clone(), info.worker, rejected, info.now)
     }
 }

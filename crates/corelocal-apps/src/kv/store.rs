@@ -13,6 +13,7 @@ use std::hash::{BuildHasher, BuildHasherDefault};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
+use corelocal_proto::memcache::slabs::{SlabClasses, CLASSES_MAX};
 use corelocal_proto::memcache::{self, StoreOp};
 
 /// Bytes charged per item on top of memcached's item size (map entry, LRU links, key copy).
@@ -29,6 +30,15 @@ pub struct Now {
     pub ns: u64,
 }
 
+/// [`Slot::bits`]: fetched since stored (memcached's `ITEM_FETCHED`).
+const FETCHED: u8 = 1;
+/// Marked stale by `md I` or an `ms I` with an older CAS (`ITEM_STALE`).
+const STALE: u8 = 2;
+/// A client was told it won the recache (`W`); later ones see `Z` (`ITEM_TOKEN_SENT`).
+const TOKEN_SENT: u8 = 4;
+/// Stored by `ms` with a base64 key (`b`): `mg k` returns it encoded (`ITEM_KEY_BINARY`).
+const KEY_BINARY: u8 = 8;
+
 /// One stored item.
 struct Slot {
     key: Box<[u8]>,
@@ -38,6 +48,15 @@ struct Slot {
     exp: u64,
     cas: u64,
     stored_ns: u64,
+    /// Unix seconds of the last access (store or fetch): `mg l`, `me la=`.
+    atime: u64,
+    /// [`FETCHED`], [`STALE`], [`TOKEN_SENT`], [`KEY_BINARY`].
+    bits: u8,
+    /// memcached's slab class for this item's size (reporting only).
+    class: u8,
+    /// The stripe's flush generation when stored: an immediate flush_all bumps the stripe's,
+    /// and items of an older one are dead (removed when next touched, or reclaimed).
+    gen: u32,
     prev: u32,
     next: u32,
 }
@@ -85,6 +104,17 @@ pub struct Counters {
     pub total_items: u64,
     /// Live items evicted to make room.
     pub evictions: u64,
+    /// Dead (expired or flushed) items whose memory was taken back: at the LRU tail, by the
+    /// crawler, or when touched.
+    pub reclaimed: u64,
+    /// Expired items reclaimed that were never fetched.
+    pub expired_unfetched: u64,
+    /// Live items evicted that were never fetched.
+    pub evicted_unfetched: u64,
+    /// Storage commands refused: the item is over the size limit.
+    pub store_too_large: u64,
+    /// Storage commands refused: no memory could be freed for the item.
+    pub store_no_memory: u64,
 }
 
 impl Counters {
@@ -110,11 +140,94 @@ impl Counters {
             (&mut self.touch_misses, o.touch_misses),
             (&mut self.total_items, o.total_items),
             (&mut self.evictions, o.evictions),
+            (&mut self.reclaimed, o.reclaimed),
+            (&mut self.expired_unfetched, o.expired_unfetched),
+            (&mut self.evicted_unfetched, o.evicted_unfetched),
+            (&mut self.store_too_large, o.store_too_large),
+            (&mut self.store_no_memory, o.store_no_memory),
         ];
         for (a, b) in pairs {
             *a += b;
         }
     }
+}
+
+/// What memcached reports per slab class and we can count: evictions and reclaims by the
+/// class an item's size falls in.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ClassCounters {
+    /// Live items evicted.
+    pub evicted: u64,
+    /// Of those, items with an expiry.
+    pub evicted_nonzero: u64,
+    /// Seconds since the last evicted item was last accessed.
+    pub evicted_time: u64,
+    /// Storage refused for lack of memory.
+    pub outofmemory: u64,
+    /// Dead items reclaimed.
+    pub reclaimed: u64,
+    /// Expired items reclaimed that were never fetched.
+    pub expired_unfetched: u64,
+    /// Live items evicted that were never fetched.
+    pub evicted_unfetched: u64,
+    /// Dead items the crawler reclaimed.
+    pub crawler_reclaimed: u64,
+    /// Items the crawler looked at.
+    pub crawler_checked: u64,
+    /// Whether the class ever held an item (memcached keeps a class's pages once it has
+    /// had one, and lists it in `stats slabs` from then on).
+    pub used: bool,
+}
+
+impl ClassCounters {
+    fn add(&mut self, o: &ClassCounters) {
+        self.evicted += o.evicted;
+        self.evicted_nonzero += o.evicted_nonzero;
+        self.evicted_time = self.evicted_time.max(o.evicted_time);
+        self.outofmemory += o.outofmemory;
+        self.reclaimed += o.reclaimed;
+        self.expired_unfetched += o.expired_unfetched;
+        self.evicted_unfetched += o.evicted_unfetched;
+        self.crawler_reclaimed += o.crawler_reclaimed;
+        self.crawler_checked += o.crawler_checked;
+        self.used |= o.used;
+    }
+}
+
+/// One slab class's items, from a scan of the store (`stats items`, `stats slabs`).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ClassItems {
+    /// Items (live or not yet reclaimed).
+    pub number: u64,
+    /// Seconds since the least recently accessed of them was accessed.
+    pub age: u64,
+    /// Their sizes summed (memcached's `mem_requested`).
+    pub mem_requested: u64,
+    /// Counters kept per class.
+    pub counters: ClassCounters,
+}
+
+/// What [`Store::dump`] passes for each item.
+#[derive(Debug, Clone, Copy)]
+pub struct ItemInfo<'a> {
+    /// Key.
+    pub key: &'a [u8],
+    /// Value length.
+    pub value_len: usize,
+    /// Client flags.
+    pub flags: u32,
+    /// Absolute expiry (0 = never).
+    pub exp: u64,
+    /// Unix seconds of the last access.
+    pub atime: u64,
+    /// CAS unique.
+    pub cas: u64,
+    /// Fetched since stored.
+    pub fetched: bool,
+    /// Stored with a base64 key.
+    pub key_binary: bool,
+    /// Slab class.
+    pub class: u8,
 }
 
 /// Totals over all stripes.
@@ -141,8 +254,13 @@ pub struct Put<'a> {
     pub exp: u64,
     /// The value.
     pub data: &'a [u8],
-    /// CAS unique to compare (`cas` only).
+    /// CAS unique to compare (`cas`; `ms` append/prepend with `C`); 0: none.
     pub cas: u64,
+    /// `ms I` with `C`: a CAS lower than the item's stores the value as stale (keeping the
+    /// item's expiry) instead of failing.
+    pub invalidate: bool,
+    /// The key was sent base64-encoded (`ms b`).
+    pub key_binary: bool,
 }
 
 /// Outcome of a storage command.
@@ -188,6 +306,14 @@ struct Stripe {
     /// memcached `-C`: every unique is 0.
     cas_enabled: bool,
     counters: Counters,
+    /// Per slab class (index = class id).
+    classes: Vec<ClassCounters>,
+    /// Flush generation (see [`Slot::gen`]).
+    gen: u32,
+    /// Evict live items to make room (memcached without `-M`).
+    evict: bool,
+    /// Slab class of each item size (shared by all stripes; reporting only).
+    slabs: std::sync::Arc<SlabClasses>,
 }
 
 /// Stripes sit on their own cache lines so that locking one does not disturb a neighbour.
@@ -207,7 +333,8 @@ pub struct Store {
     flush_slack_ns: u64,
     cas_enabled: bool,
     item_bytes_max: u64,
-    memory_bytes_max: u64,
+    memory_bytes_max: AtomicU64,
+    slabs: std::sync::Arc<SlabClasses>,
 }
 
 impl std::fmt::Debug for Store {
@@ -225,6 +352,7 @@ impl Store {
         assert!(stripes.is_power_of_two(), "stripes must be a power of two");
         let bits = stripes.trailing_zeros();
         let per = memory_bytes_max / stripes as u64;
+        let slabs = std::sync::Arc::new(SlabClasses::new(48, 1.25, 512 * 1024, item_bytes_max));
         let stripes = (0..stripes)
             .map(|i| {
                 Padded(Mutex::new(Stripe {
@@ -240,6 +368,10 @@ impl Store {
                     cas_shift: bits,
                     cas_enabled: true,
                     counters: Counters::default(),
+                    classes: vec![ClassCounters::default(); CLASSES_MAX],
+                    gen: 0,
+                    evict: true,
+                    slabs: slabs.clone(),
                 }))
             })
             .collect();
@@ -251,7 +383,8 @@ impl Store {
             flush_slack_ns: 0,
             cas_enabled: true,
             item_bytes_max,
-            memory_bytes_max,
+            memory_bytes_max: AtomicU64::new(memory_bytes_max),
+            slabs,
         }
     }
 
@@ -268,6 +401,15 @@ impl Store {
         self
     }
 
+    /// With `enabled` false, a full store refuses new items instead of evicting live ones
+    /// (memcached `-M`; dead ones are still reclaimed).
+    pub fn with_evictions(mut self, enabled: bool) -> Store {
+        for p in self.stripes.iter_mut() {
+            p.0.get_mut().unwrap_or_else(|e| e.into_inner()).evict = enabled;
+        }
+        self
+    }
+
     /// Whether CAS uniques are kept.
     pub fn cas_enabled(&self) -> bool {
         self.cas_enabled
@@ -275,7 +417,7 @@ impl Store {
 
     /// The configured memory limit.
     pub fn memory_bytes_max(&self) -> u64 {
-        self.memory_bytes_max
+        self.memory_bytes_max.load(Ordering::Relaxed)
     }
 
     /// The configured item size limit.
@@ -324,6 +466,8 @@ impl Store {
         s.counters.get_hits += 1;
         s.bump(i);
         let slot = &mut s.slots[i as usize];
+        slot.bits |= FETCHED;
+        slot.atime = now.unix;
         if let Some(exp) = touch_exp {
             slot.exp = exp;
         }
@@ -336,6 +480,11 @@ impl Store {
 
     /// A storage command with its data.
     pub fn store(&self, put: &Put<'_>, now: Now) -> Stored {
+        self.store_cas(put, now).0
+    }
+
+    /// A storage command with its data; also the stored item's CAS unique (0 unless stored).
+    pub fn store_cas(&self, put: &Put<'_>, now: Now) -> (Stored, u64) {
         let Put {
             op,
             key,
@@ -343,23 +492,33 @@ impl Store {
             exp,
             data,
             cas,
+            invalidate,
+            key_binary,
         } = *put;
         let flush = self.flush_at();
         let item_max = self.item_bytes_max;
         let mut s = self.stripe(key);
         s.counters.cmd_set += 1;
         let present = s.live(key, now, flush, self.flush_slack_ns, false);
+        let mut bits = if key_binary { KEY_BINARY } else { 0 };
+        let mut exp = exp;
         let value = match (op, present) {
             (StoreOp::Set, _) => data.to_vec(),
             (StoreOp::Add, Some(i)) => {
                 s.bump(i);
-                return Stored::NotStored;
+                return (Stored::NotStored, 0);
             }
             (StoreOp::Add, None) => data.to_vec(),
             (StoreOp::Replace | StoreOp::Append | StoreOp::Prepend, None) => {
-                return Stored::NotStored
+                return (Stored::NotStored, 0)
             }
             (StoreOp::Replace, Some(_)) => data.to_vec(),
+            // memcached compares a CAS given with append/prepend (`ms MA C…`): equal or none.
+            (StoreOp::Append | StoreOp::Prepend, Some(i))
+                if cas != 0 && s.slots[i as usize].cas != cas =>
+            {
+                return (Stored::Exists, 0);
+            }
             (StoreOp::Append | StoreOp::Prepend, Some(i)) => {
                 let old = &s.slots[i as usize];
                 let mut v = Vec::with_capacity(old.value.len() + data.len());
@@ -373,27 +532,45 @@ impl Store {
                 // memcached keeps the old flags and expiry, and answers NOT_STORED when the
                 // combined value does not fit.
                 if memcache::item_size(key.len(), old.flags, v.len()) > item_max {
-                    return Stored::NotStored;
+                    return (Stored::NotStored, 0);
                 }
                 let (flags, exp) = (old.flags, old.exp);
-                return s.put(key, v, flags, exp, now);
+                return s.put_bits(key, v, flags, exp, bits, now);
             }
             (StoreOp::Cas, None) => {
                 s.counters.cas_misses += 1;
-                return Stored::NotFound;
+                return (Stored::NotFound, 0);
             }
-            // Without CAS the item's unique is 0 and so is the command's (memcached stores it
-            // in an item that has no room for one): always equal.
-            (StoreOp::Cas, Some(i)) if s.cas_enabled && s.slots[i as usize].cas != cas => {
-                s.counters.cas_badval += 1;
-                return Stored::Exists;
-            }
-            (StoreOp::Cas, Some(_)) => {
-                s.counters.cas_hits += 1;
+            (StoreOp::Cas, Some(i)) => {
+                let (old_cas, old_exp, old_bits) = {
+                    let old = &s.slots[i as usize];
+                    (old.cas, old.exp, old.bits)
+                };
+                // memcached: a unique of 0 (none given, or CAS disabled with -C, where every
+                // unique is 0) never matches; `ms I` stores an older unique as stale.
+                if cas != 0 && cas == old_cas {
+                    s.counters.cas_hits += 1;
+                } else if invalidate && cas != 0 && cas < old_cas {
+                    s.counters.cas_hits += 1;
+                    exp = old_exp;
+                    bits |= STALE | (old_bits & TOKEN_SENT);
+                } else {
+                    s.counters.cas_badval += 1;
+                    return (Stored::Exists, 0);
+                }
                 data.to_vec()
             }
         };
-        s.put(key, value, flags, exp, now)
+        s.put_bits(key, value, flags, exp, bits, now)
+    }
+
+    /// Locks `key`'s stripe and looks the key up (an expired or flushed item is removed), for
+    /// a meta command that reads and changes the item under one lock.
+    pub fn lock<'s>(&'s self, key: &[u8], now: Now) -> Locked<'s> {
+        let flush = self.flush_at();
+        let mut s = self.stripe(key);
+        let slot = s.live(key, now, flush, self.flush_slack_ns, true);
+        Locked { s, slot, now }
     }
 
     /// Removes `key`; whether it was there.
@@ -438,12 +615,7 @@ impl Store {
         };
         let old_len = s.slots[i as usize].value.len();
         let value = memcache::arith_value(n, old_len);
-        let cas = s.next_cas();
-        let grew = value.len() as u64 - old_len.min(value.len()) as u64;
-        let slot = &mut s.slots[i as usize];
-        slot.value = value;
-        slot.cas = cas;
-        s.bytes += grew;
+        s.set_value(i, value);
         s.bump(i);
         Arith::Value(n)
     }
@@ -467,17 +639,126 @@ impl Store {
         }
     }
 
-    /// flush_all: now (every stripe emptied) or at `at_ns` (items stored before then die).
+    /// flush_all: now (every item stored so far is dead: removed when next looked up, as
+    /// memcached, which counts that as `get_flushed`, or reclaimed by the LRU or the crawler)
+    /// or at `at_ns` (items stored before then die). A flush now cancels a pending one.
     pub fn flush(&self, at_ns: Option<u64>) {
         match at_ns {
             Some(at) => self.flush_at_ns.store(at.max(1), Ordering::Relaxed),
             None => {
                 self.flush_at_ns.store(0, Ordering::Relaxed);
                 for p in self.stripes.iter() {
-                    p.0.lock().unwrap_or_else(|e| e.into_inner()).clear();
+                    let mut s = p.0.lock().unwrap_or_else(|e| e.into_inner());
+                    s.gen = s.gen.wrapping_add(1);
                 }
             }
         }
+    }
+
+    /// Changes the memory limit (`cache_memlimit`): each stripe's share; a lower one is
+    /// reached by evicting as new items need room.
+    pub fn set_memory_limit(&self, bytes: u64) {
+        let per = bytes / self.stripes.len() as u64;
+        for p in self.stripes.iter() {
+            p.0.lock().unwrap_or_else(|e| e.into_inner()).bytes_max = per;
+        }
+        self.memory_bytes_max.store(bytes, Ordering::Relaxed);
+    }
+
+    /// The memcached slab classes items are reported in.
+    pub fn slabs(&self) -> &SlabClasses {
+        &self.slabs
+    }
+
+    /// Counts a storage command refused before its data (too large for the item limit).
+    pub fn count_too_large(&self, key: &[u8]) {
+        self.stripe(key).counters.store_too_large += 1;
+    }
+
+    /// Per slab class: items, their age and size, and the class counters (one pass over
+    /// every stripe, each locked in turn).
+    pub fn classes(&self, now: Now) -> Vec<ClassItems> {
+        let mut out = vec![ClassItems::default(); CLASSES_MAX];
+        for p in self.stripes.iter() {
+            let s = p.0.lock().unwrap_or_else(|e| e.into_inner());
+            for (c, sc) in out.iter_mut().zip(&s.classes) {
+                c.counters.add(sc);
+            }
+            let mut i = s.head;
+            while i != NIL {
+                let slot = &s.slots[i as usize];
+                let c = &mut out[usize::from(slot.class)];
+                c.number += 1;
+                c.age = c.age.max(now.unix.saturating_sub(slot.atime));
+                c.mem_requested +=
+                    memcache::item_size(slot.key.len(), slot.flags, slot.value.len());
+                i = slot.next;
+            }
+        }
+        out
+    }
+
+    /// Calls `f` for every live item (a stripe at a time, under its lock, most recently used
+    /// first), until it returns false: `lru_crawler metadump`, `stats cachedump`.
+    pub fn dump(&self, now: Now, mut f: impl FnMut(&ItemInfo<'_>) -> bool) {
+        let flush = self.flush_at();
+        for p in self.stripes.iter() {
+            let s = p.0.lock().unwrap_or_else(|e| e.into_inner());
+            let mut i = s.head;
+            while i != NIL {
+                let slot = &s.slots[i as usize];
+                i = slot.next;
+                if s.dead(slot, now, flush, self.flush_slack_ns) {
+                    continue;
+                }
+                let info = ItemInfo {
+                    key: &slot.key,
+                    value_len: slot.value.len(),
+                    flags: slot.flags,
+                    exp: slot.exp,
+                    atime: slot.atime,
+                    cas: slot.cas,
+                    fetched: slot.bits & FETCHED != 0,
+                    key_binary: slot.bits & KEY_BINARY != 0,
+                    class: slot.class,
+                };
+                if !f(&info) {
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Reclaims up to `limit` dead (expired or flushed) items per stripe, walking from the
+    /// LRU tail (memcached's LRU crawler); returns (items checked, items reclaimed).
+    pub fn crawl(&self, now: Now, limit: usize, classes: Option<&[u8]>) -> (u64, u64) {
+        let flush = self.flush_at();
+        let (mut checked, mut reclaimed) = (0, 0);
+        for p in self.stripes.iter() {
+            let mut s = p.0.lock().unwrap_or_else(|e| e.into_inner());
+            let mut i = s.tail;
+            let mut n = 0;
+            while i != NIL && n < limit {
+                let slot = &s.slots[i as usize];
+                let prev = slot.prev;
+                let class = usize::from(slot.class);
+                if classes.is_some_and(|c| !c.contains(&slot.class)) {
+                    i = prev;
+                    continue;
+                }
+                checked += 1;
+                n += 1;
+                let dead = s.dead(slot, now, flush, self.flush_slack_ns);
+                s.classes[class].crawler_checked += 1;
+                if dead {
+                    s.reclaim(i, now);
+                    s.classes[class].crawler_reclaimed += 1;
+                    reclaimed += 1;
+                }
+                i = prev;
+            }
+        }
+        (checked, reclaimed)
     }
 
     /// Sums every stripe.
@@ -495,7 +776,15 @@ impl Store {
     /// `stats reset`: zeroes the counters (not items or bytes).
     pub fn reset_counters(&self) {
         for p in self.stripes.iter() {
-            p.0.lock().unwrap_or_else(|e| e.into_inner()).counters = Counters::default();
+            let mut s = p.0.lock().unwrap_or_else(|e| e.into_inner());
+            s.counters = Counters::default();
+            // Counters go; which classes hold pages stays (memcached's pages stay).
+            s.classes.iter_mut().for_each(|c| {
+                *c = ClassCounters {
+                    used: c.used,
+                    ..ClassCounters::default()
+                }
+            });
         }
     }
 }
@@ -513,21 +802,45 @@ impl Stripe {
         let i = *self.map.get(key)?;
         let slot = &self.slots[i as usize];
         let expired = slot.exp != 0 && slot.exp <= now.unix;
-        let flushed = flush_at != 0
-            && flush_at <= now.ns
-            && slot.stored_ns < flush_at.saturating_add(flush_slack_ns);
+        let flushed = slot.gen != self.gen
+            || (flush_at != 0
+                && flush_at <= now.ns
+                && slot.stored_ns < flush_at.saturating_add(flush_slack_ns));
         if !expired && !flushed {
             return Some(i);
         }
         if count {
-            if expired {
-                self.counters.get_expired += 1;
-            } else {
+            if flushed {
                 self.counters.get_flushed += 1;
+            } else {
+                self.counters.get_expired += 1;
             }
         }
-        self.remove(i);
+        self.reclaim(i, now);
         None
+    }
+
+    /// Whether an item is dead: expired, or flushed (immediately or by a passed deadline).
+    fn dead(&self, slot: &Slot, now: Now, flush_at: u64, flush_slack_ns: u64) -> bool {
+        (slot.exp != 0 && slot.exp <= now.unix)
+            || slot.gen != self.gen
+            || (flush_at != 0
+                && flush_at <= now.ns
+                && slot.stored_ns < flush_at.saturating_add(flush_slack_ns))
+    }
+
+    /// Removes a dead item, counted as reclaimed.
+    fn reclaim(&mut self, i: u32, now: Now) {
+        let slot = &self.slots[i as usize];
+        let class = usize::from(slot.class);
+        let unfetched_expiry = slot.bits & FETCHED == 0 && slot.exp != 0 && slot.exp <= now.unix;
+        self.counters.reclaimed += 1;
+        self.classes[class].reclaimed += 1;
+        if unfetched_expiry {
+            self.counters.expired_unfetched += 1;
+            self.classes[class].expired_unfetched += 1;
+        }
+        self.remove(i);
     }
 
     fn next_cas(&mut self) -> u64 {
@@ -542,18 +855,76 @@ impl Stripe {
         memcache::item_size(key_len, flags, value_len) + SLOT_OVERHEAD_BYTES + key_len as u64
     }
 
+    /// Replaces item `i`'s value (incr/decr) with a new CAS unique: in place when it fits,
+    /// as memcached, else as a new item (so the stale and fetched marks go).
+    fn set_value(&mut self, i: u32, value: Vec<u8>) {
+        let cas = self.next_cas();
+        let slot = &mut self.slots[i as usize];
+        let old_len = slot.value.len();
+        if value.len() > old_len {
+            slot.bits &= KEY_BINARY;
+        }
+        let old = Stripe::cost(slot.key.len(), slot.flags, old_len);
+        let new = Stripe::cost(slot.key.len(), slot.flags, value.len());
+        slot.value = value;
+        slot.cas = cas;
+        self.bytes = self.bytes - old + new;
+    }
+
     /// Inserts or replaces `key`, evicting from the LRU tail to stay within the byte budget.
     fn put(&mut self, key: &[u8], value: Vec<u8>, flags: u32, exp: u64, now: Now) -> Stored {
+        self.put_bits(key, value, flags, exp, 0, now).0
+    }
+
+    /// [`Stripe::put`] with the item's marks; also the new CAS unique.
+    fn put_bits(
+        &mut self,
+        key: &[u8],
+        value: Vec<u8>,
+        flags: u32,
+        exp: u64,
+        bits: u8,
+        now: Now,
+    ) -> (Stored, u64) {
         let cost = Stripe::cost(key.len(), flags, value.len());
         if let Some(&i) = self.map.get(key) {
             self.remove(i);
         }
+        let class = self
+            .slabs
+            .class_of(memcache::item_size(key.len(), flags, value.len())) as u8;
         if cost > self.bytes_max {
-            return Stored::NoMemory;
+            self.counters.store_no_memory += 1;
+            self.classes[usize::from(class)].outofmemory += 1;
+            return (Stored::NoMemory, 0);
         }
         while self.bytes + cost > self.bytes_max && self.tail != NIL {
             let victim = self.tail;
+            let v = &self.slots[victim as usize];
+            // A dead item at the tail is reclaimed, not evicted (memcached's tail check).
+            if v.gen != self.gen || (v.exp != 0 && v.exp <= now.unix) {
+                self.reclaim(victim, now);
+                continue;
+            }
+            if !self.evict {
+                self.counters.store_no_memory += 1;
+                self.classes[usize::from(class)].outofmemory += 1;
+                return (Stored::NoMemory, 0);
+            }
+            let (vc, unfetched, nonzero) =
+                (usize::from(v.class), v.bits & FETCHED == 0, v.exp != 0);
+            let idle = now.unix.saturating_sub(v.atime);
             self.counters.evictions += 1;
+            let c = &mut self.classes[vc];
+            c.evicted += 1;
+            c.evicted_time = idle;
+            if nonzero {
+                c.evicted_nonzero += 1;
+            }
+            if unfetched {
+                c.evicted_unfetched += 1;
+                self.counters.evicted_unfetched += 1;
+            }
             self.remove(victim);
         }
         let cas = self.next_cas();
@@ -564,6 +935,10 @@ impl Stripe {
             exp,
             cas,
             stored_ns: now.ns,
+            atime: now.unix,
+            bits,
+            class,
+            gen: self.gen,
             prev: NIL,
             next: NIL,
         };
@@ -579,9 +954,10 @@ impl Stripe {
         };
         self.map.insert(key.into(), i);
         self.link_front(i);
+        self.classes[usize::from(class)].used = true;
         self.bytes += cost;
         self.counters.total_items += 1;
-        Stored::Stored
+        (Stored::Stored, cas)
     }
 
     fn remove(&mut self, i: u32) {
@@ -592,15 +968,6 @@ impl Stripe {
         self.bytes -= Stripe::cost(key.len(), slot.flags, value.len());
         self.map.remove(&key);
         self.free.push(i);
-    }
-
-    fn clear(&mut self) {
-        self.map.clear();
-        self.slots.clear();
-        self.free.clear();
-        self.head = NIL;
-        self.tail = NIL;
-        self.bytes = 0;
     }
 
     fn unlink(&mut self, i: u32) {
@@ -641,5 +1008,150 @@ impl Stripe {
             self.unlink(i);
             self.link_front(i);
         }
+    }
+}
+
+/// A stripe locked for one key (see [`Store::lock`]): the item, if live, can be read and
+/// changed, created on a miss, or removed, all under the one lock.
+pub struct Locked<'s> {
+    s: MutexGuard<'s, Stripe>,
+    slot: Option<u32>,
+    now: Now,
+}
+
+impl std::fmt::Debug for Locked<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Locked")
+            .field("hit", &self.slot.is_some())
+            .finish()
+    }
+}
+
+impl Locked<'_> {
+    /// Whether the key holds a live item.
+    pub fn hit(&self) -> bool {
+        self.slot.is_some()
+    }
+
+    fn slot(&self) -> &Slot {
+        &self.s.slots[self.slot.expect("Locked: no item") as usize]
+    }
+
+    fn slot_mut(&mut self) -> &mut Slot {
+        let i = self.slot.expect("Locked: no item");
+        &mut self.s.slots[i as usize]
+    }
+
+    /// The stripe's counters (for the command's statistics).
+    pub fn counters(&mut self) -> &mut Counters {
+        &mut self.s.counters
+    }
+
+    /// Creates the item on a miss (`mg N`, `ma N`); false when it does not fit in memory.
+    pub fn create(&mut self, key: &[u8], value: Vec<u8>, exp: u64) -> bool {
+        debug_assert!(self.slot.is_none());
+        if self.s.put(key, value, 0, exp, self.now) != Stored::Stored {
+            return false;
+        }
+        self.slot = self.s.map.get(key).copied();
+        self.slot.is_some()
+    }
+
+    /// Removes the item (`md`).
+    pub fn remove(&mut self) {
+        if let Some(i) = self.slot.take() {
+            self.s.remove(i);
+        }
+    }
+
+    /// The item's key. Panics without an item (as every accessor below).
+    pub fn key(&self) -> &[u8] {
+        &self.slot().key
+    }
+
+    /// The item's value.
+    pub fn value(&self) -> &[u8] {
+        &self.slot().value
+    }
+
+    /// Client flags.
+    pub fn flags(&self) -> u32 {
+        self.slot().flags
+    }
+
+    /// CAS unique.
+    pub fn cas(&self) -> u64 {
+        self.slot().cas
+    }
+
+    /// Absolute expiry (unix seconds; 0 = never).
+    pub fn exp(&self) -> u64 {
+        self.slot().exp
+    }
+
+    /// Sets the expiry.
+    pub fn set_exp(&mut self, exp: u64) {
+        self.slot_mut().exp = exp;
+    }
+
+    /// Unix seconds of the last access.
+    pub fn atime(&self) -> u64 {
+        self.slot().atime
+    }
+
+    /// Fetched since it was stored.
+    pub fn fetched(&self) -> bool {
+        self.slot().bits & FETCHED != 0
+    }
+
+    /// Marked stale.
+    pub fn stale(&self) -> bool {
+        self.slot().bits & STALE != 0
+    }
+
+    /// A client has been told it won the recache.
+    pub fn token_sent(&self) -> bool {
+        self.slot().bits & TOKEN_SENT != 0
+    }
+
+    /// Records that a client won the recache.
+    pub fn set_token_sent(&mut self) {
+        self.slot_mut().bits |= TOKEN_SENT;
+    }
+
+    /// Stored with a base64 key.
+    pub fn key_binary(&self) -> bool {
+        self.slot().bits & KEY_BINARY != 0
+    }
+
+    /// Marks the item stale with a new CAS unique and lets the next client win the recache
+    /// (`md I`).
+    pub fn invalidate(&mut self) {
+        let cas = self.s.next_cas();
+        let slot = self.slot_mut();
+        slot.bits = (slot.bits | STALE) & !TOKEN_SENT;
+        slot.cas = cas;
+    }
+
+    /// Replaces the value with a new CAS unique (`ma`).
+    pub fn set_value(&mut self, value: Vec<u8>) {
+        let i = self.slot.expect("Locked: no item");
+        self.s.set_value(i, value);
+    }
+
+    /// A fetch's LRU bump: most recently used, marked fetched, accessed now.
+    pub fn bump(&mut self) {
+        let i = self.slot.expect("Locked: no item");
+        self.s.bump(i);
+        let unix = self.now.unix;
+        let slot = self.slot_mut();
+        slot.bits |= FETCHED;
+        slot.atime = unix;
+    }
+
+    /// Moves the item to the head of the LRU without marking it fetched.
+    pub fn touch_lru(&mut self) {
+        let i = self.slot.expect("Locked: no item");
+        self.s.bump(i);
     }
 }

@@ -503,8 +503,9 @@ fn flush_all_can_be_disabled() {
     );
 }
 
-/// memcached -C (t/flush-all.t): no uniques, so a cas of a present item always stores, and a
-/// flush_all kills what is stored in the rest of its second too.
+/// memcached -C (t/flush-all.t): no uniques, so a cas of a present item never stores (every
+/// unique is 0, which memcached treats as "no CAS given": EXISTS), and a flush_all kills what
+/// is stored in the rest of its second too.
 #[test]
 fn without_cas() {
     let (svc, base) = service(KvConfig {
@@ -518,7 +519,17 @@ fn without_cas() {
             b"set k 0 0 1\r\na\r\ngets k\r\ncas k 0 0 1 12345\r\nb\r\ngets k\r\n",
             base
         ),
-        b"STORED\r\nVALUE k 0 1 0\r\na\r\nEND\r\nSTORED\r\nVALUE k 0 1 0\r\nb\r\nEND\r\n"
+        b"STORED\r\nVALUE k 0 1 0\r\na\r\nEND\r\nEXISTS\r\nVALUE k 0 1 0\r\na\r\nEND\r\n"
+    );
+    // The meta protocol agrees: its CAS compare fails, its CAS is 0, and an append with a
+    // CAS (which compares only a non-zero one) goes through.
+    assert_eq!(
+        run(
+            &svc,
+            b"ms k 1 C5\r\nc\r\nmg k c v\r\nms k 1 MA C5\r\nd\r\nmg k v\r\n",
+            base
+        ),
+        b"EX\r\nVA 1 c0\r\na\r\nHD\r\nVA 2\r\nad\r\n"
     );
     assert_eq!(
         run(&svc, b"cas nokey 0 0 1 0\r\nx\r\n", base),
@@ -744,7 +755,7 @@ fn stats_report_counters() {
     assert!(out.ends_with("END\r\n"));
     let out = text(&run(&svc, b"stats reset\r\nstats\r\n", base));
     assert!(out.contains("STAT cmd_get 0\r\n"));
-    assert_eq!(run(&svc, b"stats items\r\n", base), b"END\r\n");
+    assert!(text(&run(&svc, b"stats items\r\n", base)).starts_with("STAT items:1:number 1\r\n"));
     assert!(
         text(&run(&svc, b"stats settings\r\n", base)).contains("STAT item_size_max 1048576\r\n")
     );
@@ -873,6 +884,8 @@ fn put(key: &[u8]) -> store::Put<'_> {
         exp: 0,
         data: b"0123456789abcdef",
         cas: 0,
+        invalidate: false,
+        key_binary: false,
     }
 }
 

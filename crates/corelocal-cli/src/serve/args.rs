@@ -94,9 +94,41 @@ pub(super) struct KvArgs {
     /// Refuse flush_all (memcached -F): `CLIENT_ERROR flush_all not allowed`.
     #[arg(long)]
     pub(super) disable_flush_all: bool,
-    /// Keep no CAS uniques (memcached -C): gets reports 0 and cas of a present item stores.
+    /// Keep no CAS uniques (memcached -C): gets reports 0 and cas of a present item answers
+    /// EXISTS.
     #[arg(long)]
     pub(super) disable_cas: bool,
+    /// Connections over this many, process-wide, are answered `ERROR Too many open
+    /// connections` and closed (memcached -c; 0: only --conns-per-worker applies).
+    #[arg(long, default_value_t = 0)]
+    pub(super) max_conns: u64,
+    /// Refuse new items when memory is full instead of evicting (memcached -M).
+    #[arg(long)]
+    pub(super) disable_evictions: bool,
+    /// Let the `shutdown` command stop the server (memcached -A).
+    #[arg(long)]
+    pub(super) enable_shutdown: bool,
+    /// Refuse `stats cachedump` and `lru_crawler metadump` (memcached -X).
+    #[arg(long)]
+    pub(super) disable_dumping: bool,
+    /// ASCII authentication (memcached -Y): a file of `user:password` lines; a connection
+    /// must first send `set <k> <f> <t> <len>` with `user password` as its data.
+    #[arg(long, value_name = "FILE")]
+    pub(super) auth_file: Option<PathBuf>,
+    /// No background reclaim of expired items (memcached -o no_lru_crawler).
+    #[arg(long)]
+    pub(super) no_lru_crawler: bool,
+    /// Answer `stats sizes` from the start (memcached -o track_sizes).
+    #[arg(long)]
+    pub(super) track_sizes: bool,
+    /// Count `stats detail` per key prefix from the start, prefixes ending at this byte
+    /// (memcached -D).
+    #[arg(long, value_name = "CHAR")]
+    pub(super) detail_delimiter: Option<char>,
+    /// Accept `debugtime <seconds>`, which moves the cache's clock forward (memcached's debug
+    /// build has it for its tests; never for a shared cache: any client could expire items).
+    #[arg(long, hide = true)]
+    pub(super) debug_time: bool,
 }
 
 #[derive(Debug, Args)]

@@ -14,14 +14,18 @@
 //!   malformed command, which is decided before `noreply` is looked at.
 //! - A storage command refused before its data is read (bad number, key too long) does not
 //!   skip the data: the data line is then read as a command (usually `ERROR`), as memcached.
-//! - Meta commands (`mg`, `ms`, ...) other than `mn` are answered `ERROR`.
+//! - Meta commands (`mg`, `ms`, `md`, `ma`, `me`) are returned unparsed as [`Command::Meta`]
+//!   and parsed by [`meta::parse`]; `mn` is [`Command::MetaNoop`]; any other two-byte `m?`
+//!   command is `ERROR`.
 //! - An unknown command whose last token starts with `HTTP/` is hung up on without a reply
 //!   ([`Command::CrossProtocol`]), so that a browser cannot be used to talk to the server.
 //! - A line without `\n` longer than 2048 bytes is hung up on, unless it is a `get`/`gets`
 //!   (a large multiget); a `get` line longer than [`Limits::get_line_bytes_max`] is answered
 //!   with memcached's reply when it cannot buffer a request, [`READ_TOO_LARGE`], and closed.
 
+pub mod meta;
 mod numbers;
+pub mod slabs;
 #[cfg(test)]
 mod tests;
 
@@ -149,9 +153,71 @@ pub enum Stats {
     Reset,
     /// `stats settings`.
     Settings,
-    /// `stats items|slabs|sizes|conns`: answered with an empty list.
-    Empty,
+    /// `stats items`: per slab class.
+    Items,
+    /// `stats slabs`: per slab class.
+    Slabs,
+    /// `stats sizes`: the item size histogram.
+    Sizes,
+    /// `stats sizes_enable`.
+    SizesEnable,
+    /// `stats sizes_disable`.
+    SizesDisable,
+    /// `stats conns`: one entry per connection and listener.
+    Conns,
+    /// `stats detail on|off|dump`; `None`: anything else (answered [`DETAIL_USAGE`]).
+    Detail(Option<Detail>),
+    /// `stats cachedump <class> <limit>`: the class and limit, or the error for bad ones
+    /// (reported only when dumps are allowed, which memcached checks first).
+    Cachedump(Result<(u32, u32), &'static str>),
 }
+
+/// `stats detail` sub-commands (per key-prefix statistics).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Detail {
+    /// Start counting.
+    On,
+    /// Stop counting.
+    Off,
+    /// List the counts.
+    Dump,
+}
+
+/// `lru_crawler` sub-commands (memcached's `process_lru_crawler_command`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Crawler<'a> {
+    /// `lru_crawler crawl <all|1,2,…>`: reclaim expired items of those classes.
+    Crawl(&'a [u8]),
+    /// `lru_crawler metadump <all|1,2,…|hash>`: list every item's metadata.
+    Metadump(&'a [u8]),
+    /// `lru_crawler tocrawl <n>` (`None`: not a number).
+    Tocrawl(Option<u32>),
+    /// `lru_crawler sleep <µs>` (`None`: not a number).
+    Sleep(Option<u32>),
+    /// `lru_crawler enable`.
+    Enable,
+    /// `lru_crawler disable`.
+    Disable,
+}
+
+/// `slabs` sub-commands (memcached's `process_slabs_command`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Slabs {
+    /// `slabs reassign <src> <dst>`.
+    Reassign,
+    /// `slabs automove <0|1|2>`.
+    Automove(u32),
+    /// `slabs automove ratio <r>`.
+    AutomoveRatio,
+    /// Refused with this reply.
+    Bad(&'static str),
+}
+
+/// `shutdown` with a mode other than `graceful`.
+pub const BAD_SHUTDOWN_MODE: &str = "CLIENT_ERROR invalid shutdown mode";
+
+/// `stats detail` without on, off or dump.
+pub const DETAIL_USAGE: &str = "CLIENT_ERROR usage: stats detail on|off|dump";
 
 /// The keys of a retrieval command, in order (no allocation).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -218,8 +284,10 @@ pub enum Command<'a> {
     },
     /// `version`.
     Version,
-    /// `verbosity <level> [noreply]` (accepted and ignored).
+    /// `verbosity <level> [noreply]`.
     Verbosity {
+        /// The level.
+        level: u32,
         /// Suppress the reply.
         noreply: bool,
     },
@@ -229,6 +297,41 @@ pub enum Command<'a> {
     Quit,
     /// `mn` (meta no-op): answered `MN`.
     MetaNoop,
+    /// A meta command with a key (`mg`, `ms`, `md`, `ma`, `me`), left for [`meta::parse`]
+    /// (kept out of this enum so that it stays small for the `get` path).
+    Meta {
+        /// Which one.
+        op: meta::MetaOp,
+        /// The whole line.
+        line: &'a [u8],
+    },
+    /// `shutdown [graceful]`: `Some(graceful)`, or `None` for another mode (answered
+    /// [`BAD_SHUTDOWN_MODE`] when shutdown is enabled).
+    Shutdown(Option<bool>),
+    /// `cache_memlimit <megabytes> [noreply]`: `None` when not a number (answered `ERROR`).
+    CacheMemlimit {
+        /// The new limit in MiB.
+        mb: Option<u32>,
+        /// Suppress the reply.
+        noreply: bool,
+    },
+    /// `lru_crawler <subcommand>`.
+    LruCrawler(Crawler<'a>),
+    /// `slabs reassign|automove …`, memcached's slab page mover.
+    Slabs {
+        /// What was asked.
+        cmd: Slabs,
+        /// Suppress the reply (`automove` only, as memcached).
+        noreply: bool,
+    },
+    /// `debugtime <seconds>` (memcached's debug build): moves the clock forward; `None` when
+    /// not a number (answered `ERROR`).
+    DebugTime(Option<i64>),
+    /// `watch [...]`: live logging (refused: see the server).
+    Watch {
+        /// Suppress the reply.
+        noreply: bool,
+    },
     /// An unknown command that ends like an HTTP request line (`GET / HTTP/1.1`): close
     /// without a reply, as memcached does, so that a web page cannot make a browser speak to
     /// the server (cross-protocol requests).
@@ -332,14 +435,75 @@ pub fn parse_line(line: &[u8]) -> Result<Command<'_>, Reject> {
         b"version" => Ok(Command::Version),
         b"quit" => Ok(Command::Quit),
         b"mn" => Ok(Command::MetaNoop),
+        b"mg" => Ok(Command::Meta {
+            op: meta::MetaOp::Get,
+            line,
+        }),
+        b"ms" => Ok(Command::Meta {
+            op: meta::MetaOp::Set,
+            line,
+        }),
+        b"md" => Ok(Command::Meta {
+            op: meta::MetaOp::Delete,
+            line,
+        }),
+        b"ma" => Ok(Command::Meta {
+            op: meta::MetaOp::Arith,
+            line,
+        }),
+        b"me" => Ok(Command::Meta {
+            op: meta::MetaOp::Debug,
+            line,
+        }),
         b"verbosity" if n == 2 || n == 3 => {
             let nr = noreply(&t, n);
             match safe_strtoul(t[1]) {
-                Some(_) => Ok(Command::Verbosity { noreply: nr }),
+                Some(level) => Ok(Command::Verbosity { level, noreply: nr }),
                 None => Err(reject(BAD_FORMAT, nr)),
             }
         }
         b"stats" => parse_stats(&t, n),
+        b"shutdown" => Ok(Command::Shutdown(match (n, t[1]) {
+            (1, _) => Some(false),
+            (2, b"graceful") => Some(true),
+            _ => None,
+        })),
+        b"cache_memlimit" if n == 2 || n == 3 => Ok(Command::CacheMemlimit {
+            mb: safe_strtoul(t[1]),
+            noreply: noreply(&t, n),
+        }),
+        b"lru_crawler" => parse_crawler(&t, n),
+        b"slabs" if n == 4 && t[1] == b"reassign" => Ok(Command::Slabs {
+            cmd: Slabs::Reassign,
+            noreply: false,
+        }),
+        b"slabs" if n >= 3 && t[1] == b"automove" => {
+            let cmd = if t[2] == b"ratio" {
+                let ratio = std::str::from_utf8(t[3])
+                    .ok()
+                    .and_then(|r| r.parse::<f64>().ok());
+                match ratio {
+                    Some(_) if n >= 4 => Slabs::AutomoveRatio,
+                    _ => Slabs::Bad(ERROR),
+                }
+            } else {
+                match safe_strtoul(t[2]) {
+                    None => Slabs::Bad(BAD_FORMAT),
+                    Some(level @ 0..=2) => Slabs::Automove(level),
+                    Some(_) => Slabs::Bad(ERROR),
+                }
+            };
+            Ok(Command::Slabs {
+                cmd,
+                noreply: noreply(&t, n),
+            })
+        }
+        b"debugtime" if n >= 2 => Ok(Command::DebugTime(
+            std::str::from_utf8(t[1]).ok().and_then(|v| v.parse().ok()),
+        )),
+        b"watch" => Ok(Command::Watch {
+            noreply: noreply(&t, n),
+        }),
         name if !is_memcached_command(name) && looks_like_http(line) => Ok(Command::CrossProtocol),
         _ => Err(error()),
     }
@@ -504,16 +668,52 @@ fn parse_flush<'a>(t: &[&'a [u8]; 8], n: usize) -> Result<Command<'a>, Reject> {
     Ok(Command::FlushAll { delay, noreply: nr })
 }
 
+fn parse_crawler<'a>(t: &[&'a [u8]; 8], n: usize) -> Result<Command<'a>, Reject> {
+    let c = match (n, t[1]) {
+        (3, b"crawl") => Crawler::Crawl(t[2]),
+        (3, b"metadump") => Crawler::Metadump(t[2]),
+        (3, b"tocrawl") => Crawler::Tocrawl(safe_strtoul(t[2])),
+        (3, b"sleep") => Crawler::Sleep(safe_strtoul(t[2])),
+        (2, b"enable") => Crawler::Enable,
+        (2, b"disable") => Crawler::Disable,
+        _ => return Err(error()),
+    };
+    Ok(Command::LruCrawler(c))
+}
+
 fn parse_stats<'a>(t: &[&'a [u8]; 8], n: usize) -> Result<Command<'a>, Reject> {
     if n == 1 {
         return Ok(Command::Stats(Stats::General));
     }
-    match t[1] {
-        b"reset" => Ok(Command::Stats(Stats::Reset)),
-        b"settings" => Ok(Command::Stats(Stats::Settings)),
-        b"items" | b"slabs" | b"sizes" | b"conns" => Ok(Command::Stats(Stats::Empty)),
-        _ => Err(error()),
-    }
+    let which = match t[1] {
+        b"reset" => Stats::Reset,
+        b"settings" => Stats::Settings,
+        b"items" => Stats::Items,
+        b"slabs" => Stats::Slabs,
+        b"sizes" => Stats::Sizes,
+        b"sizes_enable" => Stats::SizesEnable,
+        b"sizes_disable" => Stats::SizesDisable,
+        b"conns" => Stats::Conns,
+        b"detail" => Stats::Detail(match (n, t[2]) {
+            (3.., b"on") => Some(Detail::On),
+            (3.., b"off") => Some(Detail::Off),
+            (3.., b"dump") => Some(Detail::Dump),
+            _ => None,
+        }),
+        b"cachedump" => Stats::Cachedump(if n < 4 {
+            Err("CLIENT_ERROR bad command line")
+        } else {
+            match (safe_strtoul(t[2]), safe_strtoul(t[3])) {
+                (Some(id), Some(_)) if id as usize >= slabs::CLASSES_MAX => {
+                    Err("CLIENT_ERROR Illegal slab id")
+                }
+                (Some(id), Some(limit)) => Ok((id, limit)),
+                _ => Err(BAD_FORMAT),
+            }
+        }),
+        _ => return Err(error()),
+    };
+    Ok(Command::Stats(which))
 }
 
 /// memcached's item size for the size limit: header (48) + CAS (8) + key + NUL + data + CRLF,

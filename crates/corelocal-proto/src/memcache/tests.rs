@@ -299,14 +299,43 @@ fn other_commands() {
     assert_eq!(ok("mn"), Command::MetaNoop);
     assert_eq!(
         ok("verbosity 1 noreply"),
-        Command::Verbosity { noreply: true }
+        Command::Verbosity {
+            level: 1,
+            noreply: true
+        }
     );
     assert_eq!(rej("verbosity x"), (BAD_FORMAT, false));
     assert_eq!(rej("verbosity"), (ERROR, false));
     assert_eq!(ok("stats"), Command::Stats(Stats::General));
     assert_eq!(ok("stats settings extra"), Command::Stats(Stats::Settings));
     assert_eq!(rej("stats foo"), (ERROR, false));
-    for bad in ["", "\r", "s", "GET k", "foo", "mg k", "\0\x01"] {
+    for (line, which) in [
+        ("stats items", Stats::Items),
+        ("stats slabs", Stats::Slabs),
+        ("stats sizes", Stats::Sizes),
+        ("stats sizes_enable", Stats::SizesEnable),
+        ("stats sizes_disable", Stats::SizesDisable),
+        ("stats conns", Stats::Conns),
+        ("stats detail on", Stats::Detail(Some(Detail::On))),
+        ("stats detail off x", Stats::Detail(Some(Detail::Off))),
+        ("stats detail dump", Stats::Detail(Some(Detail::Dump))),
+        ("stats detail", Stats::Detail(None)),
+        ("stats detail x", Stats::Detail(None)),
+        ("stats cachedump 1 100", Stats::Cachedump(Ok((1, 100)))),
+        ("stats cachedump 63 0", Stats::Cachedump(Ok((63, 0)))),
+        (
+            "stats cachedump 64 0",
+            Stats::Cachedump(Err("CLIENT_ERROR Illegal slab id")),
+        ),
+        ("stats cachedump x 0", Stats::Cachedump(Err(BAD_FORMAT))),
+        (
+            "stats cachedump 1",
+            Stats::Cachedump(Err("CLIENT_ERROR bad command line")),
+        ),
+    ] {
+        assert_eq!(ok(line), Command::Stats(which), "{line}");
+    }
+    for bad in ["", "\r", "s", "GET k", "foo", "mx k", "\0\x01"] {
         assert_eq!(rej(bad), (ERROR, false), "{bad:?}");
     }
 }
