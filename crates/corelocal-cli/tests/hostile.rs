@@ -262,6 +262,40 @@ fn curl_uploads_always_print_the_status() {
                 );
             }
         }
+        // Expect: 100-continue: the refusal comes at once, so curl never waits out its 1 s
+        // for a `100` before sending (its verbose log says "Done waiting" when it does).
+        let file = dir.0.join("100k");
+        let data = format!("@{}", file.display());
+        let out = run(
+            15,
+            "curl",
+            &[
+                "-sv",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}",
+                "-H",
+                "Expect: 100-continue",
+            ]
+            .into_iter()
+            .chain(["--data-binary", &data, &url])
+            .collect::<Vec<_>>(),
+        );
+        let log = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "413",
+            "{backend}: {log}"
+        );
+        assert!(
+            !log.contains("Done waiting"),
+            "{backend}: curl waited for a 100: {log}"
+        );
+        assert!(
+            !log.contains("HTTP/1.1 100"),
+            "{backend}: a 100 before a refusal: {log}"
+        );
         assert_eq!(s.terminate().0, 0);
     }
 }
