@@ -7,6 +7,7 @@ use crate::apply::{self, Method, SteerError};
 use crate::discover::{self, ParentCache};
 use crate::plan;
 use crate::target::{alive, PidSource};
+use corelocal_proto::http::date::civil_from_days;
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -48,20 +49,6 @@ fn now_parts() -> Parts {
         rem % 60,
         ms_total % 1000,
     )
-}
-
-/// (year, month, day) of a day count since 1970-01-01 (H. Hinnant's `civil_from_days`).
-pub fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    (y, m, d)
 }
 
 /// One thing `watch` did or saw. `--json` prints each as one line.

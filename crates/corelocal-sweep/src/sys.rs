@@ -201,9 +201,8 @@ pub fn sendmmsg_to(
         m.msg_hdr.msg_iov = &mut iov;
         m.msg_hdr.msg_iovlen = 1;
     }
-    // SAFETY: `msgs` holds `n` initialised headers whose name and iovec pointers refer to
-    // `dsts`, `iov` and `payload`, all alive for the call; the kernel only reads the
-    // payload and writes each msg_len.
+    // The kernel only reads the payload and writes each header's msg_len.
+    // SAFETY: `msgs` holds `n` headers pointing into `dsts`, `iov`, `payload`, alive for the call.
     let rc = unsafe { libc::sendmmsg(fd, msgs.as_mut_ptr(), n as libc::c_uint, 0) };
     if rc < 0 {
         Err(io::Error::last_os_error())

@@ -4,7 +4,7 @@
 
 use crate::server::{self, ServerStats};
 use corelocal::cpu::CpuSet;
-use corelocal::procfs::{self, CpuTimes, IfCounters, Softnet};
+use corelocal::procfs::{self, parse_net_rx, CpuTimes, IfCounters, Softnet};
 use corelocal_tune::fs::{Fs, RootFs};
 use corelocal_tune::state;
 use serde::Serialize;
@@ -139,27 +139,6 @@ fn read_netns(name: &str) -> Result<NetRead, String> {
         .map_err(|e| e.to_string())?
         .join()
         .map_err(|_| "the netns reader panicked".to_string())?
-}
-
-/// The NET_RX row of `/proc/softirqs`: (CPU, count).
-pub fn parse_net_rx(text: &str) -> Vec<(usize, u64)> {
-    let mut lines = text.lines();
-    let Some(header) = lines.next() else {
-        return Vec::new();
-    };
-    let cpus: Vec<usize> = header
-        .split_whitespace()
-        .filter_map(|c| c.strip_prefix("CPU")?.parse().ok())
-        .collect();
-    lines
-        .find_map(|l| l.trim_start().strip_prefix("NET_RX:"))
-        .map(|row| {
-            cpus.iter()
-                .zip(row.split_whitespace())
-                .map(|(c, v)| (*c, v.parse().unwrap_or(0)))
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 fn steer_of(fs: &RootFs, name: &str, lines: &[state::InterruptLine]) -> Steer {

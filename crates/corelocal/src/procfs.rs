@@ -1,5 +1,6 @@
 //! Pure parsers for the `/proc` files `top`, `sweep` and `bench` read: `/proc/stat`,
 //! `/proc/net/dev`, `/proc/net/netstat` + `/proc/net/snmp`, `/proc/net/softnet_stat`,
+//! `/proc/softirqs` (NET_RX), `/proc/net/tcp` (listeners),
 //! `/proc/PID/stat`, `/proc/PID/task/TID/schedstat`, `/proc/loadavg`.
 //!
 //! Every parser takes the file's text and never fails: malformed lines are skipped, missing
@@ -273,6 +274,27 @@ pub fn parse_tcp_listeners(text: &str) -> Vec<(u16, u64)> {
         .collect()
 }
 
+/// The NET_RX row of `/proc/softirqs`: (CPU, count).
+pub fn parse_net_rx(text: &str) -> Vec<(usize, u64)> {
+    let mut lines = text.lines();
+    let Some(header) = lines.next() else {
+        return Vec::new();
+    };
+    let cpus: Vec<usize> = header
+        .split_whitespace()
+        .filter_map(|c| c.strip_prefix("CPU")?.parse().ok())
+        .collect();
+    lines
+        .find_map(|l| l.trim_start().strip_prefix("NET_RX:"))
+        .map(|row| {
+            cpus.iter()
+                .zip(row.split_whitespace())
+                .map(|(c, v)| (*c, v.parse().unwrap_or(0)))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// The three load averages of `/proc/loadavg`.
 pub fn parse_loadavg(text: &str) -> Option<[f64; 3]> {
     let mut f = text.split_whitespace().map(|x| x.parse::<f64>().ok());
@@ -282,6 +304,13 @@ pub fn parse_loadavg(text: &str) -> Option<[f64; 3]> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn net_rx_row_per_cpu() {
+        let t = "                    CPU0       CPU1\n          HI:          1          0\n      NET_TX:        5          6\n      NET_RX:     1234       5678\n";
+        assert_eq!(parse_net_rx(t), vec![(0, 1234), (1, 5678)]);
+        assert!(parse_net_rx("").is_empty());
+    }
 
     #[test]
     fn tcp_listeners_are_the_rows_in_listen_state() {

@@ -6,21 +6,7 @@ use super::*;
 use corelocal::runtime::{CloseReason, Handler, Next, Output, OutputFront};
 use std::sync::Mutex;
 
-const WALL: u64 = 1_700_000_000;
-
-fn service(config: KvConfig) -> (KvService, Instant) {
-    let base = Instant::now();
-    let svc = KvService::with_clock(config, Duration::from_secs(WALL), base).unwrap();
-    (svc, base)
-}
-
-fn conn(svc: &KvService, now: Instant) -> KvConn {
-    svc.connect(&ConnInfo {
-        worker: 0,
-        peer: None,
-        now,
-    })
-}
+use super::tests::{conn, service};
 
 /// Feeds `input` to `c` in one call: (reply, consumed, next).
 fn feed(c: &mut KvConn, input: &str, now: Instant) -> (String, usize, Next) {

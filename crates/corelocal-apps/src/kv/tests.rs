@@ -3,15 +3,18 @@
 use super::*;
 use corelocal::runtime::{CloseReason, Handler, Next, Output, OutputFront, Step};
 
-const WALL: u64 = 1_700_000_000;
+/// The wall clock (unix seconds) the test services start at.
+pub(super) const WALL: u64 = 1_700_000_000;
 
-fn service(config: KvConfig) -> (KvService, Instant) {
+/// A service on a fixed wall clock, and the instant that clock starts from.
+pub(super) fn service(config: KvConfig) -> (KvService, Instant) {
     let base = Instant::now();
     let svc = KvService::with_clock(config, Duration::from_secs(WALL), base).unwrap();
     (svc, base)
 }
 
-fn conn(svc: &KvService, now: Instant) -> KvConn {
+/// A new connection of `svc` at `now`.
+pub(super) fn conn(svc: &KvService, now: Instant) -> KvConn {
     svc.connect(&ConnInfo {
         worker: 0,
         peer: None,

@@ -10,7 +10,7 @@
 //! drops, time squeezes, RPS IPIs received).
 
 use crate::place::in_netns;
-use corelocal::procfs::{self, CpuTimes, IfCounters, Softnet};
+use corelocal::procfs::{self, parse_net_rx, CpuTimes, IfCounters, Softnet};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -75,27 +75,6 @@ pub fn parse_conntrack_stat(text: &str) -> BTreeMap<String, u64> {
         }
     }
     out
-}
-
-/// The NET_RX row of `/proc/softirqs`: (CPU, count).
-pub fn parse_net_rx(text: &str) -> Vec<(usize, u64)> {
-    let mut lines = text.lines();
-    let Some(header) = lines.next() else {
-        return Vec::new();
-    };
-    let cpus: Vec<usize> = header
-        .split_whitespace()
-        .filter_map(|c| c.strip_prefix("CPU")?.parse().ok())
-        .collect();
-    lines
-        .find_map(|l| l.trim_start().strip_prefix("NET_RX:"))
-        .map(|row| {
-            cpus.iter()
-                .zip(row.split_whitespace())
-                .map(|(c, v)| (*c, v.parse().unwrap_or(0)))
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 /// Counters read at one instant.
@@ -461,13 +440,6 @@ mod tests {
     fn schedstat_run_and_wait() {
         assert_eq!(parse_schedstat2("123 456 7\n"), Some((123, 456)));
         assert_eq!(parse_schedstat2("123"), None);
-    }
-
-    #[test]
-    fn net_rx_row_per_cpu() {
-        let t = "                    CPU0       CPU1\n          HI:          1          0\n      NET_TX:        5          6\n      NET_RX:     1234       5678\n";
-        assert_eq!(parse_net_rx(t), vec![(0, 1234), (1, 5678)]);
-        assert!(parse_net_rx("").is_empty());
     }
 
     fn point(at: Instant, tx: u64, gen_tx: u64) -> Point {
