@@ -20,9 +20,13 @@ const UNQUEUED_GROUPS_MAX: usize = 1 << 20;
 const SOCKET_URING_OP_GETSOCKOPT: u32 = 2;
 
 impl UringBackend {
-    /// Queues an SQE (see the module docs for a full queue).
+    /// Queues an SQE (see the module docs for a full queue). The common case — nothing waits
+    /// and the queue has room — allocates nothing.
     pub(super) fn sqe(&mut self, entry: squeue::Entry) {
-        self.queue_group(vec![entry]);
+        if self.unqueued.is_empty() && self.push_group(std::slice::from_ref(&entry)) {
+            return;
+        }
+        self.queue_slow(vec![entry]);
     }
 
     /// Pushes `entries` as one link chain, never split across two submits (a split chain would
@@ -33,29 +37,31 @@ impl UringBackend {
             "short chains only"
         );
         let last = entries.len() - 1;
-        let group = entries
-            .iter()
-            .enumerate()
-            .map(|(i, e)| {
-                if i < last {
-                    e.clone().flags(squeue::Flags::IO_LINK)
-                } else {
-                    e.clone()
-                }
-            })
-            .collect();
-        self.queue_group(group);
+        let linked = |(i, e): (usize, &squeue::Entry)| {
+            if i < last {
+                e.clone().flags(squeue::Flags::IO_LINK)
+            } else {
+                e.clone()
+            }
+        };
+        if self.unqueued.is_empty() && self.has_room(entries.len()) {
+            for entry in entries.iter().enumerate().map(linked) {
+                let pushed = self.push_group(std::slice::from_ref(&entry));
+                debug_assert!(pushed, "room checked above");
+            }
+            return;
+        }
+        self.queue_slow(entries.iter().enumerate().map(linked).collect());
     }
 
-    /// Queues a group of entries that must go to the kernel in one submit, after any that wait.
-    fn queue_group(&mut self, group: Vec<squeue::Entry>) {
-        if self.unqueued.is_empty() && !self.push_group(&group) {
+    /// The queue is full or entries already wait: hand the queue over once, then push `group`
+    /// or keep it waiting, behind any that wait already.
+    fn queue_slow(&mut self, group: Vec<squeue::Entry>) {
+        if self.unqueued.is_empty() {
             self.hand_over_full_queue();
             if self.push_group(&group) {
                 return;
             }
-        } else if self.unqueued.is_empty() {
-            return;
         }
         assert!(
             self.unqueued.len() < UNQUEUED_GROUPS_MAX,
@@ -64,12 +70,18 @@ impl UringBackend {
         self.unqueued.push_back(group);
     }
 
+    /// Whether `n` more entries fit in the submission queue now.
+    fn has_room(&mut self, n: usize) -> bool {
+        let sq = self.ring.submission();
+        sq.capacity() - sq.len() >= n
+    }
+
     /// Pushes `group` into the submission queue if it all fits.
     fn push_group(&mut self, group: &[squeue::Entry]) -> bool {
-        let mut sq = self.ring.submission();
-        if sq.capacity() - sq.len() < group.len() {
+        if !self.has_room(group.len()) {
             return false;
         }
+        let mut sq = self.ring.submission();
         for entry in group {
             // SAFETY: every buffer or pointer an entry refers to is owned by this backend and
             // outlives the request (send buffers in `slots`/`graveyard`, `wake_buf`, `cpu_vals`).
