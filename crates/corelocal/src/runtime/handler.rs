@@ -5,6 +5,7 @@
 //! received so far, the handler consumes what it can parse, appends responses to an [`Output`]
 //! and says what to do next. Handlers never touch sockets, threads or clocks: time is passed in.
 
+use super::handoff::{StateExport, StateImport};
 use std::fs::File;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -278,6 +279,17 @@ pub trait Handler: Send + 'static {
     fn expects_input(&self) -> bool {
         false
     }
+
+    /// At a binary upgrade the runtime moves open connections to the successor process
+    /// between two requests. It asks when the connection is quiet (nothing queued to send,
+    /// nothing in flight): `None` while a request is half-handled in the handler's own state
+    /// (the data of a storage command being stored): the runtime reads on and asks again;
+    /// `Some(state)`: what the successor's handler needs besides the unconsumed input, which
+    /// moves apart ([`Service::resume`] gets it back). The default: nothing is kept between
+    /// requests.
+    fn handoff(&self) -> Option<Vec<u8>> {
+        Some(Vec::new())
+    }
 }
 
 /// A server application: shared state plus a factory of per-connection handlers.
@@ -290,6 +302,26 @@ pub trait Service: Send + Sync + 'static {
 
     /// Makes the handler of a new connection.
     fn connect(&self, info: &ConnInfo) -> Self::Conn;
+
+    /// Makes the handler of a connection moved from the predecessor process at a binary
+    /// upgrade, from what its handler gave ([`Handler::handoff`]). The default ignores the
+    /// state and makes a fresh handler.
+    fn resume(&self, info: &ConnInfo, state: &[u8]) -> Self::Conn {
+        let _ = state;
+        self.connect(info)
+    }
+
+    /// At a binary upgrade, once this process's workers stopped: the state to hand to the
+    /// successor (see [`super::handoff`]). The default: none.
+    fn export_state(self: Arc<Self>) -> Option<Box<dyn StateExport>> {
+        None
+    }
+
+    /// At a binary upgrade, before this process's workers start: where the predecessor's
+    /// state goes (see [`super::handoff`]). The default: none (a stream offered is skipped).
+    fn import_state(self: Arc<Self>) -> Option<Box<dyn StateImport>> {
+        None
+    }
 }
 
 #[cfg(test)]

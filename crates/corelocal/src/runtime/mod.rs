@@ -2,6 +2,8 @@
 //! listener, backend, connections and buffers; nothing connection-related is shared.
 //!
 //! - [`handler`]: the sans-IO application API ([`Service`], [`Handler`], [`Output`]).
+//! - [`handoff`]: what moves to a successor process besides the listeners (connections, the
+//!   service's state).
 //! - `accept`: the worker's accept path (allowances, pacing per loop turn, pauses, steals in
 //!   flight, the accept phase of a graceful stop).
 //! - [`balance`]: the Affinity-Accept balancer in the worker loop (sample, watch, wake, steal,
@@ -18,6 +20,7 @@ mod accept;
 pub mod backend;
 pub mod balance;
 pub mod handler;
+pub mod handoff;
 pub mod netstat;
 pub mod prometheus;
 pub mod server;
