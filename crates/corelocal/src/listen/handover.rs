@@ -8,7 +8,17 @@
 //! old → new   Sockets(n) + n fds       repeated until layout.socket_count() fds were sent
 //! new → old   Ready | Abort(reason)    Ready: the new process serves from the sockets now
 //! old → new   Done                     the old one stopped accepting and gave up the path
+//! old → new   Moving                   established connections and state follow
+//! old → new   Conns(entries) + fds     connections, each with its unhandled bytes and its
+//!                                      handler's state; repeated (empty: still working)
+//! old → new   ConnInput(bytes)         the rest of the last entry's bytes, when cut
+//! old → new   State(bytes)             the service's state stream, in order
+//! old → new   End(conns, summary)      nothing more follows
 //! ```
+//!
+//! The `--takeover PID` form has no listening sockets to pass (the new process joined the
+//! group itself): the old process connects to the new one after its SIGTERM and starts at
+//! `Moving`.
 //!
 //! Every message starts with the magic `CLHO` and the protocol version (little-endian u16);
 //! a peer speaking another version is refused with both versions named. Sizes are bounded:
@@ -20,7 +30,7 @@ use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 /// The protocol version this build speaks.
-pub const VERSION: u16 = 1;
+pub const VERSION: u16 = 2;
 /// The first bytes of every message.
 pub const MAGIC: [u8; 4] = *b"CLHO";
 /// The largest message either side sends or accepts.
@@ -31,6 +41,10 @@ pub const ADDRS_MAX: usize = 64;
 pub const WORKERS_MAX: usize = 4096;
 /// The longest abort reason kept (longer ones are cut at a character boundary).
 pub const REASON_BYTES_MAX: usize = 1024;
+/// The longest handler state a moved connection may carry.
+pub const CONN_STATE_BYTES_MAX: usize = 4096;
+/// The longest summary an [`Message::End`] carries.
+pub const SUMMARY_BYTES_MAX: usize = 1024;
 /// Descriptors sent per [`Message::Sockets`] message (below the kernel's `SCM_MAX_FD`, 253).
 pub const SOCKETS_PER_MESSAGE: usize = 64;
 
@@ -164,7 +178,50 @@ pub enum Message {
     Abort(String),
     /// Old → new: stopped accepting and released the upgrade socket path.
     Done,
+    /// Old → new: established connections and the service's state follow.
+    Moving,
+    /// Old → new: connections, one descriptor each attached, in order (none: a keep-alive
+    /// while the old process waits for requests in progress to finish).
+    Conns(Vec<ConnEntry>),
+    /// Old → new: more of the bytes of the last entry of the last [`Message::Conns`].
+    ConnInput(Vec<u8>),
+    /// Old → new: the next part of the service's state stream.
+    State(Vec<u8>),
+    /// Old → new: the end; how many connections were sent, and what the service's state
+    /// export said.
+    End {
+        /// Connections sent.
+        conns: u64,
+        /// The export's summary (or why there was none).
+        summary: String,
+    },
 }
+
+/// One connection of a [`Message::Conns`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnEntry {
+    /// The CPU of the worker that served it.
+    pub cpu: u16,
+    /// Its handler's state (at most [`CONN_STATE_BYTES_MAX`]).
+    pub state: Vec<u8>,
+    /// How many unhandled bytes it has in all.
+    pub input_len: u32,
+    /// The first of them (all but the last entry carry every byte; the rest of the last one
+    /// follows in [`Message::ConnInput`] messages).
+    pub input: Vec<u8>,
+}
+
+impl ConnEntry {
+    /// Encoded size: the header and both byte strings.
+    pub fn encoded_len(&self) -> usize {
+        CONN_ENTRY_HEADER_BYTES + self.state.len() + self.input.len()
+    }
+}
+
+/// Bytes of a [`ConnEntry`]'s header: cpu, state length, total and carried input lengths.
+pub const CONN_ENTRY_HEADER_BYTES: usize = 2 + 2 + 4 + 4;
+/// Bytes of a message's fixed part (magic, version, kind) and a [`Message::Conns`] count.
+pub const MESSAGE_HEADER_BYTES: usize = 4 + 2 + 1 + 2;
 
 /// Why bytes are not a valid message.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -203,6 +260,11 @@ const KIND_SOCKETS: u8 = 2;
 const KIND_READY: u8 = 3;
 const KIND_ABORT: u8 = 4;
 const KIND_DONE: u8 = 5;
+const KIND_MOVING: u8 = 6;
+const KIND_CONNS: u8 = 7;
+const KIND_CONN_INPUT: u8 = 8;
+const KIND_STATE: u8 = 9;
+const KIND_END: u8 = 10;
 
 impl Message {
     /// The message's bytes.
@@ -227,6 +289,34 @@ impl Message {
                 out.extend_from_slice(reason.as_bytes());
             }
             Message::Done => out.push(KIND_DONE),
+            Message::Moving => out.push(KIND_MOVING),
+            Message::Conns(entries) => {
+                out.push(KIND_CONNS);
+                out.extend_from_slice(&(entries.len() as u16).to_le_bytes());
+                for e in entries {
+                    out.extend_from_slice(&e.cpu.to_le_bytes());
+                    out.extend_from_slice(&(e.state.len() as u16).to_le_bytes());
+                    out.extend_from_slice(&e.input_len.to_le_bytes());
+                    out.extend_from_slice(&(e.input.len() as u32).to_le_bytes());
+                    out.extend_from_slice(&e.state);
+                    out.extend_from_slice(&e.input);
+                }
+            }
+            Message::ConnInput(bytes) => {
+                out.push(KIND_CONN_INPUT);
+                out.extend_from_slice(bytes);
+            }
+            Message::State(bytes) => {
+                out.push(KIND_STATE);
+                out.extend_from_slice(bytes);
+            }
+            Message::End { conns, summary } => {
+                out.push(KIND_END);
+                out.extend_from_slice(&conns.to_le_bytes());
+                let summary = truncate(summary, SUMMARY_BYTES_MAX);
+                out.extend_from_slice(&(summary.len() as u16).to_le_bytes());
+                out.extend_from_slice(summary.as_bytes());
+            }
         }
         out
     }
@@ -257,6 +347,19 @@ impl Message {
                 Message::Abort(truncate(&text, REASON_BYTES_MAX).to_string())
             }
             KIND_DONE => Message::Done,
+            KIND_MOVING => Message::Moving,
+            KIND_CONNS => Message::Conns(decode_conns(&mut r)?),
+            KIND_CONN_INPUT => Message::ConnInput(r.rest().to_vec()),
+            KIND_STATE => Message::State(r.rest().to_vec()),
+            KIND_END => {
+                let conns = r.u64()?;
+                let len = r.u16()? as usize;
+                let text = String::from_utf8_lossy(r.take(len)?);
+                Message::End {
+                    conns,
+                    summary: truncate(&text, SUMMARY_BYTES_MAX).to_string(),
+                }
+            }
             other => {
                 return Err(DecodeError::Invalid(format!(
                     "unknown message kind {other}"
@@ -271,6 +374,41 @@ impl Message {
         }
         Ok(message)
     }
+}
+
+fn decode_conns(r: &mut Reader<'_>) -> Result<Vec<ConnEntry>, DecodeError> {
+    let count = r.u16()? as usize;
+    if count > SOCKETS_PER_MESSAGE {
+        return Err(DecodeError::Invalid(format!(
+            "{count} connections in one message (max {SOCKETS_PER_MESSAGE})"
+        )));
+    }
+    let mut entries = Vec::with_capacity(count);
+    for i in 0..count {
+        let cpu = r.u16()?;
+        let state_len = r.u16()? as usize;
+        let input_len = r.u32()?;
+        let carried = r.u32()? as usize;
+        if state_len > CONN_STATE_BYTES_MAX || carried > input_len as usize {
+            return Err(DecodeError::Invalid(format!(
+                "connection {i}: state {state_len} bytes, input {carried} of {input_len}"
+            )));
+        }
+        if i + 1 < count && carried != input_len as usize {
+            return Err(DecodeError::Invalid(format!(
+                "connection {i} of {count} is cut (only the last may be)"
+            )));
+        }
+        let state = r.take(state_len)?.to_vec();
+        let input = r.take(carried)?.to_vec();
+        entries.push(ConnEntry {
+            cpu,
+            state,
+            input_len,
+            input,
+        });
+    }
+    Ok(entries)
 }
 
 fn truncate(text: &str, max: usize) -> &str {
@@ -398,6 +536,18 @@ impl<'a> Reader<'a> {
         Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
     }
 
+    fn u64(&mut self) -> Result<u64, DecodeError> {
+        let b = self.take(8)?;
+        Ok(u64::from_le_bytes(b.try_into().expect("8 bytes")))
+    }
+
+    /// Everything left (the message's last field).
+    fn rest(&mut self) -> &'a [u8] {
+        let rest = &self.bytes[self.at..];
+        self.at = self.bytes.len();
+        rest
+    }
+
     fn count(&mut self, max: usize, what: &str) -> Result<usize, DecodeError> {
         let n = self.u16()? as usize;
         if n > max {
@@ -456,6 +606,28 @@ mod tests {
             Message::Ready,
             Message::Abort("mode differs".into()),
             Message::Done,
+            Message::Moving,
+            Message::Conns(vec![]),
+            Message::Conns(vec![
+                ConnEntry {
+                    cpu: 3,
+                    state: b"auth".to_vec(),
+                    input_len: 4,
+                    input: b"get ".to_vec(),
+                },
+                ConnEntry {
+                    cpu: 0,
+                    state: vec![],
+                    input_len: 100_000,
+                    input: b"set k 0 0 99995\r\n".to_vec(),
+                },
+            ]),
+            Message::ConnInput(vec![7; 1000]),
+            Message::State(vec![1, 2, 3]),
+            Message::End {
+                conns: 12,
+                summary: "3 items".into(),
+            },
         ] {
             assert_eq!(Message::decode(&m.encode()), Ok(m));
         }
@@ -467,7 +639,7 @@ mod tests {
         bytes[4] = 9;
         let e = Message::decode(&bytes).unwrap_err();
         assert_eq!(e, DecodeError::Version { theirs: 9 });
-        assert!(e.to_string().contains("version 9, this one 1"), "{e}");
+        assert!(e.to_string().contains("version 9, this one 2"), "{e}");
         assert_eq!(
             Message::decode(b"HTTP/1.1 200"),
             Err(DecodeError::NotHandover)
@@ -502,6 +674,35 @@ mod tests {
             ..l
         };
         assert!(Message::decode(&Message::Offer(twice).encode()).is_err());
+    }
+
+    #[test]
+    fn only_the_last_connection_of_a_message_may_be_cut() {
+        let cut = ConnEntry {
+            cpu: 0,
+            state: vec![],
+            input_len: 10,
+            input: b"get".to_vec(),
+        };
+        let whole = ConnEntry {
+            input_len: 3,
+            ..cut.clone()
+        };
+        let bytes = Message::Conns(vec![cut.clone(), whole.clone()]).encode();
+        assert!(matches!(Message::decode(&bytes), Err(DecodeError::Invalid(_))));
+        let ok = Message::Conns(vec![whole, cut]);
+        assert_eq!(Message::decode(&ok.encode()), Ok(ok));
+        let over = ConnEntry {
+            input_len: 2,
+            ..ConnEntry {
+                cpu: 0,
+                state: vec![],
+                input_len: 0,
+                input: b"get".to_vec(),
+            }
+        };
+        let bytes = Message::Conns(vec![over]).encode();
+        assert!(Message::decode(&bytes).is_err(), "more bytes than announced");
     }
 
     #[test]

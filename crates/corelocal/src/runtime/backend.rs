@@ -96,6 +96,15 @@ pub enum Op {
         /// The connection.
         conn: ConnId,
     },
+    /// Give up the connection without closing it (a binary upgrade moves it to the successor):
+    /// receiving stops, and once no receive can complete any more [`Completion::Detached`]
+    /// hands over an ordinary descriptor of the socket; the id is free from then on (no
+    /// [`Completion::Closed`]). Bytes received before that come as [`Completion::Recv`]
+    /// first. Only for a connection with no send in flight.
+    Detach {
+        /// The connection.
+        conn: ConnId,
+    },
     /// Abort a connection's last send (`Send { close_after: true }`) that is still waiting (a
     /// peer that does not read): the close that was to follow it happens now and
     /// [`Completion::Closed`] follows. Does nothing when that send already completed — its
@@ -172,6 +181,14 @@ pub enum Completion {
         /// Bytes sent, or the error.
         result: io::Result<u64>,
     },
+    /// A [`Op::Detach`] finished: the socket, no longer the backend's; the id is free.
+    Detached {
+        /// The connection.
+        conn: ConnId,
+        /// The socket (an ordinary descriptor), or why it could not be had (the connection
+        /// is closed then).
+        fd: io::Result<std::os::fd::OwnedFd>,
+    },
     /// A connection is closed and its id free.
     Closed {
         /// The connection.
@@ -218,6 +235,10 @@ pub trait Backend {
     /// and no accepted connection waits to be reaped. A stopping worker exits only when this
     /// holds, so a connection taken from a queue is never closed unseen with the backend.
     fn accepts_settled(&self) -> bool;
+    /// Takes over an established connection (one a predecessor process handed over) and
+    /// returns its id; nothing is armed on it. Only before the worker starts accepting:
+    /// no accept may be in flight (io_uring picks a free slot of its own table).
+    fn adopt(&mut self, fd: std::os::fd::OwnedFd) -> io::Result<ConnId>;
     /// Events since the last call that the stats count (and resets them).
     fn take_events(&mut self) -> BackendEvents {
         BackendEvents::default()

@@ -32,3 +32,226 @@ pub trait StateImport: Send {
     /// mismatch: the service starts clean and says so here).
     fn finish(self: Box<Self>) -> Result<String, String>;
 }
+
+use std::collections::VecDeque;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+/// Connections detached (or being detached) by the workers and not yet taken by the handoff
+/// thread; a worker that finds the outbox full keeps the connection and tries again later
+/// (descriptors are bounded).
+pub const OUTBOX_LEN_MAX: usize = 4096;
+/// Connections received and not yet registered by their worker; the receiving thread waits
+/// while this many are pending (descriptors are bounded).
+pub const GATE_PENDING_MAX: usize = 4096;
+
+/// An established connection on its way to the successor process.
+#[derive(Debug)]
+pub struct MovedConn {
+    /// The socket.
+    pub fd: OwnedFd,
+    /// Bytes read from it and not yet handled (the start of the next request, if any).
+    pub input: Vec<u8>,
+    /// Its handler's state between requests ([`super::Handler::handoff`]).
+    pub state: Vec<u8>,
+    /// The CPU of the worker that served it (the successor's pick when `SO_INCOMING_CPU`
+    /// has nothing better).
+    pub cpu: u16,
+}
+
+type Exporter = Box<dyn Fn() -> Option<Box<dyn StateExport>> + Send + Sync>;
+
+/// The old process's side: where stopping workers put the connections they detach between
+/// requests, for the thread that sends them to the successor (see [`Outbox::take`]).
+pub struct Outbox {
+    enabled: AtomicBool,
+    inner: Mutex<OutboxInner>,
+    changed: Condvar,
+    export: Exporter,
+}
+
+struct OutboxInner {
+    conns: VecDeque<MovedConn>,
+    /// Room taken by detaches in flight ([`Outbox::reserve`]).
+    reserved: usize,
+    workers_running: usize,
+    detached_total: u64,
+}
+
+impl std::fmt::Debug for Outbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Outbox")
+            .field("enabled", &self.is_enabled())
+            .finish()
+    }
+}
+
+impl Outbox {
+    /// An outbox for `workers` workers; `export` gives the service's state stream.
+    pub(crate) fn new(workers: usize, export: Exporter) -> Outbox {
+        Outbox {
+            enabled: AtomicBool::new(false),
+            inner: Mutex::new(OutboxInner {
+                conns: VecDeque::new(),
+                reserved: 0,
+                workers_running: workers,
+                detached_total: 0,
+            }),
+            changed: Condvar::new(),
+            export,
+        }
+    }
+
+    /// Whether stopping workers move connections here instead of closing them.
+    pub fn is_enabled(&self) -> bool {
+        self.enabled.load(Ordering::Acquire)
+    }
+
+    /// From now on stopping workers move connections here (set before the stop).
+    pub(crate) fn enable(&self) {
+        self.enabled.store(true, Ordering::Release);
+    }
+
+    /// Takes room for one connection a worker starts detaching; false when full.
+    pub(crate) fn reserve(&self) -> bool {
+        let mut inner = self.inner.lock().expect("outbox lock");
+        if inner.conns.len() + inner.reserved >= OUTBOX_LEN_MAX {
+            return false;
+        }
+        inner.reserved += 1;
+        true
+    }
+
+    /// A detach failed: its room is free again.
+    pub(crate) fn unreserve(&self) {
+        let mut inner = self.inner.lock().expect("outbox lock");
+        inner.reserved = inner.reserved.checked_sub(1).expect("unreserved more than reserved");
+    }
+
+    /// A worker detached `conn` (in the room it reserved).
+    pub(crate) fn push(&self, conn: MovedConn) {
+        let mut inner = self.inner.lock().expect("outbox lock");
+        inner.reserved = inner.reserved.checked_sub(1).expect("pushed without reserving");
+        inner.conns.push_back(conn);
+        inner.detached_total += 1;
+        self.changed.notify_all();
+    }
+
+    /// A worker exited (whatever way): nothing more comes from it.
+    pub(crate) fn worker_exited(&self) {
+        let mut inner = self.inner.lock().expect("outbox lock");
+        inner.workers_running = inner.workers_running.saturating_sub(1);
+        self.changed.notify_all();
+    }
+
+    /// Takes up to `max` connections, waiting up to `wait` for one. Returns them and whether
+    /// the stream of connections is over (every worker exited, nothing left).
+    pub fn take(&self, max: usize, wait: Duration) -> (Vec<MovedConn>, bool) {
+        let deadline = Instant::now() + wait;
+        let mut inner = self.inner.lock().expect("outbox lock");
+        while inner.conns.is_empty() && inner.workers_running > 0 {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            inner = self
+                .changed
+                .wait_timeout(inner, left)
+                .expect("outbox lock")
+                .0;
+        }
+        let n = inner.conns.len().min(max);
+        let batch: Vec<MovedConn> = inner.conns.drain(..n).collect();
+        let over = inner.conns.is_empty() && inner.workers_running == 0;
+        (batch, over)
+    }
+
+    /// Connections detached so far.
+    pub fn detached_total(&self) -> u64 {
+        self.inner.lock().expect("outbox lock").detached_total
+    }
+
+    /// The service's state stream (call once every worker exited).
+    pub fn export_state(&self) -> Option<Box<dyn StateExport>> {
+        (self.export)()
+    }
+}
+
+/// The new process's side: its workers wait here before they accept anything, registering
+/// the connections the predecessor hands over as they arrive, until [`Gate::open`].
+#[derive(Debug)]
+pub struct Gate {
+    inner: Mutex<GateInner>,
+    changed: Condvar,
+}
+
+#[derive(Debug)]
+struct GateInner {
+    open: bool,
+    /// Per worker: connections received, not yet registered.
+    queues: Vec<Vec<MovedConn>>,
+    pending: usize,
+    delivered_total: u64,
+}
+
+impl Gate {
+    /// A closed gate for `workers` workers.
+    pub(crate) fn new(workers: usize) -> Gate {
+        Gate {
+            inner: Mutex::new(GateInner {
+                open: false,
+                queues: (0..workers).map(|_| Vec::new()).collect(),
+                pending: 0,
+                delivered_total: 0,
+            }),
+            changed: Condvar::new(),
+        }
+    }
+
+    /// Queues `conn` for `worker` (waiting, at most `wait`, while [`GATE_PENDING_MAX`] are
+    /// pending: the workers register them and close the descriptors).
+    pub(crate) fn deliver(&self, worker: usize, conn: MovedConn, wait: Duration) {
+        let deadline = Instant::now() + wait;
+        let mut inner = self.inner.lock().expect("gate lock");
+        while inner.pending >= GATE_PENDING_MAX {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            inner = self.changed.wait_timeout(inner, left).expect("gate lock").0;
+        }
+        assert!(worker < inner.queues.len(), "no worker {worker}");
+        inner.queues[worker].push(conn);
+        inner.pending += 1;
+        inner.delivered_total += 1;
+        self.changed.notify_all();
+    }
+
+    /// Lets the workers start serving (everything was delivered, or the handover gave up).
+    pub fn open(&self) {
+        self.inner.lock().expect("gate lock").open = true;
+        self.changed.notify_all();
+    }
+
+    /// Connections delivered so far.
+    pub fn delivered_total(&self) -> u64 {
+        self.inner.lock().expect("gate lock").delivered_total
+    }
+
+    /// A worker's wait: its connections delivered since the last call (waiting up to `wait`
+    /// for some) and whether the gate is open.
+    pub(crate) fn wait(&self, worker: usize, wait: Duration) -> (Vec<MovedConn>, bool) {
+        let mut inner = self.inner.lock().expect("gate lock");
+        if inner.queues[worker].is_empty() && !inner.open {
+            inner = self.changed.wait_timeout(inner, wait).expect("gate lock").0;
+        }
+        let conns = std::mem::take(&mut inner.queues[worker]);
+        inner.pending -= conns.len();
+        if !conns.is_empty() {
+            self.changed.notify_all();
+        }
+        (conns, inner.open)
+    }
+}

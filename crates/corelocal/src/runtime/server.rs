@@ -4,6 +4,7 @@ use super::backend::Backend;
 use super::backend::Wake;
 use super::balance::BalanceShared;
 use super::handler::Service;
+use super::handoff::{Gate, MovedConn, Outbox, StateImport};
 use super::netstat::NetSampler;
 use super::stats::{Snapshot, WorkerStats};
 use super::worker::{Worker, WorkerSetup};
@@ -60,6 +61,10 @@ pub struct ServerConfig {
     /// Packet-level flow-group steering: attach XDP + CPUMAP to this interface (generic mode),
     /// groups spread over the workers' CPUs; the balancer then migrates groups there.
     pub xdp_iface: Option<String>,
+    /// Start behind a gate: the workers accept nothing and take the connections a
+    /// predecessor hands over ([`Server::take_conn`]) until [`Server::open_gate`] (a binary
+    /// upgrade; the service's state is imported meanwhile, see [`Server::import_state`]).
+    pub gated: bool,
 }
 
 impl ServerConfig {
@@ -71,6 +76,7 @@ impl ServerConfig {
             limits: Limits::default(),
             balance: None,
             xdp_iface: None,
+            gated: false,
         }
     }
 
@@ -122,8 +128,15 @@ impl fmt::Display for ServerError {
 
 impl std::error::Error for ServerError {}
 
+type Importer = Box<dyn Fn() -> Option<Box<dyn StateImport>> + Send + Sync>;
+
 /// A running server.
 pub struct Server {
+    outbox: Arc<Outbox>,
+    gate: Option<Arc<Gate>>,
+    import: Importer,
+    /// Round-robin among the workers of one CPU for connections taken over.
+    take_next: std::sync::atomic::AtomicUsize,
     group: Arc<ListenerGroup>,
     stats: Vec<Arc<WorkerStats>>,
     stop: Arc<AtomicBool>,
@@ -223,6 +236,7 @@ impl fmt::Debug for Server {
 /// and then stop the server without disturbing them (see [`Server::release_handle`]).
 #[derive(Clone)]
 pub struct ReleaseHandle {
+    outbox: Arc<Outbox>,
     group: Arc<ListenerGroup>,
     stop: Arc<AtomicBool>,
     released: Arc<AtomicBool>,
@@ -254,6 +268,18 @@ impl ReleaseHandle {
         for w in &self.wakers {
             w.wake();
         }
+    }
+
+    /// Like [`ReleaseHandle::release`], and the workers move their open connections to the
+    /// [`Outbox`] between requests instead of closing them (the successor takes them).
+    pub fn release_moving(&self) {
+        self.outbox.enable();
+        self.release();
+    }
+
+    /// Where the workers put the connections they move ([`ReleaseHandle::release_moving`]).
+    pub fn outbox(&self) -> &Arc<Outbox> {
+        &self.outbox
     }
 
     /// Whether [`ReleaseHandle::release`] was called.
@@ -306,6 +332,12 @@ impl Server {
         if let Some(quiesce) = group.stop_quiesce() {
             limits.accept_quiesce = limits.accept_quiesce.max(quiesce);
         }
+        let exporter = service.clone();
+        let outbox = Arc::new(Outbox::new(
+            workers,
+            Box::new(move || exporter.clone().export_state()),
+        ));
+        let gate = config.gated.then(|| Arc::new(Gate::new(workers)));
         let mut threads = Vec::with_capacity(workers);
         for (index, worker_stats) in stats.iter().enumerate() {
             let setup = WorkerSetup {
@@ -319,6 +351,8 @@ impl Server {
                 released: released.clone(),
                 limits,
                 balance: balance.clone(),
+                outbox: Some(outbox.clone()),
+                gate: gate.clone(),
             };
             let ready = ready_tx.clone();
             let kind = config.backend;
@@ -354,7 +388,12 @@ impl Server {
         if let Some(b) = &balance {
             let _ = b.wakers.set(wakers.clone());
         }
+        let importer = service.clone();
         let server = Server {
+            outbox,
+            gate,
+            import: Box::new(move || importer.clone().import_state()),
+            take_next: std::sync::atomic::AtomicUsize::new(0),
             group,
             stats,
             stop,
@@ -412,10 +451,54 @@ impl Server {
     /// without disturbing them ([`ReleaseHandle::release`]).
     pub fn release_handle(&self) -> ReleaseHandle {
         ReleaseHandle {
+            outbox: Arc::clone(&self.outbox),
             group: Arc::clone(&self.group),
             stop: Arc::clone(&self.stop),
             released: Arc::clone(&self.released),
             wakers: self.wakers.clone(),
+        }
+    }
+
+    /// A started-behind-the-gate server ([`ServerConfig::gated`]) takes over a connection its
+    /// predecessor moved: the worker on the CPU that processed its last packet
+    /// (`SO_INCOMING_CPU`) gets it, else one on the CPU that served it before, else any.
+    /// Waits while many are pending registration (descriptors are bounded).
+    pub fn take_conn(&self, conn: MovedConn, wait: std::time::Duration) {
+        let gate = self.gate.as_ref().expect("take_conn on a server without a gate");
+        let incoming = crate::sys::socket::incoming_cpu(std::os::fd::AsRawFd::as_raw_fd(&conn.fd))
+            .ok()
+            .and_then(|c| usize::try_from(c).ok());
+        let on_cpu = |cpu: usize| -> Vec<usize> {
+            (0..self.group.workers())
+                .filter(|&w| self.group.worker_cpu(w) == cpu)
+                .collect()
+        };
+        let mut candidates = incoming.map(on_cpu).unwrap_or_default();
+        if candidates.is_empty() {
+            candidates = on_cpu(conn.cpu as usize);
+        }
+        if candidates.is_empty() {
+            candidates = (0..self.group.workers()).collect();
+        }
+        let turn = self.take_next.fetch_add(1, Ordering::Relaxed);
+        gate.deliver(candidates[turn % candidates.len()], conn, wait);
+    }
+
+    /// Connections taken over so far ([`Server::take_conn`]).
+    pub fn taken_conns(&self) -> u64 {
+        self.gate.as_ref().map_or(0, |g| g.delivered_total())
+    }
+
+    /// Where the predecessor's service state goes (call before [`Server::open_gate`]).
+    pub fn import_state(&self) -> Option<Box<dyn StateImport>> {
+        (self.import)()
+    }
+
+    /// The workers serve: the connections taken over first, then whatever they accept.
+    /// Nothing happens on a server started without a gate.
+    pub fn open_gate(&self) {
+        if let Some(g) = &self.gate {
+            g.open();
         }
     }
 
@@ -508,6 +591,15 @@ fn attach_xdp(
     crate::steer::XdpSteering::attach(&config).map_err(ServerError::Xdp)
 }
 
+/// Tells the outbox a worker exited, whichever way it exits (an error, a panic).
+struct ExitNotice(Arc<Outbox>);
+
+impl Drop for ExitNotice {
+    fn drop(&mut self) {
+        self.0.worker_exited();
+    }
+}
+
 type Ready = mpsc::Sender<(usize, io::Result<(&'static str, Arc<dyn Wake>)>)>;
 
 /// Receive-buffer count as the io_uring buffer ring wants it: a power of two ≤ 32768.
@@ -591,9 +683,13 @@ fn launch<S: Service, B: Backend>(
         Ok(backend) => {
             let _ = ready.send((setup.index, Ok((backend.name(), backend.waker()))));
             drop(ready);
+            let _exit = setup.outbox.clone().map(ExitNotice);
             Worker::new(setup, backend).run()
         }
         Err(e) => {
+            if let Some(outbox) = &setup.outbox {
+                outbox.worker_exited();
+            }
             let kind = e.kind();
             let _ = ready.send((setup.index, Err(e)));
             Err(io::Error::new(kind, "worker failed to start"))

@@ -53,6 +53,8 @@ pub struct WorkerStats {
     conn_limit: AtomicU64,
     backpressure: AtomicU64,
     lingered: AtomicU64,
+    adopted: AtomicU64,
+    moved: AtomicU64,
     /// Written by the workers that take groups from this one (atomic add, rare).
     migrated_out: AtomicU64,
     busy_transitions: AtomicU64,
@@ -187,6 +189,18 @@ impl WorkerStats {
         bump(&self.lingered, 1);
     }
 
+    /// Counts a connection taken over from the predecessor process at a binary upgrade.
+    pub fn adopted(&self) {
+        bump(&self.adopted, 1);
+        bump(&self.open, 1);
+    }
+
+    /// Counts a connection moved to the successor process at a binary upgrade.
+    pub fn moved(&self) {
+        bump(&self.moved, 1);
+        self.closed();
+    }
+
     /// Counts received bytes.
     pub fn bytes_in(&self, n: u64) {
         bump(&self.bytes_in, n);
@@ -232,6 +246,8 @@ impl WorkerStats {
             conn_limit_pauses: get(&self.conn_limit),
             backpressure_pauses: get(&self.backpressure),
             lingered: get(&self.lingered),
+            adopted: get(&self.adopted),
+            moved: get(&self.moved),
             migrated_out: get(&self.migrated_out),
             busy_transitions: get(&self.busy_transitions),
             queue_samples: get(&self.queue_samples),
@@ -376,6 +392,10 @@ pub struct WorkerSnapshot {
     pub backpressure_pauses: u64,
     /// Closes that lingered (answer out, sending side shut down, the peer's input discarded).
     pub lingered: u64,
+    /// Connections taken over from the predecessor process (binary upgrade).
+    pub adopted: u64,
+    /// Connections moved to the successor process (binary upgrade).
+    pub moved: u64,
     /// Flow groups migrated away from this worker.
     pub migrated_out: u64,
     /// Busy ↔ not-busy changes.
@@ -401,6 +421,8 @@ impl WorkerSnapshot {
         self.conn_limit_pauses += o.conn_limit_pauses;
         self.backpressure_pauses += o.backpressure_pauses;
         self.lingered += o.lingered;
+        self.adopted += o.adopted;
+        self.moved += o.moved;
         self.requests += o.requests;
         self.bytes_in += o.bytes_in;
         self.bytes_out += o.bytes_out;

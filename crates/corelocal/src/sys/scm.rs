@@ -77,16 +77,10 @@ pub fn listen_seqpacket(path: &Path, mode: libc::mode_t, backlog: u32) -> io::Re
     let backlog = backlog.clamp(1, i32::MAX as u32) as libc::c_int;
     // SAFETY: plain listen(2) on our socket.
     cvt(unsafe { libc::listen(raw, backlog) })?;
-    set_nonblocking(raw)?;
+    super::socket::set_nonblocking(raw)?;
     Ok(fd)
 }
 
-fn set_nonblocking(fd: RawFd) -> io::Result<()> {
-    // SAFETY: fcntl(2) flag calls on an open descriptor; no memory is involved.
-    let flags = cvt(unsafe { libc::fcntl(fd, libc::F_GETFL) })?;
-    // SAFETY: as above.
-    cvt(unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) }).map(|_| ())
-}
 
 /// Connects a blocking `SOCK_SEQPACKET` socket to the listener at `path` (ECONNREFUSED: a
 /// socket file nobody listens on; ENOENT: no such file).

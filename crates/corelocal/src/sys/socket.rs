@@ -15,6 +15,14 @@ pub fn shutdown_write(fd: RawFd) -> io::Result<()> {
     cvt(unsafe { libc::shutdown(fd, libc::SHUT_WR) }).map(|_| ())
 }
 
+/// Sets `O_NONBLOCK` on a descriptor.
+pub fn set_nonblocking(fd: RawFd) -> io::Result<()> {
+    // SAFETY: fcntl(2) flag calls on an open descriptor; no memory is involved.
+    let flags = cvt(unsafe { libc::fcntl(fd, libc::F_GETFL) })?;
+    // SAFETY: as above.
+    cvt(unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) }).map(|_| ())
+}
+
 /// `SO_INCOMING_CPU`.
 pub const SO_INCOMING_CPU: libc::c_int = 49;
 /// `SO_ATTACH_REUSEPORT_CBPF`.
@@ -116,6 +124,17 @@ pub fn local_addr(fd: RawFd) -> io::Result<SocketAddr> {
     let mut len = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
     // SAFETY: storage is large enough for any address and `len` says so.
     cvt(unsafe { libc::getsockname(fd, storage.as_mut_ptr() as *mut libc::sockaddr, &mut len) })?;
+    // SAFETY: zero-initialised, then filled by the kernel.
+    sockaddr_to(unsafe { &storage.assume_init() })
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "not an IP socket"))
+}
+
+/// The address of a connected socket's peer.
+pub fn peer_addr(fd: RawFd) -> io::Result<SocketAddr> {
+    let mut storage = MaybeUninit::<libc::sockaddr_storage>::zeroed();
+    let mut len = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    // SAFETY: storage is large enough for any address and `len` says so.
+    cvt(unsafe { libc::getpeername(fd, storage.as_mut_ptr() as *mut libc::sockaddr, &mut len) })?;
     // SAFETY: zero-initialised, then filled by the kernel.
     sockaddr_to(unsafe { &storage.assume_init() })
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "not an IP socket"))

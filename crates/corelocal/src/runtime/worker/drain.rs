@@ -32,7 +32,11 @@ impl<S: Service, B: Backend> Worker<S, B> {
             self.begin_drain(now);
         }
         self.accept.drain_step(&mut self.backend, self.open, now);
-        self.sweep_silent(now);
+        if self.moving() {
+            self.detach_quiet(now);
+        } else {
+            self.sweep_silent(now);
+        }
         if self.drain_deadline.is_some_and(|d| now >= d) {
             self.accept.finish(&mut self.backend, self.open);
             let all: Vec<ConnId> = self.live_conn_ids();
@@ -56,6 +60,9 @@ impl<S: Service, B: Backend> Worker<S, B> {
             self.accept.finish(&mut self.backend, self.open);
         } else {
             self.accept.begin_drain(&mut self.backend, self.open, now);
+        }
+        if self.moving() {
+            return; // Connections move to the successor between requests (`detach_quiet`).
         }
         for id in self.live_conn_ids() {
             self.signal_drain(id);

@@ -21,6 +21,12 @@ impl<S: Service, B: Backend> Worker<S, B> {
         match conn.closing {
             Closing::Open => {}
             Closing::Lingering { .. } => return self.discard(id, len, now),
+            Closing::Detaching => {
+                // Read before the receive stopped: the successor handles it.
+                conn.input
+                    .extend_from_slice(self.backend.recv_data(buf, len));
+                return;
+            }
             _ => {
                 // More input after the close began: the close must linger.
                 conn.unread = true;
@@ -30,6 +36,15 @@ impl<S: Service, B: Backend> Worker<S, B> {
         conn.last_active = now;
         conn.input
             .extend_from_slice(self.backend.recv_data(buf, len));
+        self.process_buffered(id, now);
+    }
+
+    /// Runs the handler over what the connection has buffered, then closes, flushes or
+    /// applies back-pressure as it asks.
+    pub(super) fn process_buffered(&mut self, id: ConnId, now: Instant) {
+        let Some(conn) = self.conns.get_mut(id as usize).and_then(Option::as_mut) else {
+            return;
+        };
         let verdict = process(conn, &self.setup, now);
         let stuck = verdict.is_none() && is_stuck(conn, &self.setup.limits);
         if stuck {
@@ -52,6 +67,13 @@ impl<S: Service, B: Backend> Worker<S, B> {
             self.begin_close(id, reason);
             return;
         }
+        if self.moving() {
+            // Moved to the successor at a request boundary (once the answer is out).
+            self.apply_backpressure(id);
+            self.flush(id);
+            self.try_detach(id);
+            return;
+        }
         if self.drain_deadline.is_some() {
             // Close at a request boundary, unless the handler announces the close itself.
             let idle = self.conns[id as usize]
@@ -70,12 +92,20 @@ impl<S: Service, B: Backend> Worker<S, B> {
         let Some(conn) = self.conns.get_mut(id as usize).and_then(Option::as_mut) else {
             return;
         };
-        conn.eof = true;
         match conn.closing {
             Closing::Open => {}
-            Closing::Lingering { .. } => return self.force_close(id),
-            _ => return,
+            Closing::Lingering { .. } => {
+                conn.eof = true;
+                return self.force_close(id);
+            }
+            // The end stays with the socket: the successor reads it again.
+            Closing::Detaching => return,
+            _ => {
+                conn.eof = true;
+                return;
+            }
         }
+        conn.eof = true;
         let next = conn.handler.on_eof(&conn.input, &mut conn.output, now);
         match next {
             Next::Close(reason) => self.begin_close(id, reason),

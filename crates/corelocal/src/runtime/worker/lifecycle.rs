@@ -2,9 +2,9 @@
 //! closing (after the pending output, with the last answer or lingering, or at once) and the
 //! close's completion.
 
-use super::{Closing, Conn, Worker};
+use super::{Closing, Worker};
 use crate::runtime::backend::{Backend, ConnId, Op, Origin};
-use crate::runtime::handler::{CloseReason, ConnInfo, Handler, Output, Service};
+use crate::runtime::handler::{CloseReason, ConnInfo, Handler, Service};
 use crate::runtime::stats::ErrorKind;
 use std::time::Instant;
 
@@ -32,36 +32,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
             now,
         };
         let handler = self.setup.service.connect(&info);
-        let slot = conn as usize;
-        if self.conns.len() <= slot {
-            self.conns.resize_with(slot + 1, || None);
-        }
-        assert!(
-            self.conns[slot].is_none(),
-            "connection id reused while open"
-        );
-        self.next_generation += 1;
-        self.conns[slot] = Some(Conn {
-            handler,
-            generation: self.next_generation,
-            input: Vec::new(),
-            output: Output::new(),
-            sending: false,
-            in_flight: 0,
-            recv_paused: false,
-            eof: false,
-            closing: Closing::Open,
-            unread: false,
-            last_active: now,
-            served: false,
-            drain_signalled: false,
-        });
-        self.open += 1;
-        self.idle.push_back((
-            now + self.setup.limits.idle_timeout,
-            conn,
-            self.next_generation,
-        ));
+        self.insert_conn(conn, handler, now);
         self.backend.push(Op::Recv { conn });
         self.accept.accepted(&mut self.backend, origin, self.open);
         if self.open == self.setup.limits.conns_per_worker_max {
@@ -72,7 +43,9 @@ impl<S: Service, B: Backend> Worker<S, B> {
         if self.drain_deadline.is_some() {
             // Taken from the queue while stopping: served once, then closed (after_process).
             self.setup.stats.drain_accepted();
-            self.signal_drain(conn);
+            if !self.moving() {
+                self.signal_drain(conn);
+            }
         }
     }
 
@@ -168,7 +141,8 @@ impl<S: Service, B: Backend> Worker<S, B> {
             return;
         };
         match conn.closing {
-            Closing::CloseQueued => {}
+            // Its socket is on its way to the successor.
+            Closing::CloseQueued | Closing::Detaching => {}
             // Sent already: its close is done or on its way.
             Closing::LastSend if !conn.sending => {}
             Closing::LastSend => {

@@ -4,9 +4,11 @@
 //! Layout: this file holds the worker's setup and state, the loop and its turn (timeout,
 //! dispatch of completions, balancing); `lifecycle` opens and closes connections (accept,
 //! idle timeout, close); `input` feeds received bytes to the handler; `output` sends its
-//! output; `drain` runs the graceful stop.
+//! output; `drain` runs the graceful stop; `handoff` moves connections to a successor process
+//! (and takes them over from a predecessor) at a binary upgrade.
 
 mod drain;
+mod handoff;
 mod input;
 mod lifecycle;
 mod output;
@@ -15,6 +17,7 @@ use super::accept::AcceptPath;
 use super::backend::{Backend, Completion, ConnId};
 use super::balance::{BalanceShared, WorkerBalance};
 use super::handler::{CloseReason, Output, Service};
+use super::handoff::{Gate, Outbox};
 use super::stats::{ErrorKind, WorkerStats};
 use super::Limits;
 use std::collections::VecDeque;
@@ -48,6 +51,11 @@ pub struct WorkerSetup<S: Service> {
     pub limits: Limits,
     /// Balancing state shared by the server's workers (`None`: no balancer).
     pub balance: Option<Arc<BalanceShared>>,
+    /// Where a stop moves connections when the server hands over to a successor.
+    pub outbox: Option<Arc<Outbox>>,
+    /// Set when the server starts on a predecessor's connections: the worker registers them
+    /// and accepts nothing until the gate opens.
+    pub gate: Option<Arc<Gate>>,
 }
 
 /// Where a connection is on its way out: one state instead of flags (monoio's
@@ -76,6 +84,9 @@ enum Closing {
     },
     /// `Op::Close` or `Op::AbortSend` is with the backend: `Completion::Closed` follows.
     CloseQueued,
+    /// `Op::Detach` is with the backend (a successor takes the connection over): what
+    /// arrives meanwhile is kept unhandled, and `Completion::Detached` follows.
+    Detaching,
 }
 
 struct Conn<H> {
@@ -136,6 +147,8 @@ pub struct Worker<S: Service, B: Backend> {
     drain_deadline: Option<Instant>,
     /// While stopping: when to close connections that stayed silent (see `sweep_silent`).
     sweep_at: Option<Instant>,
+    /// While moving connections to a successor: when to look for quiet ones next.
+    detach_at: Option<Instant>,
     balance: Option<WorkerBalance>,
 }
 
@@ -165,11 +178,17 @@ impl<S: Service, B: Backend> Worker<S, B> {
             spare_bufs: Vec::new(),
             drain_deadline: None,
             sweep_at: None,
+            detach_at: None,
         }
     }
 
     /// Runs until a graceful stop completes.
     pub fn run(mut self) -> std::io::Result<()> {
+        let adopted = self.wait_at_gate();
+        let now = Instant::now();
+        for conn in adopted {
+            self.on_adopted(conn, now);
+        }
         self.accept.set_accepting(&mut self.backend, 0, true);
         let mut completions = Vec::with_capacity(REAP_BATCH_MAX);
         loop {
@@ -253,6 +272,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
             }
             Completion::SentFile { conn, result } => self.on_sent(conn, result, now),
             Completion::Closed { conn } => self.on_closed(conn),
+            Completion::Detached { conn, fd } => self.on_detached(conn, fd),
         }
     }
 

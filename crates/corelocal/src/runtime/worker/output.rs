@@ -36,6 +36,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
             return;
         }
         self.flush(id);
+        self.try_detach(id);
     }
 
     /// Starts the next send if none is in flight; closes when output is done and asked to.

@@ -203,6 +203,7 @@ impl EpollBackend {
                 }
                 self.ready.push_back(Completion::Closed { conn });
             }
+            Op::Detach { conn } => self.detach(conn),
             Op::AbortSend { conn } => {
                 // Only the connection whose last send still waits: the fd may already be a new
                 // connection's (its close_after is not set before the worker has seen it).
@@ -218,6 +219,22 @@ impl EpollBackend {
             }
         }
         Ok(())
+    }
+
+    /// Hands the connection's descriptor over: out of the epoll set, out of the table. What
+    /// was read before is in `ready` already, ahead of the completion.
+    fn detach(&mut self, conn: ConnId) {
+        let Some(c) = self.conns.get_mut(conn as usize).and_then(Option::take) else {
+            return;
+        };
+        debug_assert!(c.pending.is_none(), "detached with a send in flight");
+        let fd = if c.registered {
+            self.ctl(libc::EPOLL_CTL_DEL, c.fd.as_raw_fd(), 0, 0)
+                .map(|()| c.fd)
+        } else {
+            Ok(c.fd)
+        };
+        self.ready.push_back(Completion::Detached { conn, fd });
     }
 
     fn drain_waker(&self) {
@@ -322,6 +339,25 @@ impl Backend for EpollBackend {
 
     fn waker(&self) -> Arc<dyn Wake> {
         self.waker.clone()
+    }
+
+    fn adopt(&mut self, fd: OwnedFd) -> io::Result<ConnId> {
+        crate::sys::socket::set_nonblocking(fd.as_raw_fd())?;
+        let conn = fd.as_raw_fd() as ConnId;
+        let slot = conn as usize;
+        if self.conns.len() <= slot {
+            self.conns.resize_with(slot + 1, || None);
+        }
+        self.conns[slot] = Some(ConnIo {
+            fd,
+            recv_on: false,
+            registered: false,
+            interest: 0,
+            dirty: false,
+            pending: None,
+            close_after: false,
+        });
+        Ok(conn)
     }
 
     /// Accepts run inside `submit` (steals) and `wait` (readiness), straight into `ready`.

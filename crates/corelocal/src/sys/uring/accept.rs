@@ -229,8 +229,8 @@ impl UringBackend {
         }
     }
 
-    /// A new direct descriptor: reset its slot and ask for its SO_INCOMING_CPU.
-    fn new_conn(&mut self, conn: ConnId, origin: Origin) {
+    /// A slot taken by a new connection: a new generation, nothing in flight.
+    pub(super) fn reset_slot(&mut self, conn: ConnId, origin: Origin) {
         let slot = &mut self.slots[conn as usize];
         slot.generation = slot.generation.wrapping_add(1);
         slot.origin = origin;
@@ -238,6 +238,13 @@ impl UringBackend {
         slot.send = None;
         slot.closing = false;
         slot.close_linked = false;
+        slot.detaching = None;
+        slot.detach_closing = false;
+    }
+
+    /// A new direct descriptor: reset its slot and ask for its SO_INCOMING_CPU.
+    fn new_conn(&mut self, conn: ConnId, origin: Origin) {
+        self.reset_slot(conn, origin);
         self.cpu_vals[conn as usize] = -1;
         self.unreported += 1;
         // The SO_INCOMING_CPU query and the first receive in one submit, linked so that their

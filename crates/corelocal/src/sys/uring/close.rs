@@ -55,6 +55,11 @@ impl UringBackend {
     /// is reissued once the send is over (a send cut short is re-sent with its close again).
     pub(super) fn on_close(&mut self, conn: ConnId, res: i32) {
         let slot = &mut self.slots[conn as usize];
+        if slot.detach_closing {
+            // A detached connection's slot: the worker has its socket, nothing to report.
+            slot.detach_closing = false;
+            return;
+        }
         if res == -libc::ECANCELED && slot.close_linked {
             if slot.send.is_none() {
                 slot.close_linked = false;

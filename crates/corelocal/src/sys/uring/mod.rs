@@ -20,6 +20,7 @@
 mod accept;
 mod buf_ring;
 mod close;
+mod handoff;
 mod recv;
 mod send;
 mod sqe;
@@ -33,8 +34,9 @@ use accept::{ListenerState, Multishot};
 use buf_ring::BufRing;
 use io_uring::{opcode, types, IoUring};
 use state::{
-    split, user_data, RecvState, Slot, KIND_ACCEPT, KIND_ACCEPT_ONE, KIND_CANCEL, KIND_CLOSE,
-    KIND_FILE_READ, KIND_RECV, KIND_SEND, KIND_SHUTDOWN, KIND_SOCKOPT, KIND_STEAL, KIND_WAKE,
+    split, user_data, RecvState, Slot, KIND_ACCEPT, KIND_ACCEPT_ONE, KIND_ADOPT, KIND_CANCEL,
+    KIND_CLOSE, KIND_FILE_READ, KIND_INSTALL, KIND_RECV, KIND_SEND, KIND_SHUTDOWN, KIND_SOCKOPT,
+    KIND_STEAL, KIND_WAKE,
 };
 use std::collections::VecDeque;
 use std::io;
@@ -92,6 +94,8 @@ pub struct UringBackend {
     steals_inflight: u32,
     /// Accepted direct descriptors whose SO_INCOMING_CPU query (hence `Accepted`) is pending.
     unreported: u32,
+    /// The result of the adoption in progress (see `handoff`).
+    adopted: Option<i32>,
 }
 
 impl std::fmt::Debug for UringBackend {
@@ -144,6 +148,8 @@ impl UringBackend {
                     send: None,
                     closing: false,
                     close_linked: false,
+                    detaching: None,
+                    detach_closing: false,
                 })
                 .collect(),
             listeners: Vec::new(),
@@ -158,6 +164,7 @@ impl UringBackend {
             events: BackendEvents::default(),
             steals_inflight: 0,
             unreported: 0,
+            adopted: None,
         };
         backend.arm_waker();
         Ok(backend)
@@ -215,6 +222,7 @@ impl UringBackend {
                 self.sqe(entry);
             }
             Op::Close { conn } => self.close(conn),
+            Op::Detach { conn } => self.detach(conn),
             Op::AbortSend { conn } => self.abort_last_send(conn),
         }
     }
@@ -227,6 +235,7 @@ impl UringBackend {
             KIND_ACCEPT_ONE => self.on_accept_one(id, res),
             KIND_STEAL => self.on_steal(id, res),
             KIND_CANCEL | KIND_SHUTDOWN => {}
+            KIND_ADOPT => self.adopted = Some(res),
             _ => {
                 let Some(slot) = self.slots.get(id as usize) else {
                     return;
@@ -246,6 +255,7 @@ impl UringBackend {
                     KIND_SEND => self.on_send(id, res),
                     KIND_FILE_READ => self.on_file_read(id, res),
                     KIND_CLOSE => self.on_close(id, res),
+                    KIND_INSTALL => self.on_install(id, res),
                     _ => {}
                 }
             }
@@ -376,6 +386,10 @@ impl Backend for UringBackend {
             .iter()
             .any(|c| matches!(c, Completion::Accepted { .. }));
         !armed && self.steals_inflight == 0 && self.unreported == 0 && !unreaped
+    }
+
+    fn adopt(&mut self, fd: std::os::fd::OwnedFd) -> io::Result<ConnId> {
+        self.adopt_fd(fd)
     }
 
     fn take_events(&mut self) -> BackendEvents {

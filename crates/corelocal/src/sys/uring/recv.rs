@@ -35,12 +35,20 @@ impl UringBackend {
                 self.slots[conn as usize].recv = RecvState::ArmAtSubmit;
                 self.arm_at_submit.push((conn, generation));
             }
+            if !more && self.slots[conn as usize].detaching.is_some() {
+                self.on_detach_recv_over(conn);
+            }
             return;
         }
         let slot = &mut self.slots[conn as usize];
         let was_armed = matches!(slot.recv, RecvState::Armed | RecvState::First);
         if !more {
             slot.recv = RecvState::Off;
+            if slot.detaching.is_some() {
+                // Its end (or error) stays with the socket: the successor reads it again.
+                self.on_detach_recv_over(conn);
+                return;
+            }
         }
         match res {
             0 => self.ready.push_back(Completion::Eof { conn }),

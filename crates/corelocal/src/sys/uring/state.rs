@@ -15,6 +15,8 @@ pub(super) const KIND_STEAL: u64 = 8;
 pub(super) const KIND_ACCEPT_ONE: u64 = 9;
 pub(super) const KIND_SHUTDOWN: u64 = 10;
 pub(super) const KIND_FILE_READ: u64 = 11;
+pub(super) const KIND_INSTALL: u64 = 12;
+pub(super) const KIND_ADOPT: u64 = 13;
 
 pub(super) fn user_data(kind: u64, generation: u32, id: u32) -> u64 {
     (kind << 56) | ((generation as u64 & 0x00ff_ffff) << 32) | id as u64
@@ -63,6 +65,15 @@ impl SendState {
     }
 }
 
+/// A connection being detached (see `handoff`): `Detached` waits for both.
+#[derive(Debug)]
+pub(super) struct Detaching {
+    /// A receive may still complete (its cancellation's last CQE has not come).
+    pub(super) recv_live: bool,
+    /// The installed descriptor, once its CQE came.
+    pub(super) fd: Option<std::io::Result<std::os::fd::OwnedFd>>,
+}
+
 #[derive(Debug)]
 pub(super) struct Slot {
     pub(super) generation: u32,
@@ -73,4 +84,8 @@ pub(super) struct Slot {
     /// A close is linked behind the send in flight (see `send_next`): if the link breaks
     /// (the send failed or was cut short), its CQE is ECANCELED and the close is reissued.
     pub(super) close_linked: bool,
+    /// Being detached (a binary upgrade moves the connection).
+    pub(super) detaching: Option<Detaching>,
+    /// The slot of a detached connection is closing: its completion is not reported.
+    pub(super) detach_closing: bool,
 }

@@ -1,0 +1,180 @@
+//! Binary upgrades that lose nothing: a stopping worker whose server hands over to a successor
+//! moves each connection between two requests (its socket, the bytes read and not handled, its
+//! handler's state) to the [`Outbox`] instead of closing it; a starting worker behind a
+//! [`Gate`] registers the connections its predecessor moved, then serves them first.
+//!
+//! [`Outbox`]: crate::runtime::handoff::Outbox
+//! [`Gate`]: crate::runtime::handoff::Gate
+
+use super::{Closing, Conn, Worker};
+use crate::runtime::backend::{Backend, ConnId, Op};
+use crate::runtime::handler::{ConnInfo, Handler, Output, Service};
+use crate::runtime::handoff::MovedConn;
+use crate::runtime::stats::ErrorKind;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+/// How long a gated worker waits for connections between looks at its stop flag.
+const GATE_POLL: Duration = Duration::from_millis(20);
+
+/// A moved connection registered with the backend, waiting for the gate to open.
+pub(super) struct Adopted {
+    id: ConnId,
+    input: Vec<u8>,
+    state: Vec<u8>,
+    peer: Option<std::net::SocketAddr>,
+}
+
+impl<S: Service, B: Backend> Worker<S, B> {
+    /// Whether a stopping worker moves connections to a successor instead of closing them.
+    pub(super) fn moving(&self) -> bool {
+        self.drain_deadline.is_some()
+            && self.setup.outbox.as_ref().is_some_and(|o| o.is_enabled())
+    }
+
+    /// Before accepting: registers the connections the predecessor hands over as they come
+    /// (their descriptors close once registered), until the gate opens or a stop is asked.
+    pub(super) fn wait_at_gate(&mut self) -> Vec<Adopted> {
+        let mut adopted = Vec::new();
+        let Some(gate) = self.setup.gate.clone() else {
+            return adopted;
+        };
+        loop {
+            let (conns, open) = gate.wait(self.setup.index, GATE_POLL);
+            for moved in conns {
+                let peer = crate::sys::socket::peer_addr(moved.fd.as_raw_fd()).ok();
+                match self.backend.adopt(moved.fd) {
+                    Ok(id) => adopted.push(Adopted {
+                        id,
+                        input: moved.input,
+                        state: moved.state,
+                        peer,
+                    }),
+                    Err(e) => {
+                        self.setup.stats.error(ErrorKind::Accept);
+                        eprintln!("corelocal: taking over a connection failed: {e}");
+                    }
+                }
+            }
+            if open || self.setup.stop.load(Ordering::Acquire) {
+                return adopted;
+            }
+        }
+    }
+
+    /// A connection moved from the predecessor: its handler from the state it gave, the bytes
+    /// the predecessor read handled first, then receiving.
+    pub(super) fn on_adopted(&mut self, adopted: Adopted, now: Instant) {
+        let info = ConnInfo {
+            worker: self.setup.index,
+            peer: adopted.peer,
+            now,
+        };
+        let handler = self.setup.service.resume(&info, &adopted.state);
+        let id = adopted.id;
+        self.insert_conn(id, handler, now);
+        self.setup.stats.adopted();
+        if let Some(conn) = self.conns[id as usize].as_mut() {
+            conn.served = true;
+            conn.input = adopted.input;
+        }
+        self.backend.push(Op::Recv { conn: id });
+        self.process_buffered(id, now);
+    }
+
+    /// While moving: every connection between two requests goes (see [`Self::try_detach`]).
+    pub(super) fn detach_quiet(&mut self, now: Instant) {
+        if self.detach_at.is_some_and(|t| now < t) {
+            return;
+        }
+        self.detach_at = Some(now + crate::runtime::accept::DRAIN_POLL);
+        for id in 0..self.conns.len() {
+            self.try_detach(id as ConnId);
+        }
+    }
+
+    /// Detaches the connection if it is between two requests: open, nothing to send or in
+    /// flight, reading (not paused), and its handler not in the middle of a request.
+    pub(super) fn try_detach(&mut self, id: ConnId) {
+        if !self.moving() {
+            return;
+        }
+        let Some(conn) = self.conns.get_mut(id as usize).and_then(Option::as_mut) else {
+            return;
+        };
+        let quiet = conn.closing == Closing::Open
+            && !conn.sending
+            && conn.output.is_empty()
+            && !conn.recv_paused
+            && !conn.eof;
+        if !quiet || conn.handler.handoff().is_none() {
+            return;
+        }
+        if !self.setup.outbox.as_ref().is_some_and(|o| o.reserve()) {
+            return; // The outbox is full: tried again at the next sweep.
+        }
+        conn.closing = Closing::Detaching;
+        self.backend.push(Op::Detach { conn: id });
+    }
+
+    /// The backend gave the socket up: it goes to the outbox with what was read and not
+    /// handled, and the handler's state (or closes, if the outbox is full or it failed).
+    pub(super) fn on_detached(&mut self, id: ConnId, fd: std::io::Result<std::os::fd::OwnedFd>) {
+        let Some(conn) = self.conns.get_mut(id as usize).and_then(Option::take) else {
+            return;
+        };
+        self.open -= 1;
+        let outbox = self.setup.outbox.clone().expect("moving without an outbox");
+        let fd = match fd {
+            Ok(fd) => fd,
+            Err(e) => {
+                outbox.unreserve();
+                self.setup.stats.error(ErrorKind::Io);
+                eprintln!("corelocal: moving a connection failed, closed: {e}");
+                self.setup.stats.closed();
+                return;
+            }
+        };
+        let moved = MovedConn {
+            fd,
+            state: conn.handler.handoff().unwrap_or_default(),
+            input: conn.input,
+            cpu: u16::try_from(self.setup.cpu).unwrap_or(u16::MAX),
+        };
+        outbox.push(moved);
+        self.setup.stats.moved();
+        self.accept.closed(&mut self.backend, self.open);
+    }
+
+    /// A new connection's state, in its slot.
+    pub(super) fn insert_conn(&mut self, id: ConnId, handler: S::Conn, now: Instant) {
+        let slot = id as usize;
+        if self.conns.len() <= slot {
+            self.conns.resize_with(slot + 1, || None);
+        }
+        assert!(self.conns[slot].is_none(), "connection id reused while open");
+        self.next_generation += 1;
+        self.conns[slot] = Some(Conn {
+            handler,
+            generation: self.next_generation,
+            input: Vec::new(),
+            output: Output::new(),
+            sending: false,
+            in_flight: 0,
+            recv_paused: false,
+            eof: false,
+            closing: Closing::Open,
+            unread: false,
+            last_active: now,
+            served: false,
+            drain_signalled: false,
+        });
+        self.open += 1;
+        self.idle.push_back((
+            now + self.setup.limits.idle_timeout,
+            id,
+            self.next_generation,
+        ));
+    }
+}
