@@ -134,6 +134,8 @@ pub(super) fn server_config(common: &CommonArgs) -> Result<ServerConfig, String>
     config.listen.backlog_total = common.backlog;
     config.listen.defer_accept_s = (common.defer_accept > 0).then_some(common.defer_accept);
     config.backend = common.backend.parse::<BackendKind>()?;
+    // A takeover starts behind the gate: the predecessor's connections and state come first.
+    config.gated = common.takeover.is_some();
     config.limits.idle_timeout = common.idle_timeout;
     config.limits.drain_timeout = common.drain_timeout;
     config.limits.linger_time = common.linger_time;

@@ -56,7 +56,7 @@ pub fn serve<S: Service>(common: &CommonArgs, service: Arc<S>) -> ExitCode {
     };
     print_listening(name, &config, &server);
     let metrics = crate::metrics::start_for(common.metrics, &server, name, &config);
-    let taken = metrics.and_then(|m| take_over(&server, successor, old_server).map(|()| m));
+    let taken = metrics.and_then(|m| take_over(&server, successor, old_server, common.takeover_timeout).map(|()| m));
     let _metrics = match taken {
         Ok(m) => m,
         Err(e) => return abandon(server, &e),
@@ -69,13 +69,21 @@ pub fn serve<S: Service>(common: &CommonArgs, service: Arc<S>) -> ExitCode {
             "corelocal serve {name}: listening sockets handed over, draining (up to {:?})",
             common.drain_timeout
         ),
-        (false, Some(signal)) => eprintln!(
-            "corelocal serve {name}: signal {signal}, draining (up to {:?})",
-            common.drain_timeout
+        (false, Some(stop)) => eprintln!(
+            "corelocal serve {name}: signal {} from pid {}, draining (up to {:?})",
+            stop.signal, stop.sender, common.drain_timeout
         ),
         (false, None) => {}
     }
-    server.stop();
+    let moved = match stop {
+        Some(t) if !handed_over && t.signal == libc::SIGTERM => {
+            upgrade::move_to_successor(&server, t.sender, common.takeover_timeout)
+        }
+        _ => false,
+    };
+    if !moved {
+        server.stop();
+    }
     finish(name, server, stats_file.as_mut())
 }
 

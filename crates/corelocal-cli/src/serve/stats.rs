@@ -24,7 +24,7 @@ pub(super) fn wait_for_stop(
     server: &Server,
     upgrade: Option<&UpgradeServer>,
     mut stats_file: Option<&mut std::fs::File>,
-) -> Option<i32> {
+) -> Option<signal::Termination> {
     let started = Instant::now();
     let mut last = server.stats();
     let printing = !common.stats_interval.is_zero();
@@ -37,8 +37,8 @@ pub(super) fn wait_for_stop(
     loop {
         let now = Instant::now();
         let wait = next_tick.saturating_duration_since(now).min(HANDOVER_POLL);
-        if let Some(sig) = signal::wait_termination(wait) {
-            return Some(sig);
+        if let Some(stop) = signal::wait_termination_from(wait) {
+            return Some(stop);
         }
         if upgrade.is_some_and(|u| u.handed_over()) {
             return None;

@@ -6,7 +6,9 @@ use super::config::start_error;
 use corelocal::listen::transfer::{self, Successor, UpgradeListener};
 use corelocal::listen::{ActiveSteering, Steering};
 use corelocal::procfs;
-use corelocal::runtime::{Server, ServerConfig, Service, UpgradeServer};
+use corelocal::runtime::{
+    receive_moving, send_moving, Server, ServerConfig, Service, UpgradeServer,
+};
 use corelocal::sys::pidfd;
 use std::net::SocketAddr;
 use std::os::fd::OwnedFd;
@@ -115,18 +117,24 @@ pub(super) fn take_over(
     server: &Server,
     successor: Option<Successor>,
     old: Option<OldServer>,
+    timeout: std::time::Duration,
 ) -> Result<(), String> {
     if let Some(successor) = successor {
         // Serving already: a missing "done" is worth a warning, not a stop.
-        if let Err(e) = successor.ready() {
-            eprintln!("corelocal serve: --takeover: the old server did not confirm: {e}");
+        match successor.ready() {
+            Ok(channel) => {
+                eprintln!("corelocal serve: took over the listening sockets; taking the connections");
+                take_moving(server, &channel);
+            }
+            Err(e) => {
+                eprintln!("corelocal serve: --takeover: the old server did not confirm: {e}");
+                server.open_gate();
+            }
         }
-        eprintln!(
-            "corelocal serve: took over the listening sockets (the old server drains and exits)"
-        );
         return Ok(());
     }
     let Some(old) = old else {
+        server.open_gate();
         return Ok(());
     };
     if server.steering() != ActiveSteering::Local(Steering::Ebpf) {
@@ -139,6 +147,15 @@ pub(super) fn take_over(
     }
     // This server's program steers the group's SYNs now: from here on it keeps serving
     // whatever happens, since exiting would leave the port to listeners that get no SYNs.
+    // Its connections come over this socket: the old server connects to it when the SIGTERM
+    // comes from this process.
+    let moving = match UpgradeListener::bind(&moving_socket(std::process::id() as i32)) {
+        Ok(l) => Some(l),
+        Err(e) => {
+            eprintln!("corelocal serve: --takeover: no socket for the old server's connections: {e}");
+            None
+        }
+    };
     match pidfd::pidfd_send_signal(&old.pidfd, libc::SIGTERM) {
         Ok(()) => eprintln!(
             "corelocal serve: took over from pid {} (SIGTERM sent; it drains and exits)",
@@ -154,7 +171,79 @@ pub(super) fn take_over(
             old.pid
         ),
     }
+    match moving.map(|l| l.accept(timeout, timeout)) {
+        Some(Ok(Some(channel))) if channel.peer().is_ok_and(|p| p.pid == old.pid) => {
+            take_moving(server, &channel)
+        }
+        Some(Ok(Some(_))) => {
+            eprintln!("corelocal serve: --takeover: a process other than pid {} offered connections; ignored", old.pid);
+            server.open_gate();
+        }
+        Some(Ok(None)) => {
+            eprintln!(
+                "corelocal serve: --takeover: pid {} did not offer its connections within {timeout:?} \
+                 (an older corelocal?); it closes them between requests itself",
+                old.pid
+            );
+            server.open_gate();
+        }
+        Some(Err(e)) => {
+            eprintln!("corelocal serve: --takeover: waiting for the old server's connections: {e}");
+            server.open_gate();
+        }
+        None => server.open_gate(),
+    }
     Ok(())
+}
+
+/// Where a `--takeover PID` successor waits for the old server's connections: an abstract
+/// unix socket named after the successor's pid, which the old server learns from its SIGTERM.
+pub(super) fn moving_socket(successor_pid: i32) -> std::path::PathBuf {
+    std::path::PathBuf::from(format!("@corelocal-takeover-{successor_pid}"))
+}
+
+/// Takes the old server's connections and state, then lets the workers serve (whatever
+/// happened: the connections taken so far are served, and the state is whole or absent).
+fn take_moving(server: &Server, channel: &corelocal::listen::transfer::Channel) {
+    match receive_moving(channel, server) {
+        Ok(report) => eprintln!("corelocal serve: --takeover: took {report}"),
+        Err(e) => eprintln!(
+            "corelocal serve: --takeover: taking the connections stopped after {}: {e}",
+            server.taken_conns()
+        ),
+    }
+    server.open_gate();
+}
+
+/// The old server, stopped by a SIGTERM from `sender`: when the sender is a `--takeover PID`
+/// successor (it listens on [`moving_socket`]), the workers move their connections there
+/// instead of closing them, then the state follows. Returns false when there is no such
+/// successor: stop as usual.
+pub(super) fn move_to_successor(server: &Server, sender: i32, timeout: std::time::Duration) -> bool {
+    if sender <= 1 {
+        return false;
+    }
+    let Ok(fd) = corelocal::sys::scm::connect_seqpacket(&moving_socket(sender)) else {
+        return false; // A plain SIGTERM (kill, systemd): no successor waits.
+    };
+    let channel = match corelocal::listen::transfer::Channel::new(fd, timeout) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("corelocal serve: successor pid {sender}: {e}");
+            return false;
+        }
+    };
+    let me = corelocal::sys::scm::effective_uid();
+    if !channel.peer().is_ok_and(|p| p.pid == sender && (p.uid == me || p.uid == 0)) {
+        eprintln!("corelocal serve: pid {sender} is not a successor of this server's user; stopping as usual");
+        return false;
+    }
+    server.stop_moving();
+    match send_moving(&channel, server.outbox()) {
+        Ok(report) => eprintln!("corelocal serve: moved to pid {sender}: {report}"),
+        Err(e) => eprintln!("corelocal serve: moving to pid {sender} failed ({e}); closing what is left"),
+    }
+    true
 }
 
 /// `--upgrade-socket` is bound before the server starts (a live socket there fails early),

@@ -103,7 +103,15 @@ impl Channel {
         Ok(message)
     }
 
-    fn recv_with(&self, fds_max: usize) -> Result<(Message, Vec<OwnedFd>), HandoverError> {
+    /// Sends one message with descriptors attached (at most [`SOCKETS_PER_MESSAGE`]).
+    pub fn send_with(&self, message: &Message, fds: &[RawFd]) -> Result<(), HandoverError> {
+        assert!(fds.len() <= SOCKETS_PER_MESSAGE, "too many descriptors");
+        scm::send_with_fds(self.fd.as_raw_fd(), &message.encode(), fds)
+            .map_err(io_error("sending a handover message with descriptors"))
+    }
+
+    /// Receives one message and the descriptors attached to it (at most `fds_max`).
+    pub fn recv_with(&self, fds_max: usize) -> Result<(Message, Vec<OwnedFd>), HandoverError> {
         let mut buf = vec![0u8; MESSAGE_BYTES_MAX];
         let (n, fds) = scm::recv_with_fds(self.fd.as_raw_fd(), &mut buf, fds_max)
             .map_err(io_error("receiving a handover message"))?;
@@ -277,10 +285,12 @@ impl Successor {
     /// Tells the old process this one serves from the sockets now, then waits (bounded) for
     /// its `Done`: it stopped accepting and gave up its upgrade socket path. A missing `Done`
     /// is reported, but this process keeps the sockets and serves either way.
-    pub fn ready(self) -> Result<(), HandoverError> {
+    /// On `Done` the channel comes back: the old process moves its connections and state
+    /// over it next (see `runtime::upgrade::receive_moving`).
+    pub fn ready(self) -> Result<Channel, HandoverError> {
         self.channel.send(&Message::Ready)?;
         match self.channel.recv()? {
-            Message::Done => Ok(()),
+            Message::Done => Ok(self.channel),
             other => Err(HandoverError::Protocol(format!(
                 "expected done, got {other:?}"
             ))),
@@ -308,6 +318,9 @@ impl UpgradeListener {
     /// Listens at `path`. A socket file nobody listens on (left by a crashed server) is
     /// replaced; a live one, or any other kind of file, is refused.
     pub fn bind(path: &Path) -> Result<UpgradeListener, HandoverError> {
+        if path.as_os_str().as_encoded_bytes().starts_with(b"@") {
+            return Self::bind_abstract(path);
+        }
         remove_if_stale(path)?;
         let fd = scm::listen_seqpacket(path, UPGRADE_SOCKET_MODE, 4)
             .map_err(io_error(format!("listening on {}", path.display())))?;
@@ -335,8 +348,25 @@ impl UpgradeListener {
     }
 }
 
+impl UpgradeListener {
+    /// Listens at `@name` in the abstract namespace: no file to make or remove, and a name in
+    /// use fails (EADDRINUSE) instead of being replaced.
+    fn bind_abstract(path: &Path) -> Result<UpgradeListener, HandoverError> {
+        let fd = scm::listen_seqpacket(path, UPGRADE_SOCKET_MODE, 4)
+            .map_err(io_error(format!("listening on {}", path.display())))?;
+        Ok(UpgradeListener {
+            fd,
+            path: path.to_path_buf(),
+            file: (0, 0),
+        })
+    }
+}
+
 impl Drop for UpgradeListener {
     fn drop(&mut self) {
+        if self.file == (0, 0) {
+            return; // Abstract: nothing on disk.
+        }
         let ours =
             std::fs::symlink_metadata(&self.path).is_ok_and(|m| (m.dev(), m.ino()) == self.file);
         if ours {

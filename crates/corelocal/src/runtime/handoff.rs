@@ -114,6 +114,12 @@ impl Outbox {
         self.enabled.store(true, Ordering::Release);
     }
 
+    /// The successor is gone: stopping workers close connections again, as a stop without a
+    /// successor does (those already detached close when taken from here).
+    pub fn disable(&self) {
+        self.enabled.store(false, Ordering::Release);
+    }
+
     /// Takes room for one connection a worker starts detaching; false when full.
     pub(crate) fn reserve(&self) -> bool {
         let mut inner = self.inner.lock().expect("outbox lock");

@@ -37,7 +37,7 @@ pub use server::{
     BackendKind, ReleaseHandle, Server, ServerConfig, ServerError, ShutdownReport, StatsReader,
 };
 pub use stats::{Batching, ErrorKind, Snapshot, WorkerSnapshot, WorkerStats};
-pub use upgrade::UpgradeServer;
+pub use upgrade::{receive_moving, send_moving, MoveReport, UpgradeServer};
 
 use std::time::Duration;
 

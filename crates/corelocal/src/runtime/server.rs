@@ -525,6 +525,19 @@ impl Server {
         }
     }
 
+    /// Like [`Server::stop`], and the workers move their open connections to the outbox
+    /// between requests instead of closing them, for a successor that takes them
+    /// ([`super::upgrade::send_moving`]; `--takeover PID`).
+    pub fn stop_moving(&self) {
+        self.outbox.enable();
+        self.stop();
+    }
+
+    /// Where the workers put the connections they move ([`Server::stop_moving`]).
+    pub fn outbox(&self) -> &Arc<Outbox> {
+        &self.outbox
+    }
+
     /// Gives up right after starting: a group adopted from a running server is released
     /// (its sockets are still shared with that server, which takes its steering back and
     /// serves on: refusing SYNs or draining here would disturb it); a group of its own stops

@@ -1,18 +1,27 @@
-//! The running server's side of a binary upgrade by socket passing: [`UpgradeServer`] listens
+//! Binary upgrades. The running server's side by socket passing: [`UpgradeServer`] listens
 //! on a unix socket (mode 0600) on its own thread — the workers' event loops never block on
 //! it — and hands the listening sockets to the first successor that completes the exchange
 //! (see [`crate::listen::transfer`]). Then the server stops accepting at once, serves what it
 //! accepted and exits; the successor holds the same sockets, accept queues included.
+//!
+//! Then both forms (socket and `--takeover PID`) move what is established: [`send_moving`]
+//! sends each connection between two requests and the service's state, [`receive_moving`]
+//! gives them to the new server's workers, which start behind a gate until it is all there.
 
-use super::server::ReleaseHandle;
-use crate::listen::handover::Message;
+use super::handoff::{MovedConn, Outbox, StateImport};
+use super::server::{ReleaseHandle, Server};
+use crate::listen::handover::{
+    ConnEntry, Message, CONN_ENTRY_HEADER_BYTES, CONN_STATE_BYTES_MAX, MESSAGE_BYTES_MAX,
+    MESSAGE_HEADER_BYTES, SOCKETS_PER_MESSAGE,
+};
 use crate::listen::transfer::{self, Channel, HandoverError, UpgradeListener};
 use crate::sys::scm;
+use std::os::fd::{AsRawFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How often the upgrade thread looks at its stop flag while waiting for a successor.
 const ACCEPT_POLL: Duration = Duration::from_millis(100);
@@ -147,12 +156,300 @@ fn trusted_peer(channel: &Channel) -> Option<i32> {
 }
 
 /// The successor serves: stop accepting now, give up the path (so the successor can listen
-/// there itself), then tell it so.
+/// there itself), tell it so, then move the connections (between requests) and the state.
 fn finish(listener: UpgradeListener, channel: &Channel, server: &ReleaseHandle, pid: i32) {
-    server.release();
+    server.release_moving();
     drop(listener);
     if let Err(e) = channel.send(&Message::Done) {
         eprintln!("corelocal: upgrade: telling pid {pid} we are done: {e}");
+        server.outbox().disable();
+        return;
     }
-    eprintln!("corelocal: upgrade: listening sockets handed to pid {pid}; draining");
+    eprintln!("corelocal: upgrade: listening sockets handed to pid {pid}; moving connections");
+    match send_moving(channel, server.outbox()) {
+        Ok(report) => eprintln!("corelocal: upgrade: moved to pid {pid}: {report}"),
+        Err(e) => eprintln!(
+            "corelocal: upgrade: moving to pid {pid} failed ({e}); closing what is left"
+        ),
+    }
+}
+
+/// While the old process waits for requests in progress to finish, it sends an empty
+/// [`Message::Conns`] this often, so the successor's bounded receive does not time out.
+const MOVING_KEEPALIVE: Duration = Duration::from_millis(500);
+/// Bytes of service state per [`Message::State`].
+const STATE_CHUNK_BYTES: usize = MESSAGE_BYTES_MAX - 64;
+/// How long the new process waits for a worker to take a connection before queuing it anyway.
+const TAKE_WAIT: Duration = Duration::from_secs(1);
+
+/// What a move of connections and state carried (see [`send_moving`], [`receive_moving`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MoveReport {
+    /// Connections moved.
+    pub conns: u64,
+    /// Bytes of service state moved.
+    pub state_bytes: u64,
+    /// The service's word on its state (items exported, or imported, or why not).
+    pub summary: String,
+    /// From the first message to the last.
+    pub elapsed: Duration,
+}
+
+impl std::fmt::Display for MoveReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} connections and {} bytes of state in {} ms ({})",
+            self.conns,
+            self.state_bytes,
+            self.elapsed.as_millis(),
+            self.summary
+        )
+    }
+}
+
+/// The old process's side, once it stopped with its outbox enabled
+/// ([`ReleaseHandle::release_moving`], or [`super::Server::stop_moving`]): sends every
+/// connection its workers detach, as they come, then — once every worker exited and nothing
+/// can write any more — the service's state, then the end. On an error the outbox is turned
+/// off (the workers close what is left, as a stop without a successor does) and what was
+/// queued closes.
+pub fn send_moving(channel: &Channel, outbox: &Outbox) -> Result<MoveReport, HandoverError> {
+    let result = send_moving_inner(channel, outbox);
+    if result.is_err() {
+        outbox.disable();
+        while !outbox.take(usize::MAX, Duration::ZERO).1 {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    result
+}
+
+fn send_moving_inner(channel: &Channel, outbox: &Outbox) -> Result<MoveReport, HandoverError> {
+    let started = Instant::now();
+    channel.send(&Message::Moving)?;
+    let mut report = MoveReport::default();
+    let mut last_sent = Instant::now();
+    loop {
+        let (batch, over) = outbox.take(SOCKETS_PER_MESSAGE, MOVING_KEEPALIVE / 5);
+        if !batch.is_empty() {
+            report.conns += send_conns(channel, batch)?;
+            last_sent = Instant::now();
+        } else if last_sent.elapsed() >= MOVING_KEEPALIVE {
+            channel.send(&Message::Conns(Vec::new()))?;
+            last_sent = Instant::now();
+        }
+        if over {
+            break;
+        }
+    }
+    report.summary = match outbox.export_state() {
+        None => "no state to move".into(),
+        Some(mut export) => {
+            let mut chunk = Vec::with_capacity(STATE_CHUNK_BYTES);
+            loop {
+                chunk.clear();
+                let more = export
+                    .next_chunk(&mut chunk, STATE_CHUNK_BYTES)
+                    .map_err(|e| HandoverError::Protocol(format!("exporting state: {e}")))?;
+                for part in chunk.chunks(STATE_CHUNK_BYTES) {
+                    channel.send(&Message::State(part.to_vec()))?;
+                    report.state_bytes += part.len() as u64;
+                }
+                if !more {
+                    break;
+                }
+            }
+            export.summary()
+        }
+    };
+    channel.send(&Message::End {
+        conns: report.conns,
+        summary: report.summary.clone(),
+    })?;
+    report.elapsed = started.elapsed();
+    Ok(report)
+}
+
+/// Sends `conns` in as few messages as fit (at most [`SOCKETS_PER_MESSAGE`] descriptors and
+/// [`MESSAGE_BYTES_MAX`] bytes each); a connection whose bytes do not fit goes last in its
+/// message, the rest of its bytes in [`Message::ConnInput`] messages right after. Their
+/// descriptors close here once sent.
+fn send_conns(channel: &Channel, conns: Vec<MovedConn>) -> Result<u64, HandoverError> {
+    let budget = MESSAGE_BYTES_MAX - MESSAGE_HEADER_BYTES;
+    let mut entries: Vec<ConnEntry> = Vec::new();
+    let mut fds: Vec<MovedConn> = Vec::new();
+    let mut used = 0;
+    let mut sent = 0;
+    for mut conn in conns {
+        if conn.state.len() > CONN_STATE_BYTES_MAX {
+            eprintln!(
+                "corelocal: upgrade: a connection's state is {} bytes (max {CONN_STATE_BYTES_MAX}); it moves without",
+                conn.state.len()
+            );
+            conn.state.clear();
+        }
+        let whole = CONN_ENTRY_HEADER_BYTES + conn.state.len() + conn.input.len();
+        if used + whole > budget && !entries.is_empty() {
+            sent += flush_conns(channel, &mut entries, &mut fds, Vec::new())?;
+            used = 0;
+        }
+        let room = budget - used - CONN_ENTRY_HEADER_BYTES - conn.state.len();
+        let rest = if conn.input.len() > room {
+            conn.input.split_off(room)
+        } else {
+            Vec::new()
+        };
+        let input = std::mem::take(&mut conn.input);
+        entries.push(ConnEntry {
+            cpu: conn.cpu,
+            state: std::mem::take(&mut conn.state),
+            input_len: (input.len() + rest.len()) as u32,
+            input,
+        });
+        used += entries.last().map_or(0, ConnEntry::encoded_len);
+        fds.push(conn);
+        if !rest.is_empty() || entries.len() == SOCKETS_PER_MESSAGE {
+            sent += flush_conns(channel, &mut entries, &mut fds, rest)?;
+            used = 0;
+        }
+    }
+    if !entries.is_empty() {
+        sent += flush_conns(channel, &mut entries, &mut fds, Vec::new())?;
+    }
+    Ok(sent)
+}
+
+fn flush_conns(
+    channel: &Channel,
+    entries: &mut Vec<ConnEntry>,
+    conns: &mut Vec<MovedConn>,
+    rest: Vec<u8>,
+) -> Result<u64, HandoverError> {
+    let raw: Vec<RawFd> = conns.iter().map(|c| c.fd.as_raw_fd()).collect();
+    channel.send_with(&Message::Conns(std::mem::take(entries)), &raw)?;
+    for part in rest.chunks(MESSAGE_BYTES_MAX - MESSAGE_HEADER_BYTES) {
+        channel.send(&Message::ConnInput(part.to_vec()))?;
+    }
+    let n = conns.len() as u64;
+    conns.clear(); // Sent: this process's descriptors close.
+    Ok(n)
+}
+
+/// The new process's side, on a server started behind its gate ([`super::ServerConfig::gated`]):
+/// hands every connection received to a worker as it comes and feeds the state stream to the
+/// service's importer, until the end. The caller opens the gate afterwards, whatever the
+/// result (an error leaves what came so far: connections taken, state imported whole or not
+/// at all as the service decides).
+pub fn receive_moving(channel: &Channel, server: &Server) -> Result<MoveReport, HandoverError> {
+    let started = Instant::now();
+    match channel.recv()? {
+        Message::Moving => {}
+        other => {
+            return Err(HandoverError::Protocol(format!(
+                "expected the move to start, got {other:?}"
+            )))
+        }
+    }
+    let mut report = MoveReport::default();
+    let mut import = StateIntake::new(server.import_state());
+    let mut cut: Option<(MovedConn, usize)> = None;
+    loop {
+        let (message, fds) = channel.recv_with(SOCKETS_PER_MESSAGE)?;
+        if let Some((mut conn, missing)) = cut.take() {
+            let Message::ConnInput(bytes) = message else {
+                return Err(HandoverError::Protocol(format!(
+                    "{missing} bytes of a connection missing, got {message:?}"
+                )));
+            };
+            if bytes.len() > missing {
+                return Err(HandoverError::Protocol("more connection bytes than announced".into()));
+            }
+            conn.input.extend_from_slice(&bytes);
+            match missing - bytes.len() {
+                0 => server.take_conn(conn, TAKE_WAIT),
+                left => cut = Some((conn, left)),
+            }
+            continue;
+        }
+        match message {
+            Message::Conns(entries) => {
+                if entries.len() != fds.len() {
+                    return Err(HandoverError::Protocol(format!(
+                        "{} connections announced, {} descriptors attached",
+                        entries.len(),
+                        fds.len()
+                    )));
+                }
+                for (entry, fd) in entries.into_iter().zip(fds) {
+                    report.conns += 1;
+                    let missing = entry.input_len as usize - entry.input.len();
+                    let conn = MovedConn {
+                        fd,
+                        input: entry.input,
+                        state: entry.state,
+                        cpu: entry.cpu,
+                    };
+                    if missing > 0 {
+                        cut = Some((conn, missing));
+                    } else {
+                        server.take_conn(conn, TAKE_WAIT);
+                    }
+                }
+            }
+            Message::State(bytes) => {
+                report.state_bytes += bytes.len() as u64;
+                import.chunk(&bytes);
+            }
+            Message::End { conns, summary } => {
+                if conns != report.conns {
+                    eprintln!(
+                        "corelocal: upgrade: {conns} connections announced, {} received",
+                        report.conns
+                    );
+                }
+                report.summary = format!("exported: {summary}; imported: {}", import.finish());
+                report.elapsed = started.elapsed();
+                return Ok(report);
+            }
+            other => {
+                return Err(HandoverError::Protocol(format!(
+                    "unexpected {other:?} while moving"
+                )))
+            }
+        }
+    }
+}
+
+/// The service's importer, stopped at its first error (the rest of the stream is skipped).
+struct StateIntake {
+    import: Option<Box<dyn StateImport>>,
+    error: Option<String>,
+}
+
+impl StateIntake {
+    fn new(import: Option<Box<dyn StateImport>>) -> StateIntake {
+        StateIntake {
+            import,
+            error: None,
+        }
+    }
+
+    fn chunk(&mut self, data: &[u8]) {
+        let Some(import) = self.import.as_mut() else {
+            return;
+        };
+        if let Err(e) = import.chunk(data) {
+            self.error = Some(e);
+            self.import = None;
+        }
+    }
+
+    fn finish(self) -> String {
+        match (self.import, self.error) {
+            (_, Some(e)) => format!("failed: {e}"),
+            (Some(import), None) => import.finish().unwrap_or_else(|e| e),
+            (None, None) => "nothing (this service keeps no state)".into(),
+        }
+    }
 }

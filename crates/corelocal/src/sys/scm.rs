@@ -29,6 +29,20 @@ fn sockaddr_un(path: &Path) -> io::Result<(libc::sockaddr_un, libc::socklen_t)> 
     let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
     addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
     let bytes = path.as_os_str().as_bytes();
+    if let Some(name) = bytes.strip_prefix(b"@") {
+        // The abstract namespace (as `ss` shows it): no file, gone with the socket.
+        if name.is_empty() || name.len() >= addr.sun_path.len() || name.contains(&0) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("abstract unix socket name must be 1..{} bytes", addr.sun_path.len() - 1),
+            ));
+        }
+        for (dst, &src) in addr.sun_path[1..].iter_mut().zip(name) {
+            *dst = src as libc::c_char;
+        }
+        let len = size_of::<libc::sa_family_t>() + 1 + name.len();
+        return Ok((addr, len as libc::socklen_t));
+    }
     if bytes.is_empty() || bytes.len() >= addr.sun_path.len() || bytes.contains(&0) {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
@@ -62,8 +76,8 @@ pub fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
-/// A non-blocking `SOCK_SEQPACKET` listener bound at `path` with permissions `mode` (e.g.
-/// 0o600). The mode is set on the socket before `bind` (the kernel creates the file with it,
+/// A non-blocking `SOCK_SEQPACKET` listener bound at `path` (`@name`: in the abstract
+/// namespace) with permissions `mode` (e.g. 0o600). The mode is set on the socket before `bind` (the kernel creates the file with it,
 /// minus the umask), so the file is never reachable with wider permissions. `path` must not
 /// exist.
 pub fn listen_seqpacket(path: &Path, mode: libc::mode_t, backlog: u32) -> io::Result<OwnedFd> {

@@ -29,14 +29,39 @@ pub fn block_termination_signals() -> io::Result<()> {
 /// Waits up to `timeout` for SIGINT or SIGTERM; returns the signal number if one arrived.
 /// The signals must be blocked first ([`block_termination_signals`]).
 pub fn wait_termination(timeout: Duration) -> Option<i32> {
+    wait_termination_from(timeout).map(|t| t.signal)
+}
+
+/// A termination signal and who sent it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Termination {
+    /// SIGINT or SIGTERM.
+    pub signal: i32,
+    /// The sending process (`si_pid`; 0 from the kernel, e.g. a terminal's SIGINT).
+    pub sender: i32,
+}
+
+/// Like [`wait_termination`], with the sender (a `--takeover PID` successor offers to take
+/// the connections: it is the one that sent the SIGTERM).
+pub fn wait_termination_from(timeout: Duration) -> Option<Termination> {
     let set = termination_set();
     let ts = libc::timespec {
         tv_sec: timeout.as_secs() as libc::time_t,
         tv_nsec: timeout.subsec_nanos() as libc::c_long,
     };
-    // SAFETY: `set` and `ts` are initialised; no siginfo is requested.
-    let sig = unsafe { libc::sigtimedwait(&set, std::ptr::null_mut(), &ts) };
-    (sig > 0).then_some(sig)
+    // SAFETY: siginfo_t is plain old data; all-zero is valid.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set`, `info` and `ts` are initialised and live for the call.
+    let sig = unsafe { libc::sigtimedwait(&set, &mut info, &ts) };
+    if sig <= 0 {
+        return None;
+    }
+    // SAFETY: sigtimedwait filled `info` for a signal sent by kill(2)/pidfd_send_signal.
+    let sender = unsafe { info.si_pid() };
+    Some(Termination {
+        signal: sig,
+        sender,
+    })
 }
 
 /// Sends SIGTERM to process `pid` (a graceful stop request, e.g. to the server a takeover
