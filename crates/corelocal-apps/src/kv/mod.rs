@@ -318,7 +318,10 @@ impl Service for KvService {
     }
 
     fn export_state(self: Arc<Self>) -> Option<Box<dyn StateExport>> {
-        Some(Box::new(takeover::KvExport::new(&self.inner, Instant::now())))
+        Some(Box::new(takeover::KvExport::new(
+            &self.inner,
+            Instant::now(),
+        )))
     }
 
     fn import_state(self: Arc<Self>) -> Option<Box<dyn StateImport>> {

@@ -384,7 +384,8 @@ impl Decoder {
         }
         // The prefix stays in `partial`: the header's hash covers it.
         if let Span::Input(start) = span {
-            self.partial.extend_from_slice(&input[start..start + PREFIX_LEN]);
+            self.partial
+                .extend_from_slice(&input[start..start + PREFIX_LEN]);
         }
         self.stage = Stage::Header;
         Ok(true)
@@ -399,7 +400,10 @@ impl Decoder {
         let Some(span) = self.gather(input, at, HEADER_LEN) else {
             return Ok(false);
         };
-        debug_assert!(matches!(span, Span::Partial), "the prefix is always gathered");
+        debug_assert!(
+            matches!(span, Span::Partial),
+            "the prefix is always gathered"
+        );
         let b = self.span(input, &span, HEADER_LEN);
         let check = u64_at(b, 41);
         if xxh64(&b[..41], HEADER_SEED) != check {
@@ -525,7 +529,10 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
 /// Folds a record's hash into the stream's: order-dependent, so lost, repeated or swapped
 /// records change it.
 fn fold(acc: u64, check: u64) -> u64 {
-    (acc ^ check).wrapping_mul(P1).rotate_left(31).wrapping_add(P4)
+    (acc ^ check)
+        .wrapping_mul(P1)
+        .rotate_left(31)
+        .wrapping_add(P4)
 }
 
 const P1: u64 = 0x9E37_79B1_85EB_CA87;
@@ -589,4 +596,240 @@ fn xxh_round(acc: u64, input: u64) -> u64 {
     acc.wrapping_add(input.wrapping_mul(P2))
         .rotate_left(31)
         .wrapping_mul(P1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// An owned [`Record`], for comparing what went in with what came out.
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    struct Item {
+        key: Vec<u8>,
+        value: Vec<u8>,
+        flags: u32,
+        cas: u64,
+        ttl_ns: u64,
+        marks: u8,
+    }
+
+    impl Item {
+        fn of(r: &Record<'_>) -> Item {
+            Item {
+                key: r.key.to_vec(),
+                value: r.value.to_vec(),
+                flags: r.flags,
+                cas: r.cas,
+                ttl_ns: r.ttl_ns,
+                marks: r.marks,
+            }
+        }
+
+        fn record(&self) -> Record<'_> {
+            Record {
+                key: &self.key,
+                value: &self.value,
+                flags: self.flags,
+                cas: self.cas,
+                ttl_ns: self.ttl_ns,
+                marks: self.marks,
+            }
+        }
+    }
+
+    const ITEM_MAX: u64 = 4096;
+
+    fn header() -> Header {
+        Header {
+            memory_bytes_max: 64 << 20,
+            item_bytes_max: ITEM_MAX,
+            cas_enabled: true,
+            export_wall_ns: 1_700_000_000_123_456_789,
+            items: 3,
+        }
+    }
+
+    fn encode(items: &[Item]) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut enc = Encoder::new(&header(), &mut out);
+        for it in items {
+            enc.record(&it.record(), &mut out);
+        }
+        enc.finish(&mut out);
+        out
+    }
+
+    fn three() -> Vec<Item> {
+        (0..3u8)
+            .map(|i| Item {
+                key: vec![b'k', b'0' + i],
+                value: vec![i; 40 * usize::from(i)],
+                flags: u32::from(i) * 7,
+                cas: u64::from(i) << 40,
+                ttl_ns: if i == 1 { TTL_NEVER } else { u64::from(i) + 5 },
+                marks: i & MARKS_KNOWN,
+            })
+            .collect()
+    }
+
+    /// Decodes `stream` fed in pieces cut at `cuts`; the header, the records that came out,
+    /// and the outcome.
+    fn decode(
+        stream: &[u8],
+        cuts: &[usize],
+    ) -> (Option<Header>, Vec<Item>, Result<u64, DecodeError>) {
+        let mut dec = Decoder::new(ITEM_MAX);
+        let (mut header, mut items) = (None, Vec::new());
+        let mut sink = |e: Event<'_>| {
+            match e {
+                Event::Header(h) => header = Some(h),
+                Event::Record(r) => items.push(Item::of(&r)),
+            }
+            true
+        };
+        let mut from = 0;
+        for &to in cuts.iter().chain(std::iter::once(&stream.len())) {
+            let to = to.clamp(from, stream.len());
+            if let Err(e) = dec.feed(&stream[from..to], &mut sink) {
+                return (header, items, Err(e));
+            }
+            from = to;
+        }
+        (header, items, dec.finish())
+    }
+
+    #[test]
+    fn xxh64_matches_reference_vectors() {
+        assert_eq!(xxh64(b"", 0), 0xEF46_DB37_51D8_E999);
+        assert_eq!(xxh64(b"a", 0), 0xD24E_C4F1_A98C_6E5B);
+        assert_eq!(xxh64(b"abc", 0), 0x44BC_2CF5_AD77_0999);
+        let long = b"Nobody inspects the spammish repetition";
+        assert_eq!(xxh64(long, 0), 0xFBCE_A83C_8A37_8BF1);
+    }
+
+    fn item_strategy() -> impl Strategy<Value = Item> {
+        (
+            proptest::collection::vec(any::<u8>(), 1..=KEY_BYTES_MAX),
+            proptest::collection::vec(any::<u8>(), 0..=ITEM_MAX as usize),
+            any::<u32>(),
+            any::<u64>(),
+            any::<u64>(),
+            0..=MARKS_KNOWN,
+        )
+            .prop_map(|(key, value, flags, cas, ttl_ns, marks)| Item {
+                key,
+                value,
+                flags,
+                cas,
+                ttl_ns,
+                marks,
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        #[test]
+        fn round_trip_any_split(
+            items in proptest::collection::vec(item_strategy(), 0..40),
+            mut cuts in proptest::collection::vec(any::<usize>(), 0..60),
+        ) {
+            let stream = encode(&items);
+            cuts.iter_mut().for_each(|c| *c %= stream.len() + 1);
+            cuts.sort_unstable();
+            let (h, got, outcome) = decode(&stream, &cuts);
+            prop_assert_eq!(h, Some(header()));
+            prop_assert_eq!(outcome, Ok(items.len() as u64));
+            prop_assert_eq!(got, items);
+        }
+    }
+
+    #[test]
+    fn cut_stream_is_refused_and_yields_whole_records_only() {
+        let items = three();
+        let stream = encode(&items);
+        for len in 0..stream.len() {
+            let (_, got, outcome) = decode(&stream[..len], &[len / 2]);
+            assert_eq!(outcome, Err(DecodeError::Truncated { offset: len as u64 }));
+            assert_eq!(got[..], items[..got.len()], "cut at {len}");
+        }
+    }
+
+    #[test]
+    fn every_bit_flip_is_refused_before_a_bad_record_gets_out() {
+        let items = three();
+        let stream = encode(&items);
+        for bit in 0..stream.len() * 8 {
+            let mut bad = stream.clone();
+            bad[bit / 8] ^= 1 << (bit % 8);
+            let (_, got, outcome) = decode(&bad, &[bit / 8, bit / 8 + 1]);
+            assert!(outcome.is_err(), "bit {bit} went unnoticed");
+            assert_eq!(
+                got[..],
+                items[..got.len()],
+                "bit {bit} let a bad record out"
+            );
+        }
+    }
+
+    #[test]
+    fn lengths_out_of_bounds_are_refused() {
+        let stream = encode(&three());
+        let key_len_at = HEADER_LEN + 1;
+        for bad_key_len in [0u8, 251] {
+            let mut bad = stream.clone();
+            bad[key_len_at] = bad_key_len;
+            let (_, got, outcome) = decode(&bad, &[]);
+            let offset = HEADER_LEN as u64;
+            assert_eq!(outcome, Err(DecodeError::BadRecord { offset }));
+            assert!(got.is_empty());
+        }
+        let mut bad = stream.clone();
+        let value_len_at = HEADER_LEN + 7;
+        bad[value_len_at..value_len_at + 4].copy_from_slice(&(ITEM_MAX as u32 + 1).to_le_bytes());
+        let (_, _, outcome) = decode(&bad, &[]);
+        assert!(matches!(outcome, Err(DecodeError::BadRecord { .. })));
+    }
+
+    #[test]
+    #[should_panic(expected = "value length")]
+    fn encoder_refuses_a_value_over_the_limit() {
+        let mut out = Vec::new();
+        let mut enc = Encoder::new(&header(), &mut out);
+        let value = vec![0; ITEM_MAX as usize + 1];
+        let mut item = three()[0].clone();
+        item.value = value;
+        enc.record(&item.record(), &mut out);
+    }
+
+    #[test]
+    fn other_version_is_refused_unread() {
+        let mut stream = encode(&three());
+        stream[4..8].copy_from_slice(&(VERSION + 1).to_le_bytes());
+        let (h, got, outcome) = decode(&stream, &[3]);
+        assert_eq!(outcome, Err(DecodeError::Version(VERSION + 1)));
+        assert!(h.is_none() && got.is_empty());
+    }
+
+    #[test]
+    fn bytes_after_the_trailer_are_refused() {
+        let mut stream = encode(&three());
+        stream.push(TAG_RECORD);
+        let (_, got, outcome) = decode(&stream, &[]);
+        assert_eq!(outcome, Err(DecodeError::TrailingBytes));
+        assert_eq!(got.len(), 3);
+    }
+
+    #[test]
+    fn a_sink_that_stops_gets_nothing_more() {
+        let stream = encode(&three());
+        let mut dec = Decoder::new(ITEM_MAX);
+        let mut events = 0;
+        dec.feed(&stream, &mut |_| {
+            events += 1;
+            false
+        })
+        .unwrap();
+        assert_eq!(events, 1, "only the header");
+    }
 }

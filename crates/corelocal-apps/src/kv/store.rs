@@ -802,7 +802,10 @@ impl Store {
     /// copy (only for this walk over its links).
     pub fn export_order(&self, stripe: usize, now: Now) -> Vec<u32> {
         let flush = self.flush_at();
-        let s = self.stripes[stripe].0.lock().unwrap_or_else(|e| e.into_inner());
+        let s = self.stripes[stripe]
+            .0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         let mut order = Vec::with_capacity(s.map.len());
         let mut i = s.tail;
         while i != NIL {
@@ -828,7 +831,10 @@ impl Store {
         mut f: impl FnMut(&SnapshotItem<'_>) -> bool,
     ) -> usize {
         let flush = self.flush_at();
-        let s = self.stripes[stripe].0.lock().unwrap_or_else(|e| e.into_inner());
+        let s = self.stripes[stripe]
+            .0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         for (done, &i) in order.iter().enumerate() {
             let slot = &s.slots[i as usize];
             // A removed slot keeps no key (`Stripe::remove` takes it).
@@ -852,7 +858,9 @@ impl Store {
         }
         let flush = self.flush_at();
         let mut s = self.stripe(item.key);
-        if s.live(item.key, now, flush, self.flush_slack_ns, false).is_some() {
+        if s.live(item.key, now, flush, self.flush_slack_ns, false)
+            .is_some()
+        {
             return Imported::Present;
         }
         let (stored, _) = s.put_bits(

@@ -116,7 +116,10 @@ impl KvExport {
         let Some(stripe) = self.next_stripe() else {
             return false;
         };
-        let encoder = self.encoder.as_mut().expect("records come before the trailer");
+        let encoder = self
+            .encoder
+            .as_mut()
+            .expect("records come before the trailer");
         let (clock, spill) = (self.clock, &mut self.spill);
         let order = &self.order[stripe][self.done..];
         let gone_through = self
@@ -281,7 +284,10 @@ impl KvImport {
     }
 
     fn kept(&self) -> String {
-        format!("kept the {} whole items imported before it", self.tally.stored)
+        format!(
+            "kept the {} whole items imported before it",
+            self.tally.stored
+        )
     }
 }
 
@@ -343,7 +349,11 @@ impl StateImport for KvImport {
 fn mismatch(h: &Header, inner: &Inner) -> Option<String> {
     let c = &inner.config;
     let (flag, theirs, ours) = if h.memory_bytes_max != c.memory_bytes_max {
-        ("--memory-mb", mb(h.memory_bytes_max), mb(c.memory_bytes_max))
+        (
+            "--memory-mb",
+            mb(h.memory_bytes_max),
+            mb(c.memory_bytes_max),
+        )
     } else if h.item_bytes_max != c.item_bytes_max {
         (
             "--item-max",
