@@ -58,10 +58,13 @@ impl KvExport {
     pub(super) fn new(inner: &Arc<Inner>, instant: Instant) -> KvExport {
         let store = &inner.store;
         let now = inner.now(instant);
+        let wall_ns = inner.wall_ns(instant);
         let clock = ExportClock {
             now,
-            wall_ns: inner.wall_ns(instant),
-            flush_left_ns: store.flush_pending_ns(now),
+            wall_ns,
+            flush_left_ns: store
+                .flush_pending_ns(now)
+                .map(|left| to_second_start(wall_ns, left)),
         };
         let order: Vec<Vec<u32>> = (0..store.stripe_count())
             .map(|i| store.export_order(i, now))
@@ -172,6 +175,13 @@ impl StateExport for KvExport {
         let records = self.encoder.as_ref().map_or(self.records, |e| e.records());
         format!("{records} items, {}", fmt_bytes(self.bytes))
     }
+}
+
+/// `left` shortened to end at the start of a wall-clock second: expiry is kept in whole
+/// seconds, and an item must not outlive a pending flush (it may die up to a second early).
+fn to_second_start(wall_ns: u64, left: u64) -> u64 {
+    let deadline = wall_ns.saturating_add(left);
+    (deadline - deadline % NS_PER_SEC).saturating_sub(wall_ns)
 }
 
 /// An item's record: expiry as time to live from the export's clock.
