@@ -53,7 +53,7 @@ const MARKS_KNOWN: u8 = MARK_FETCHED | MARK_STALE | MARK_TOKEN_SENT | MARK_KEY_B
 const TAG_RECORD: u8 = b'R';
 const TAG_END: u8 = b'E';
 const HEADER_SEED: u64 = 0x6b76_6865_6164; // "kvhead"
-const RECORD_SEED: u64 = 0x6b76_7265_63; // "kvrec"
+const RECORD_SEED: u64 = 0x006b_7672_6563; // "kvrec"
 
 /// The stream's header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
