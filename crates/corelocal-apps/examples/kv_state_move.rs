@@ -87,9 +87,13 @@ fn fill(svc: &KvService, args: &Args) {
 
 /// One move; (export time, import time, stream bytes, the import's report).
 fn move_once(old: &KvService, new: &KvService) -> (Duration, Duration, u64, String) {
+    // Making the export plans it (a walk over every stripe's LRU list): counted.
+    let t = Instant::now();
     let mut export = Arc::new(old.clone()).export_state().expect("kv exports");
+    let mut export_time = t.elapsed();
+    let t = Instant::now();
     let mut import = Arc::new(new.clone()).import_state().expect("kv imports");
-    let (mut export_time, mut import_time, mut bytes) = (Duration::ZERO, Duration::ZERO, 0);
+    let (mut import_time, mut bytes) = (t.elapsed(), 0);
     let mut chunk = Vec::with_capacity(CHUNK_BYTES);
     loop {
         chunk.clear();
@@ -114,6 +118,21 @@ fn load_average() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
         .unwrap_or_default()
+}
+
+/// The CPU model and how many CPUs this process may use.
+fn machine() -> serde_json::Value {
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
+        })
+        .unwrap_or_default();
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    serde_json::json!({ "cpu_model": model, "cpus": cpus })
 }
 
 fn main() {
@@ -141,7 +160,10 @@ fn main() {
         }));
         eprintln!("{}", rounds.last().unwrap());
     }
+    let command: Vec<String> = std::env::args().collect();
     let out = serde_json::json!({
+        "command": command.join(" "),
+        "machine": machine(),
         "items": args.items,
         "value_bytes": args.value_bytes,
         "chunk_bytes": CHUNK_BYTES,

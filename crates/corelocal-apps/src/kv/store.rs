@@ -875,8 +875,10 @@ impl Store {
             return Imported::NoMemory;
         }
         if self.cas_enabled && item.cas != 0 {
-            let i = s.map[item.key];
-            s.slots[i as usize].cas = item.cas;
+            // `put_bits` links the new item at the head.
+            let i = s.head as usize;
+            debug_assert_eq!(&*s.slots[i].key, item.key);
+            s.slots[i].cas = item.cas;
         }
         Imported::Stored
     }
