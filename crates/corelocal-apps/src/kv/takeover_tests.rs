@@ -375,8 +375,23 @@ fn export_chunks_stay_within_bytes_max() {
     let (old, _) = service(KvConfig::default());
     set(&old, b"big", &[7; 300_000], 0, 0);
     set(&old, b"small", b"s", 0, 0);
-    let chunks = export(&old, || 1000);
+    let mut exp = Arc::new(old.clone()).export_state().unwrap();
+    let mut chunks = vec![Vec::new()];
+    while exp.next_chunk(chunks.last_mut().unwrap(), 1000).unwrap() {
+        assert_eq!(
+            chunks.last().unwrap().len(),
+            1000,
+            "full chunks until the last"
+        );
+        chunks.push(Vec::new());
+    }
+    assert!(chunks.last().unwrap().len() <= 1000);
     assert!(chunks.len() > 300);
+    let stream_bytes: usize = chunks.iter().map(Vec::len).sum();
+    assert_eq!(
+        exp.summary(),
+        format!("2 items, {:.1} KiB", stream_bytes as f64 / 1024.0)
+    );
     let (new, _) = service(KvConfig::default());
     import(&new, &chunks).unwrap();
     assert_eq!(items(&new), items(&old));
