@@ -15,7 +15,7 @@ use corelocal_proto::memcache::{
 use super::admin::Auth;
 use super::meta::{write_ms_reply, MetaAnswer};
 use super::store::{Arith, Now, Put, Stored};
-use super::Inner;
+use super::{takeover, Inner};
 
 /// A storage command line (text `set`… or meta `ms`), before its data.
 struct StoreLine<'a> {
@@ -499,6 +499,25 @@ impl Handler for KvConn {
             .stats
             .count_io(self.worker, step.consumed as u64, written);
         step
+    }
+
+    fn handoff(&self) -> Option<Vec<u8>> {
+        // A storage command's data (or a refused one's) is half in this state, half still on
+        // its way: wait until it is whole.
+        if !matches!(self.state, State::Line) {
+            return None;
+        }
+        let auth_configured = !self.inner.config.auth.is_empty();
+        Some(takeover::conn_state(self.auth, auth_configured))
+    }
+}
+
+impl KvConn {
+    /// Picks up what the predecessor's connection handed over ([`Handler::handoff`]).
+    pub(super) fn resume(&mut self, state: &[u8]) {
+        if let Some(auth) = takeover::resumed_auth(state, &self.inner) {
+            self.auth = auth;
+        }
     }
 }
 

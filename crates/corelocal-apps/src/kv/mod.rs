@@ -13,10 +13,14 @@ mod conn;
 mod meta;
 #[cfg(test)]
 mod meta_tests;
+mod snapshot;
 mod stats;
 #[cfg(test)]
 mod stats_tests;
 pub mod store;
+mod takeover;
+#[cfg(test)]
+mod takeover_tests;
 #[cfg(test)]
 mod tests;
 
@@ -25,6 +29,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use corelocal::runtime::handoff::{StateExport, StateImport};
 use corelocal::runtime::{ConnInfo, Service};
 use corelocal_proto::memcache::Limits;
 
@@ -169,11 +174,17 @@ struct Inner {
 }
 
 impl Inner {
-    fn now(&self, now: Instant) -> Now {
-        let mut since = now.saturating_duration_since(self.instant_base);
-        if self.config.debug_time {
-            since += Duration::from_secs(self.stats.time_offset.load(Ordering::Relaxed));
+    /// Time since the clock base, `debugtime` included.
+    fn since_base(&self, now: Instant) -> Duration {
+        let since = now.saturating_duration_since(self.instant_base);
+        if !self.config.debug_time {
+            return since;
         }
+        since + Duration::from_secs(self.stats.time_offset.load(Ordering::Relaxed))
+    }
+
+    fn now(&self, now: Instant) -> Now {
+        let since = self.since_base(now);
         // Counted from the start of the wall-clock second the store was created in, so that
         // wall seconds begin at multiples of 1e9 (flush_all without CAS works by seconds).
         let since_second = since + Duration::from_nanos(self.wall_base.subsec_nanos().into());
@@ -298,5 +309,22 @@ impl Service for KvService {
                 .fetch_add(1, Ordering::Relaxed);
         }
         KvConn::new(self.inner.clone(), info.worker, rejected, info.now)
+    }
+
+    fn resume(&self, info: &ConnInfo, state: &[u8]) -> KvConn {
+        let mut conn = self.connect(info);
+        conn.resume(state);
+        conn
+    }
+
+    fn export_state(self: Arc<Self>) -> Option<Box<dyn StateExport>> {
+        Some(Box::new(takeover::KvExport::new(
+            &self.inner,
+            Instant::now(),
+        )))
+    }
+
+    fn import_state(self: Arc<Self>) -> Option<Box<dyn StateImport>> {
+        Some(Box::new(takeover::KvImport::new(&self.inner)))
     }
 }

@@ -230,6 +230,56 @@ pub struct ItemInfo<'a> {
     pub class: u8,
 }
 
+/// An item as a cache export carries it (`super::snapshot`): [`Store::export_items`] passes
+/// it, [`Store::import`] takes it.
+#[derive(Debug, Clone, Copy)]
+pub struct SnapshotItem<'a> {
+    /// Key.
+    pub key: &'a [u8],
+    /// Value.
+    pub value: &'a [u8],
+    /// Client flags.
+    pub flags: u32,
+    /// Absolute expiry, unix seconds (0 = never).
+    pub exp: u64,
+    /// CAS unique.
+    pub cas: u64,
+    /// Fetched since stored.
+    pub fetched: bool,
+    /// Marked stale (`md I`, `ms I`).
+    pub stale: bool,
+    /// A client was told it won the recache.
+    pub token_sent: bool,
+    /// Stored with a base64 key.
+    pub key_binary: bool,
+}
+
+impl<'a> SnapshotItem<'a> {
+    fn of(slot: &'a Slot) -> SnapshotItem<'a> {
+        SnapshotItem {
+            key: &slot.key,
+            value: &slot.value,
+            flags: slot.flags,
+            exp: slot.exp,
+            cas: slot.cas,
+            fetched: slot.bits & FETCHED != 0,
+            stale: slot.bits & STALE != 0,
+            token_sent: slot.bits & TOKEN_SENT != 0,
+            key_binary: slot.bits & KEY_BINARY != 0,
+        }
+    }
+
+    fn bits(&self) -> u8 {
+        let marks = [
+            (self.fetched, FETCHED),
+            (self.stale, STALE),
+            (self.token_sent, TOKEN_SENT),
+            (self.key_binary, KEY_BINARY),
+        ];
+        marks.iter().filter(|m| m.0).fold(0, |bits, m| bits | m.1)
+    }
+}
+
 /// Totals over all stripes.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Totals {
@@ -275,6 +325,19 @@ pub enum Stored {
     /// `NOT_FOUND` (cas of a missing key).
     NotFound,
     /// `SERVER_ERROR out of memory storing object`.
+    NoMemory,
+}
+
+/// Outcome of [`Store::import`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Imported {
+    /// Added.
+    Stored,
+    /// The key holds an item already: that one stays.
+    Present,
+    /// Over the item size limit.
+    TooLarge,
+    /// No room could be made (evictions off).
     NoMemory,
 }
 
@@ -727,6 +790,113 @@ impl Store {
                 }
             }
         }
+    }
+
+    /// Stripes (for an export, which walks them one at a time).
+    pub fn stripe_count(&self) -> usize {
+        self.stripes.len()
+    }
+
+    /// Where stripe `stripe`'s live items are, oldest first: an export's plan, read in
+    /// batches by [`Store::export_items`] so that no lock is held for a whole large stripe's
+    /// copy (only for this walk over its links).
+    pub fn export_order(&self, stripe: usize, now: Now) -> Vec<u32> {
+        let flush = self.flush_at();
+        let s = self.stripes[stripe]
+            .0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let mut order = Vec::with_capacity(s.map.len());
+        let mut i = s.tail;
+        while i != NIL {
+            let slot = &s.slots[i as usize];
+            if !s.dead(slot, now, flush, self.flush_slack_ns) {
+                order.push(i);
+            }
+            i = slot.prev;
+        }
+        debug_assert!(order.len() <= s.map.len());
+        order
+    }
+
+    /// Calls `f` under stripe `stripe`'s lock for each item of `order` (from
+    /// [`Store::export_order`]) still live, until `f` returns false; returns how many entries
+    /// of `order` were gone through (the one `f` refused included). An item removed since
+    /// the plan was made (the crawler may reclaim) is skipped.
+    pub fn export_items(
+        &self,
+        stripe: usize,
+        order: &[u32],
+        now: Now,
+        mut f: impl FnMut(&SnapshotItem<'_>) -> bool,
+    ) -> usize {
+        let flush = self.flush_at();
+        let s = self.stripes[stripe]
+            .0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        for (done, &i) in order.iter().enumerate() {
+            let slot = &s.slots[i as usize];
+            // A removed slot keeps no key (`Stripe::remove` takes it).
+            if slot.key.is_empty() || s.dead(slot, now, flush, self.flush_slack_ns) {
+                continue;
+            }
+            if !f(&SnapshotItem::of(slot)) {
+                return done + 1;
+            }
+        }
+        order.len()
+    }
+
+    /// Adds an item from a predecessor's export, unless its key is present (the store's own
+    /// item wins) or it is too large: its CAS unique is kept (0: a new one), and stripes'
+    /// CAS counters must then move past it ([`Store::cas_floor`]). Evicts to make room as a
+    /// store does.
+    pub fn import(&self, item: &SnapshotItem<'_>, now: Now) -> Imported {
+        if self.too_large(item.key, item.flags, item.value.len()) {
+            return Imported::TooLarge;
+        }
+        let flush = self.flush_at();
+        let mut s = self.stripe(item.key);
+        if s.live(item.key, now, flush, self.flush_slack_ns, false)
+            .is_some()
+        {
+            return Imported::Present;
+        }
+        let (stored, _) = s.put_bits(
+            item.key,
+            item.value.to_vec(),
+            item.flags,
+            item.exp,
+            item.bits(),
+            now,
+        );
+        if stored != Stored::Stored {
+            return Imported::NoMemory;
+        }
+        if self.cas_enabled && item.cas != 0 {
+            // `put_bits` links the new item at the head.
+            let i = s.head as usize;
+            debug_assert_eq!(&*s.slots[i].key, item.key);
+            s.slots[i].cas = item.cas;
+        }
+        Imported::Stored
+    }
+
+    /// Moves every stripe's CAS counter past `cas`, so that no unique handed out before (by
+    /// a predecessor) is handed out again.
+    pub fn cas_floor(&self, cas: u64) {
+        for p in self.stripes.iter() {
+            let mut s = p.0.lock().unwrap_or_else(|e| e.into_inner());
+            s.cas_seq = s.cas_seq.max(cas >> s.cas_shift);
+        }
+    }
+
+    /// Nanoseconds (on [`Now::ns`]'s clock) until a delayed flush_all kills every item now
+    /// stored; `None` without one pending.
+    pub fn flush_pending_ns(&self, now: Now) -> Option<u64> {
+        let at = self.flush_at();
+        (at > now.ns).then(|| at - now.ns)
     }
 
     /// Reclaims up to `limit` dead (expired or flushed) items per stripe, walking from the
