@@ -32,6 +32,16 @@ pub struct RpcConn {
 }
 
 impl Handler for RpcConn {
+    /// Requests are consumed byte by byte: the bytes of a request not complete yet are in
+    /// the state (and the count answered, for one-shot mode).
+    fn handoff(&self) -> Option<Vec<u8>> {
+        let (partial, answered) = self.state.progress();
+        let mut state = vec![HANDOFF_VERSION];
+        state.extend_from_slice(&(partial as u32).to_le_bytes());
+        state.extend_from_slice(&answered.to_le_bytes());
+        Some(state)
+    }
+
     fn on_input(&mut self, input: &[u8], out: &mut Output, _now: Instant) -> Step {
         // Answer only as many requests as the output has room for (at least one past the
         // limit); the rest stay in the input until the output drains.
@@ -59,8 +69,33 @@ impl Handler for RpcConn {
     }
 }
 
+/// The version byte of [`RpcConn::handoff`]'s state.
+const HANDOFF_VERSION: u8 = 1;
+
+impl RpcService {
+    /// The state [`RpcConn::handoff`] gave, if it is one this build reads.
+    fn resumed_state(&self, state: &[u8]) -> Option<RpcState> {
+        let [HANDOFF_VERSION, rest @ ..] = state else {
+            return None;
+        };
+        let partial = u32::from_le_bytes(rest.get(..4)?.try_into().ok()?);
+        let answered = u64::from_le_bytes(rest.get(4..12)?.try_into().ok()?);
+        Some(RpcState::resume(self.config, partial as usize, answered))
+    }
+}
+
 impl Service for RpcService {
     type Conn = RpcConn;
+
+    fn resume(&self, info: &ConnInfo, state: &[u8]) -> RpcConn {
+        match self.resumed_state(state) {
+            Some(state) => RpcConn {
+                state,
+                response: self.response.clone(),
+            },
+            None => self.connect(info),
+        }
+    }
 
     fn name(&self) -> &'static str {
         "rpc"
@@ -71,5 +106,51 @@ impl Service for RpcService {
             state: RpcState::new(self.config),
             response: self.response.clone(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn service() -> RpcService {
+        RpcService::new(RpcConfig {
+            request_bytes: 8,
+            response_bytes: 4,
+            one_shot: false,
+        })
+        .unwrap()
+    }
+
+    fn info() -> ConnInfo {
+        ConnInfo {
+            worker: 0,
+            peer: None,
+            now: Instant::now(),
+        }
+    }
+
+    #[test]
+    fn a_request_half_read_before_an_upgrade_is_answered_once_after_it() {
+        let svc = service();
+        let mut old = svc.connect(&info());
+        let mut out = Output::new();
+        let step = old.on_input(b"12345678abc", &mut out, Instant::now());
+        assert_eq!((step.consumed, step.requests), (11, 1));
+        let state = old.handoff().expect("rpc moves between any two reads");
+        let mut new = svc.resume(&info(), &state);
+        let mut out = Output::new();
+        let step = new.on_input(b"defgh", &mut out, Instant::now());
+        assert_eq!(
+            step.requests, 1,
+            "3 bytes before the move + 5 after = one request"
+        );
+        assert_eq!(out.byte_len(), 4);
+        let fresh = svc.resume(&info(), b"\x09garbage");
+        assert_eq!(
+            fresh.state.progress(),
+            (0, 0),
+            "an unknown state starts fresh"
+        );
     }
 }

@@ -75,6 +75,22 @@ impl RpcState {
         }
     }
 
+    /// What a connection carries between reads: bytes of a request not complete yet, and
+    /// requests answered (one-shot mode answers one). A binary upgrade moves them with the
+    /// connection ([`RpcState::resume`]).
+    pub fn progress(&self) -> (usize, u64) {
+        (self.partial_bytes, self.answered)
+    }
+
+    /// A connection that continues from [`RpcState::progress`] (a partial request longer than
+    /// a request is cut to it).
+    pub fn resume(config: RpcConfig, partial_bytes: usize, answered: u64) -> RpcState {
+        let mut state = RpcState::new(config);
+        state.partial_bytes = partial_bytes.min(config.request_bytes);
+        state.answered = answered;
+        state
+    }
+
     /// Consumes at most `max_responses` whole requests of `input` in keep-alive mode, leaving
     /// the rest unconsumed (the caller's output is full: back-pressure). One-shot mode ignores
     /// the cap ([`feed`](RpcState::feed)).

@@ -275,6 +275,12 @@ impl Handler for HttpConn {
         true
     }
 
+    /// Between requests only: not while a body is being read and skipped. A head not
+    /// complete yet stays unconsumed in the input, which moves with the connection.
+    fn handoff(&self) -> Option<Vec<u8>> {
+        (self.skip_body == 0).then(Vec::new)
+    }
+
     /// The last request's body is not all here yet: the client is still sending it.
     fn expects_input(&self) -> bool {
         self.skip_body > 0

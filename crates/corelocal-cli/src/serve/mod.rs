@@ -56,7 +56,9 @@ pub fn serve<S: Service>(common: &CommonArgs, service: Arc<S>) -> ExitCode {
     };
     print_listening(name, &config, &server);
     let metrics = crate::metrics::start_for(common.metrics, &server, name, &config);
-    let taken = metrics.and_then(|m| take_over(&server, successor, old_server, common.takeover_timeout).map(|()| m));
+    let taken = metrics.and_then(|m| {
+        take_over(&server, successor, old_server, common.takeover_timeout).map(|()| m)
+    });
     let _metrics = match taken {
         Ok(m) => m,
         Err(e) => return abandon(server, &e),

@@ -123,7 +123,9 @@ pub(super) fn take_over(
         // Serving already: a missing "done" is worth a warning, not a stop.
         match successor.ready() {
             Ok(channel) => {
-                eprintln!("corelocal serve: took over the listening sockets; taking the connections");
+                eprintln!(
+                    "corelocal serve: took over the listening sockets; taking the connections"
+                );
                 take_moving(server, &channel);
             }
             Err(e) => {
@@ -152,7 +154,9 @@ pub(super) fn take_over(
     let moving = match UpgradeListener::bind(&moving_socket(std::process::id() as i32)) {
         Ok(l) => Some(l),
         Err(e) => {
-            eprintln!("corelocal serve: --takeover: no socket for the old server's connections: {e}");
+            eprintln!(
+                "corelocal serve: --takeover: no socket for the old server's connections: {e}"
+            );
             None
         }
     };
@@ -219,7 +223,11 @@ fn take_moving(server: &Server, channel: &corelocal::listen::transfer::Channel) 
 /// successor (it listens on [`moving_socket`]), the workers move their connections there
 /// instead of closing them, then the state follows. Returns false when there is no such
 /// successor: stop as usual.
-pub(super) fn move_to_successor(server: &Server, sender: i32, timeout: std::time::Duration) -> bool {
+pub(super) fn move_to_successor(
+    server: &Server,
+    sender: i32,
+    timeout: std::time::Duration,
+) -> bool {
     if sender <= 1 {
         return false;
     }
@@ -234,14 +242,19 @@ pub(super) fn move_to_successor(server: &Server, sender: i32, timeout: std::time
         }
     };
     let me = corelocal::sys::scm::effective_uid();
-    if !channel.peer().is_ok_and(|p| p.pid == sender && (p.uid == me || p.uid == 0)) {
+    if !channel
+        .peer()
+        .is_ok_and(|p| p.pid == sender && (p.uid == me || p.uid == 0))
+    {
         eprintln!("corelocal serve: pid {sender} is not a successor of this server's user; stopping as usual");
         return false;
     }
     server.stop_moving();
     match send_moving(&channel, server.outbox()) {
         Ok(report) => eprintln!("corelocal serve: moved to pid {sender}: {report}"),
-        Err(e) => eprintln!("corelocal serve: moving to pid {sender} failed ({e}); closing what is left"),
+        Err(e) => {
+            eprintln!("corelocal serve: moving to pid {sender} failed ({e}); closing what is left")
+        }
     }
     true
 }

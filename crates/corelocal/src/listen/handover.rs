@@ -689,7 +689,10 @@ mod tests {
             ..cut.clone()
         };
         let bytes = Message::Conns(vec![cut.clone(), whole.clone()]).encode();
-        assert!(matches!(Message::decode(&bytes), Err(DecodeError::Invalid(_))));
+        assert!(matches!(
+            Message::decode(&bytes),
+            Err(DecodeError::Invalid(_))
+        ));
         let ok = Message::Conns(vec![whole, cut]);
         assert_eq!(Message::decode(&ok.encode()), Ok(ok));
         let over = ConnEntry {
@@ -702,7 +705,10 @@ mod tests {
             }
         };
         let bytes = Message::Conns(vec![over]).encode();
-        assert!(Message::decode(&bytes).is_err(), "more bytes than announced");
+        assert!(
+            Message::decode(&bytes).is_err(),
+            "more bytes than announced"
+        );
     }
 
     #[test]

@@ -133,13 +133,19 @@ impl Outbox {
     /// A detach failed: its room is free again.
     pub(crate) fn unreserve(&self) {
         let mut inner = self.inner.lock().expect("outbox lock");
-        inner.reserved = inner.reserved.checked_sub(1).expect("unreserved more than reserved");
+        inner.reserved = inner
+            .reserved
+            .checked_sub(1)
+            .expect("unreserved more than reserved");
     }
 
     /// A worker detached `conn` (in the room it reserved).
     pub(crate) fn push(&self, conn: MovedConn) {
         let mut inner = self.inner.lock().expect("outbox lock");
-        inner.reserved = inner.reserved.checked_sub(1).expect("pushed without reserving");
+        inner.reserved = inner
+            .reserved
+            .checked_sub(1)
+            .expect("pushed without reserving");
         inner.conns.push_back(conn);
         inner.detached_total += 1;
         self.changed.notify_all();

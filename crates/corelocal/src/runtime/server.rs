@@ -464,7 +464,10 @@ impl Server {
     /// (`SO_INCOMING_CPU`) gets it, else one on the CPU that served it before, else any.
     /// Waits while many are pending registration (descriptors are bounded).
     pub fn take_conn(&self, conn: MovedConn, wait: std::time::Duration) {
-        let gate = self.gate.as_ref().expect("take_conn on a server without a gate");
+        let gate = self
+            .gate
+            .as_ref()
+            .expect("take_conn on a server without a gate");
         let incoming = crate::sys::socket::incoming_cpu(std::os::fd::AsRawFd::as_raw_fd(&conn.fd))
             .ok()
             .and_then(|c| usize::try_from(c).ok());

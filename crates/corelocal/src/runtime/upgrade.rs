@@ -168,9 +168,9 @@ fn finish(listener: UpgradeListener, channel: &Channel, server: &ReleaseHandle, 
     eprintln!("corelocal: upgrade: listening sockets handed to pid {pid}; moving connections");
     match send_moving(channel, server.outbox()) {
         Ok(report) => eprintln!("corelocal: upgrade: moved to pid {pid}: {report}"),
-        Err(e) => eprintln!(
-            "corelocal: upgrade: moving to pid {pid} failed ({e}); closing what is left"
-        ),
+        Err(e) => {
+            eprintln!("corelocal: upgrade: moving to pid {pid} failed ({e}); closing what is left")
+        }
     }
 }
 
@@ -363,7 +363,9 @@ pub fn receive_moving(channel: &Channel, server: &Server) -> Result<MoveReport, 
                 )));
             };
             if bytes.len() > missing {
-                return Err(HandoverError::Protocol("more connection bytes than announced".into()));
+                return Err(HandoverError::Protocol(
+                    "more connection bytes than announced".into(),
+                ));
             }
             conn.input.extend_from_slice(&bytes);
             match missing - bytes.len() {

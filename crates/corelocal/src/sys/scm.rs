@@ -34,7 +34,10 @@ fn sockaddr_un(path: &Path) -> io::Result<(libc::sockaddr_un, libc::socklen_t)> 
         if name.is_empty() || name.len() >= addr.sun_path.len() || name.contains(&0) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
-                format!("abstract unix socket name must be 1..{} bytes", addr.sun_path.len() - 1),
+                format!(
+                    "abstract unix socket name must be 1..{} bytes",
+                    addr.sun_path.len() - 1
+                ),
             ));
         }
         for (dst, &src) in addr.sun_path[1..].iter_mut().zip(name) {
@@ -94,7 +97,6 @@ pub fn listen_seqpacket(path: &Path, mode: libc::mode_t, backlog: u32) -> io::Re
     super::socket::set_nonblocking(raw)?;
     Ok(fd)
 }
-
 
 /// Connects a blocking `SOCK_SEQPACKET` socket to the listener at `path` (ECONNREFUSED: a
 /// socket file nobody listens on; ENOENT: no such file).

@@ -29,8 +29,7 @@ pub(super) struct Adopted {
 impl<S: Service, B: Backend> Worker<S, B> {
     /// Whether a stopping worker moves connections to a successor instead of closing them.
     pub(super) fn moving(&self) -> bool {
-        self.drain_deadline.is_some()
-            && self.setup.outbox.as_ref().is_some_and(|o| o.is_enabled())
+        self.drain_deadline.is_some() && self.setup.outbox.as_ref().is_some_and(|o| o.is_enabled())
     }
 
     /// Before accepting: registers the connections the predecessor hands over as they come
@@ -153,7 +152,10 @@ impl<S: Service, B: Backend> Worker<S, B> {
         if self.conns.len() <= slot {
             self.conns.resize_with(slot + 1, || None);
         }
-        assert!(self.conns[slot].is_none(), "connection id reused while open");
+        assert!(
+            self.conns[slot].is_none(),
+            "connection id reused while open"
+        );
         self.next_generation += 1;
         self.conns[slot] = Some(Conn {
             handler,
