@@ -177,6 +177,8 @@ fn finish(listener: UpgradeListener, channel: &Channel, server: &ReleaseHandle, 
 /// While the old process waits for requests in progress to finish, it sends an empty
 /// [`Message::Conns`] this often, so the successor's bounded receive does not time out.
 const MOVING_KEEPALIVE: Duration = Duration::from_millis(500);
+/// How often a long move prints its progress.
+const PROGRESS_INTERVAL: Duration = Duration::from_secs(1);
 /// Bytes of service state per [`Message::State`].
 const STATE_CHUNK_BYTES: usize = MESSAGE_BYTES_MAX - 64;
 /// How long the new process waits for a worker to take a connection before queuing it anyway.
@@ -230,7 +232,9 @@ fn send_moving_inner(channel: &Channel, outbox: &Outbox) -> Result<MoveReport, H
     channel.send(&Message::Moving)?;
     let mut report = MoveReport::default();
     let mut last_sent = Instant::now();
+    let mut progress = Progress::new(started);
     loop {
+        progress.tick(&report);
         let (batch, over) = outbox.take(SOCKETS_PER_MESSAGE, MOVING_KEEPALIVE / 5);
         if !batch.is_empty() {
             report.conns += send_conns(channel, batch)?;
@@ -256,6 +260,7 @@ fn send_moving_inner(channel: &Channel, outbox: &Outbox) -> Result<MoveReport, H
                     channel.send(&Message::State(part.to_vec()))?;
                     report.state_bytes += part.len() as u64;
                 }
+                progress.tick(&report);
                 if !more {
                     break;
                 }
@@ -269,6 +274,35 @@ fn send_moving_inner(channel: &Channel, outbox: &Outbox) -> Result<MoveReport, H
     })?;
     report.elapsed = started.elapsed();
     Ok(report)
+}
+
+/// A progress line at most every [`PROGRESS_INTERVAL`] while a move runs long.
+struct Progress {
+    started: Instant,
+    next: Instant,
+}
+
+impl Progress {
+    fn new(started: Instant) -> Progress {
+        Progress {
+            started,
+            next: started + PROGRESS_INTERVAL,
+        }
+    }
+
+    fn tick(&mut self, report: &MoveReport) {
+        let now = Instant::now();
+        if now < self.next {
+            return;
+        }
+        self.next = now + PROGRESS_INTERVAL;
+        eprintln!(
+            "corelocal: upgrade: moving, {:.1} s: {} connections, {:.1} MiB of state so far",
+            now.duration_since(self.started).as_secs_f64(),
+            report.conns,
+            report.state_bytes as f64 / (1 << 20) as f64
+        );
+    }
 }
 
 /// Sends `conns` in as few messages as fit (at most [`SOCKETS_PER_MESSAGE`] descriptors and
