@@ -130,13 +130,13 @@ pub(super) fn take_over(
             }
             Err(e) => {
                 eprintln!("corelocal serve: --takeover: the old server did not confirm: {e}");
-                server.open_gate();
+                server.finish_taking();
             }
         }
         return Ok(());
     }
     let Some(old) = old else {
-        server.open_gate();
+        server.finish_taking();
         return Ok(());
     };
     if server.steering() != ActiveSteering::Local(Steering::Ebpf) {
@@ -181,7 +181,7 @@ pub(super) fn take_over(
         }
         Some(Ok(Some(_))) => {
             eprintln!("corelocal serve: --takeover: a process other than pid {} offered connections; ignored", old.pid);
-            server.open_gate();
+            server.finish_taking();
         }
         Some(Ok(None)) => {
             eprintln!(
@@ -189,13 +189,13 @@ pub(super) fn take_over(
                  (an older corelocal?); it closes them between requests itself",
                 old.pid
             );
-            server.open_gate();
+            server.finish_taking();
         }
         Some(Err(e)) => {
             eprintln!("corelocal serve: --takeover: waiting for the old server's connections: {e}");
-            server.open_gate();
+            server.finish_taking();
         }
-        None => server.open_gate(),
+        None => server.finish_taking(),
     }
     Ok(())
 }
@@ -207,8 +207,12 @@ pub(super) fn moving_socket(successor_pid: i32) -> std::path::PathBuf {
 }
 
 /// Takes the old server's connections and state, then lets the workers serve (whatever
-/// happened: the connections taken so far are served, and the state is whole or absent).
+/// happened: the connections taken so far are served, and the state is whole or absent). A
+/// service with no state serves new connections at once, taking moved ones as they come.
 fn take_moving(server: &Server, channel: &corelocal::listen::transfer::Channel) {
+    if server.import_state().is_none() {
+        server.open_gate();
+    }
     match receive_moving(channel, server) {
         Ok(report) => eprintln!("corelocal serve: --takeover: took {report}"),
         Err(e) => eprintln!(
@@ -216,7 +220,7 @@ fn take_moving(server: &Server, channel: &corelocal::listen::transfer::Channel) 
             server.taken_conns()
         ),
     }
-    server.open_gate();
+    server.finish_taking();
 }
 
 /// The old server, stopped by a SIGTERM from `sender`: when the sender is a `--takeover PID`

@@ -192,11 +192,17 @@ impl Outbox {
 }
 
 /// The new process's side: its workers wait here before they accept anything, registering
-/// the connections the predecessor hands over as they arrive, until [`Gate::open`].
+/// the connections the predecessor hands over as they arrive, until [`Gate::open`]. A service
+/// with no state to import opens the gate at once: its workers serve new connections and take
+/// moved ones as they come (see `ready_for`), until [`Gate::finish`].
 #[derive(Debug)]
 pub struct Gate {
     inner: Mutex<GateInner>,
     changed: Condvar,
+    /// Per worker: connections delivered and not taken (read without the lock, each turn).
+    ready: Vec<std::sync::atomic::AtomicUsize>,
+    /// No more connections come.
+    finished: AtomicBool,
 }
 
 #[derive(Debug)]
@@ -219,7 +225,27 @@ impl Gate {
                 delivered_total: 0,
             }),
             changed: Condvar::new(),
+            ready: (0..workers)
+                .map(|_| std::sync::atomic::AtomicUsize::new(0))
+                .collect(),
+            finished: AtomicBool::new(false),
         }
+    }
+
+    /// Whether connections wait for `worker` (one relaxed load: a worker asks every turn).
+    pub(crate) fn ready_for(&self, worker: usize) -> bool {
+        self.ready[worker].load(Ordering::Relaxed) > 0
+    }
+
+    /// No more connections come (the move ended, or failed).
+    pub fn finish(&self) {
+        self.finished.store(true, Ordering::Release);
+        self.changed.notify_all();
+    }
+
+    /// Whether the move ended and `worker` took everything delivered to it.
+    pub(crate) fn is_done_for(&self, worker: usize) -> bool {
+        self.finished.load(Ordering::Acquire) && !self.ready_for(worker)
     }
 
     /// Queues `conn` for `worker` (waiting, at most `wait`, while [`GATE_PENDING_MAX`] are
@@ -236,12 +262,19 @@ impl Gate {
         }
         assert!(worker < inner.queues.len(), "no worker {worker}");
         inner.queues[worker].push(conn);
+        self.ready[worker].fetch_add(1, Ordering::Relaxed);
         inner.pending += 1;
         inner.delivered_total += 1;
         self.changed.notify_all();
     }
 
-    /// Lets the workers start serving (everything was delivered, or the handover gave up).
+    /// Whether the workers serve already.
+    pub fn is_open(&self) -> bool {
+        self.inner.lock().expect("gate lock").open
+    }
+
+    /// Lets the workers start serving (everything was delivered, or the handover gave up; or
+    /// at once, for a service with no state to wait for).
     pub fn open(&self) {
         self.inner.lock().expect("gate lock").open = true;
         self.changed.notify_all();
@@ -261,6 +294,7 @@ impl Gate {
         }
         let conns = std::mem::take(&mut inner.queues[worker]);
         inner.pending -= conns.len();
+        self.ready[worker].fetch_sub(conns.len(), Ordering::Relaxed);
         if !conns.is_empty() {
             self.changed.notify_all();
         }

@@ -484,7 +484,20 @@ impl Server {
             candidates = (0..self.group.workers()).collect();
         }
         let turn = self.take_next.fetch_add(1, Ordering::Relaxed);
-        gate.deliver(candidates[turn % candidates.len()], conn, wait);
+        let worker = candidates[turn % candidates.len()];
+        gate.deliver(worker, conn, wait);
+        if let Some(w) = self.wakers.get(worker) {
+            w.wake(); // A worker serving already takes it at its next turn.
+        }
+    }
+
+    /// The move from the predecessor is over (or gave up): nothing more comes through
+    /// [`Server::take_conn`], and the gate opens if it was still closed.
+    pub fn finish_taking(&self) {
+        if let Some(g) = &self.gate {
+            g.finish();
+            g.open();
+        }
     }
 
     /// Connections taken over so far ([`Server::take_conn`]).

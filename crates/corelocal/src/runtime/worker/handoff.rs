@@ -41,23 +41,46 @@ impl<S: Service, B: Backend> Worker<S, B> {
         };
         loop {
             let (conns, open) = gate.wait(self.setup.index, GATE_POLL);
-            for moved in conns {
-                let peer = crate::sys::socket::peer_addr(moved.fd.as_raw_fd()).ok();
-                match self.backend.adopt(moved.fd) {
-                    Ok(id) => adopted.push(Adopted {
-                        id,
-                        input: moved.input,
-                        state: moved.state,
-                        peer,
-                    }),
-                    Err(e) => {
-                        self.setup.stats.error(ErrorKind::Accept);
-                        eprintln!("corelocal: taking over a connection failed: {e}");
-                    }
-                }
-            }
+            adopted.extend(conns.into_iter().filter_map(|m| self.register(m)));
             if open || self.setup.stop.load(Ordering::Acquire) {
                 return adopted;
+            }
+        }
+    }
+
+    /// After the gate opened early (a service with no state): connections still arriving from
+    /// the predecessor are taken each turn, then the gate is dropped once the move is over.
+    pub(super) fn take_late(&mut self, now: Instant) {
+        let Some(gate) = self.setup.gate.clone() else {
+            return;
+        };
+        if gate.ready_for(self.setup.index) {
+            let (conns, _) = gate.wait(self.setup.index, Duration::ZERO);
+            for moved in conns {
+                if let Some(adopted) = self.register(moved) {
+                    self.on_adopted(adopted, now);
+                }
+            }
+        }
+        if gate.is_done_for(self.setup.index) {
+            self.setup.gate = None;
+        }
+    }
+
+    /// Registers a moved connection with the backend (its descriptor closes here).
+    fn register(&mut self, moved: MovedConn) -> Option<Adopted> {
+        let peer = crate::sys::socket::peer_addr(moved.fd.as_raw_fd()).ok();
+        match self.backend.adopt(moved.fd) {
+            Ok(id) => Some(Adopted {
+                id,
+                input: moved.input,
+                state: moved.state,
+                peer,
+            }),
+            Err(e) => {
+                self.setup.stats.error(ErrorKind::Accept);
+                eprintln!("corelocal: taking over a connection failed: {e}");
+                None
             }
         }
     }

@@ -206,6 +206,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
             for c in completions.drain(..) {
                 self.handle(c, now);
             }
+            self.take_late(now);
             self.expire_idle(now);
             self.expire_linger(now);
             self.accept.maybe_resume(&mut self.backend, self.open, now);
