@@ -238,6 +238,10 @@ fn kv_takeovers_lose_nothing(backend: &'static str, with_pid: bool) {
     // A request split across the handovers: its first half now, the rest after.
     let mut split = connect(&addr);
     split.write_all(b"get bef").unwrap();
+    // A long multiget line cut before its end: more than one handover message of bytes.
+    let mut long = connect(&addr);
+    let keys: String = (0..10_000).map(|i| format!("absent{i:05} ")).collect();
+    long.write_all(format!("get {keys}").as_bytes()).unwrap();
     let (stop, tally) = (
         Arc::new(AtomicBool::new(false)),
         Arc::new(KvTally::default()),
@@ -309,6 +313,8 @@ fn kv_takeovers_lose_nothing(backend: &'static str, with_pid: bool) {
     // The split request's second half, answered once (after the cas above).
     let got = round_trip(&mut split, b"ore\r\n", b"END\r\n").unwrap();
     assert_eq!(got, b"VALUE before 42 3\r\nnew\r\nEND\r\n");
+    let got = round_trip(&mut long, b"before\r\n", b"END\r\n").unwrap();
+    assert_eq!(got, b"VALUE before 42 3\r\nnew\r\nEND\r\n", "the long line's answer");
     assert_eq!(chain.current.terminate().0, 0);
 }
 

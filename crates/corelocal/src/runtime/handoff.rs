@@ -301,3 +301,58 @@ impl Gate {
         (conns, inner.open)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn conn(cpu: u16) -> MovedConn {
+        MovedConn {
+            fd: std::fs::File::open("/dev/null").unwrap().into(),
+            input: b"get k".to_vec(),
+            state: Vec::new(),
+            cpu,
+        }
+    }
+
+    #[test]
+    fn the_outbox_bounds_what_is_detached_and_ends_when_every_worker_exited() {
+        let outbox = Outbox::new(2, Box::new(|| None));
+        let reserved = (0..OUTBOX_LEN_MAX + 10).filter(|_| outbox.reserve()).count();
+        assert_eq!(reserved, OUTBOX_LEN_MAX, "room is bounded, detaches in flight included");
+        for _ in 0..3 {
+            outbox.push(conn(0));
+        }
+        outbox.unreserve();
+        let (batch, over) = outbox.take(2, Duration::ZERO);
+        assert_eq!((batch.len(), over), (2, false));
+        assert!(outbox.reserve(), "taking frees room");
+        outbox.worker_exited();
+        outbox.worker_exited();
+        let (batch, over) = outbox.take(10, Duration::ZERO);
+        assert_eq!(batch.len(), 1);
+        // Even with room still reserved (a worker that died mid-detach): no worker, no more.
+        assert!(over, "every worker exited and nothing is left");
+    }
+
+    #[test]
+    fn a_gate_hands_each_worker_its_connections_and_says_when_it_opened() {
+        let gate = Gate::new(2);
+        gate.deliver(1, conn(1), Duration::ZERO);
+        assert!(gate.ready_for(1) && !gate.ready_for(0));
+        let (conns, open) = gate.wait(0, Duration::from_millis(1));
+        assert!(conns.is_empty() && !open);
+        let (conns, open) = gate.wait(1, Duration::ZERO);
+        assert_eq!((conns.len(), open), (1, false));
+        assert!(!gate.ready_for(1));
+        gate.open();
+        assert!(gate.wait(0, Duration::from_secs(60)).1, "an open gate does not wait");
+        assert!(!gate.is_done_for(0), "not done before the move ends");
+        gate.deliver(0, conn(0), Duration::ZERO);
+        gate.finish();
+        assert!(!gate.is_done_for(0), "a connection delivered is still to be taken");
+        assert_eq!(gate.wait(0, Duration::ZERO).0.len(), 1);
+        assert!(gate.is_done_for(0) && gate.is_done_for(1));
+        assert_eq!(gate.delivered_total(), 2);
+    }
+}
