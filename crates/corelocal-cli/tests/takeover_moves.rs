@@ -314,7 +314,10 @@ fn kv_takeovers_lose_nothing(backend: &'static str, with_pid: bool) {
     let got = round_trip(&mut split, b"ore\r\n", b"END\r\n").unwrap();
     assert_eq!(got, b"VALUE before 42 3\r\nnew\r\nEND\r\n");
     let got = round_trip(&mut long, b"before\r\n", b"END\r\n").unwrap();
-    assert_eq!(got, b"VALUE before 42 3\r\nnew\r\nEND\r\n", "the long line's answer");
+    assert_eq!(
+        got, b"VALUE before 42 3\r\nnew\r\nEND\r\n",
+        "the long line's answer"
+    );
     assert_eq!(chain.current.terminate().0, 0);
 }
 

@@ -11,12 +11,15 @@
 //!   and the deterministic simulator that drives it; time is an input.
 //! - [`steer`]: packet-level flow-group migration — XDP + CPUMAP (software, any interface)
 //!   and the NIC's RSS indirection table (ethtool), with detection.
+//! - [`backend`]: the operations and completions between the runtime's worker and the
+//!   backends (a leaf both import).
 //! - [`runtime`]: one pinned worker per CPU, the sans-IO [`runtime::Handler`] API, stats, and
 //!   the backends behind one submit / reap / wait interface.
 //! - [`procfs`]: pure parsers for `/proc` files (`stat`, `net/*`, `PID/stat`, `schedstat`),
 //!   plus a bounded reader.
 //! - [`sys`]: every syscall and `unsafe` block of the crate.
 
+pub mod backend;
 pub mod balance;
 pub mod bpf;
 pub mod cpu;

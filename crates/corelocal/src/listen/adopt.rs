@@ -6,44 +6,12 @@
 use super::error::io_context;
 use super::group::validate;
 use super::handover::Layout;
-use super::steering::{attach_cbpf, attach_ebpf, first_listener};
+use super::steering::{attach_cbpf, attach_ebpf, first_listener, set_listener_patiently};
 use super::{ActiveSteering, AddrGroup, GroupConfig, ListenError, ListenerGroup, Mode, Steering};
-use crate::bpf::ReuseportSelect;
 use crate::sys::socket;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
-
-/// How long a listener may stay in another process's sockarray (EBUSY) before adopting or
-/// restoring gives up: the old map is freed shortly after its program is replaced.
-const SOCKARRAY_BUSY_WAIT: Duration = Duration::from_secs(2);
-const SOCKARRAY_BUSY_POLL: Duration = Duration::from_millis(10);
-
-/// Puts `worker`'s listener into the sockarray, waiting out EBUSY (the socket still belongs to
-/// another map that is being freed) for at most [`SOCKARRAY_BUSY_WAIT`].
-pub(super) fn set_listener_patiently(
-    sel: &ReuseportSelect,
-    worker: u32,
-    fd: RawFd,
-) -> Result<(), ListenError> {
-    let until = Instant::now() + SOCKARRAY_BUSY_WAIT;
-    loop {
-        match sel.set_listener(worker, fd) {
-            Err(e) if e.source.raw_os_error() == Some(libc::EBUSY) && Instant::now() < until => {
-                std::thread::sleep(SOCKARRAY_BUSY_POLL);
-            }
-            Err(e) if e.source.raw_os_error() == Some(libc::EBUSY) => {
-                return Err(ListenError::Config(format!(
-                    "worker {worker}'s listener is still in another process's eBPF sockarray \
-                     (EBUSY after {SOCKARRAY_BUSY_WAIT:?}): the running server did not release \
-                     its steering"
-                )));
-            }
-            other => return other.map_err(ListenError::Bpf),
-        }
-    }
-}
 
 impl ListenerGroup {
     /// What a successor needs: the layout and every listening socket in layout order (address
@@ -217,6 +185,7 @@ mod tests {
     use super::*;
     use crate::listen::handover::Message;
     use crate::sys::scm;
+    use std::time::{Duration, Instant};
 
     fn config(mode: Mode) -> GroupConfig {
         GroupConfig::new(vec!["127.0.0.1:0".parse().unwrap()], vec![0, 0], mode)

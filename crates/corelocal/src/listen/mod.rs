@@ -21,10 +21,10 @@
 // and the re-exports; `config` has the modes, steering methods and `GroupConfig`; `error` the
 // `ListenError`; `group` binds a group and says what it holds; `steering` attaches the
 // reuseport programs, finds each CPU's workers and moves flow groups; `stop` closes a worker's
-// listeners and stops the group; `accept` takes a connection; `adopt` (with `handover` and
+// listeners and stops the group; taking a connection is `sys::socket::accept_conn` (re-exported
+// as `accept`); `adopt` (with `handover` and
 // `transfer`) is the binary upgrade.
 
-mod accept;
 mod adopt;
 mod config;
 mod error;
@@ -35,7 +35,7 @@ mod stop;
 pub mod transfer;
 
 pub use crate::sys::socket::QueueDepth;
-pub use accept::{accept, Accepted};
+pub use crate::sys::socket::{accept_conn as accept, Accepted};
 pub use config::{ActiveSteering, GroupConfig, Migration, Mode, Steering};
 pub use error::ListenError;
 pub use steering::{cpu_worker_runs, CpuWorkers};

@@ -1,12 +1,12 @@
 //! Steering inside a reuseport group: attaching the eBPF or classic BPF program, each
 //! CPU's run of workers, and moving flow groups (eBPF steering).
 
-use super::adopt;
 use super::error::io_context;
 use super::{AddrGroup, GroupConfig, ListenError, ListenerGroup};
 use crate::bpf::{programs, ReuseportSelect};
 use crate::sys::socket;
 use std::os::fd::{AsRawFd, RawFd};
+use std::time::{Duration, Instant};
 
 impl ListenerGroup {
     /// Whether flow groups can be moved ([`ListenerGroup::set_flow_group`]): eBPF steering.
@@ -52,7 +52,7 @@ pub(super) fn attach_ebpf(group: &mut AddrGroup, config: &GroupConfig) -> Result
     let sel = ReuseportSelect::load(workers, cpu_slots.max(256), config.flow_groups)?;
     for (w, fd) in group.listeners.iter().enumerate() {
         let fd = fd.as_ref().expect("fresh group").as_raw_fd();
-        adopt::set_listener_patiently(&sel, w as u32, fd)?;
+        set_listener_patiently(&sel, w as u32, fd)?;
     }
     let live = vec![true; config.worker_cpus.len()];
     for run in cpu_worker_runs(&config.worker_cpus, &live) {
@@ -123,4 +123,34 @@ pub(super) fn attach_cbpf(group: &AddrGroup, worker_cpus: &[usize]) -> Result<()
     };
     socket::attach_reuseport_cbpf(first, &programs::cbpf_cpu_select(&table))
         .map_err(io_context("SO_ATTACH_REUSEPORT_CBPF"))
+}
+
+/// How long a listener may stay in another process's sockarray (EBUSY) before adopting or
+/// restoring gives up: the old map is freed shortly after its program is replaced.
+const SOCKARRAY_BUSY_WAIT: Duration = Duration::from_secs(2);
+const SOCKARRAY_BUSY_POLL: Duration = Duration::from_millis(10);
+
+/// Puts `worker`'s listener into the sockarray, waiting out EBUSY (the socket still belongs to
+/// another map that is being freed) for at most [`SOCKARRAY_BUSY_WAIT`].
+pub(super) fn set_listener_patiently(
+    sel: &ReuseportSelect,
+    worker: u32,
+    fd: RawFd,
+) -> Result<(), ListenError> {
+    let until = Instant::now() + SOCKARRAY_BUSY_WAIT;
+    loop {
+        match sel.set_listener(worker, fd) {
+            Err(e) if e.source.raw_os_error() == Some(libc::EBUSY) && Instant::now() < until => {
+                std::thread::sleep(SOCKARRAY_BUSY_POLL);
+            }
+            Err(e) if e.source.raw_os_error() == Some(libc::EBUSY) => {
+                return Err(ListenError::Config(format!(
+                    "worker {worker}'s listener is still in another process's eBPF sockarray \
+                     (EBUSY after {SOCKARRAY_BUSY_WAIT:?}): the running server did not release \
+                     its steering"
+                )));
+            }
+            other => return other.map_err(ListenError::Bpf),
+        }
+    }
 }

@@ -6,7 +6,7 @@
 //! and says what to do next. Handlers never touch sockets, threads or clocks: time is passed in.
 
 use super::handoff::{StateExport, StateImport};
-use std::fs::File;
+pub use crate::backend::FileRegion;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
@@ -75,18 +75,6 @@ impl Step {
             next: Next::Close(reason),
         }
     }
-}
-
-/// A region of an open file to send after the bytes written before it (sent with sendfile or
-/// the backend's zero-copy path, never copied through user space by the runtime).
-#[derive(Debug, Clone)]
-pub struct FileRegion {
-    /// The open file.
-    pub file: Arc<File>,
-    /// Start offset in the file.
-    pub offset: u64,
-    /// Bytes to send.
-    pub len: u64,
 }
 
 /// Response bytes (and file regions) waiting to be sent on one connection, in order.
@@ -327,6 +315,7 @@ pub trait Service: Send + Sync + 'static {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs::File;
 
     fn region(len: u64) -> FileRegion {
         FileRegion {

@@ -318,8 +318,13 @@ mod tests {
     #[test]
     fn the_outbox_bounds_what_is_detached_and_ends_when_every_worker_exited() {
         let outbox = Outbox::new(2, Box::new(|| None));
-        let reserved = (0..OUTBOX_LEN_MAX + 10).filter(|_| outbox.reserve()).count();
-        assert_eq!(reserved, OUTBOX_LEN_MAX, "room is bounded, detaches in flight included");
+        let reserved = (0..OUTBOX_LEN_MAX + 10)
+            .filter(|_| outbox.reserve())
+            .count();
+        assert_eq!(
+            reserved, OUTBOX_LEN_MAX,
+            "room is bounded, detaches in flight included"
+        );
         for _ in 0..3 {
             outbox.push(conn(0));
         }
@@ -346,11 +351,17 @@ mod tests {
         assert_eq!((conns.len(), open), (1, false));
         assert!(!gate.ready_for(1));
         gate.open();
-        assert!(gate.wait(0, Duration::from_secs(60)).1, "an open gate does not wait");
+        assert!(
+            gate.wait(0, Duration::from_secs(60)).1,
+            "an open gate does not wait"
+        );
         assert!(!gate.is_done_for(0), "not done before the move ends");
         gate.deliver(0, conn(0), Duration::ZERO);
         gate.finish();
-        assert!(!gate.is_done_for(0), "a connection delivered is still to be taken");
+        assert!(
+            !gate.is_done_for(0),
+            "a connection delivered is still to be taken"
+        );
         assert_eq!(gate.wait(0, Duration::ZERO).0.len(), 1);
         assert!(gate.is_done_for(0) && gate.is_done_for(1));
         assert_eq!(gate.delivered_total(), 2);

@@ -17,7 +17,7 @@
 //! - [`netstat`]: the namespace's listen-path counters (SYN cookies, queue overflows).
 
 mod accept;
-pub mod backend;
+pub use crate::backend;
 pub mod balance;
 pub mod handler;
 pub mod handoff;

@@ -1,7 +1,7 @@
 //! The eventfd both backends are woken through: another thread writes it, the worker's epoll
 //! set or io_uring read sees it readable and the wait returns.
 
-use crate::runtime::backend::Wake;
+use crate::backend::Wake;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 

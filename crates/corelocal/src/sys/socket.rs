@@ -387,3 +387,28 @@ pub fn parse_kernel_version(release: &str) -> Option<(u32, u32)> {
     let minor = parts.next()?.parse().ok()?;
     Some((major, minor))
 }
+
+/// Accepts one pending connection from `listener` (non-blocking): the connection, the peer,
+/// and the CPU that processed its last packet (`SO_INCOMING_CPU`, `None` if unknown).
+pub fn accept_conn(listener: RawFd) -> io::Result<Accepted> {
+    let (fd, peer) = accept(listener)?;
+    let incoming_cpu = incoming_cpu(fd.as_raw_fd())
+        .ok()
+        .and_then(|c| usize::try_from(c).ok());
+    Ok(Accepted {
+        fd,
+        peer,
+        incoming_cpu,
+    })
+}
+
+/// A connection taken from a listener.
+#[derive(Debug)]
+pub struct Accepted {
+    /// The connected socket (non-blocking).
+    pub fd: OwnedFd,
+    /// The client's address.
+    pub peer: Option<SocketAddr>,
+    /// `SO_INCOMING_CPU` of the connection.
+    pub incoming_cpu: Option<usize>,
+}

@@ -2,7 +2,7 @@
 //! accepts per readiness event, and one accept (also a steal from another worker's listener).
 
 use super::{would_block, ConnIo, EpollBackend, TOKEN_LISTENER};
-use crate::runtime::backend::{Completion, ConnId, Origin};
+use crate::backend::{Completion, ConnId, Origin};
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 
@@ -65,7 +65,7 @@ impl EpollBackend {
     }
 
     pub(super) fn accept_one(&mut self, fd: RawFd, origin: Origin) -> io::Result<()> {
-        let a = crate::listen::accept(fd)?;
+        let a = crate::sys::socket::accept_conn(fd)?;
         let conn = a.fd.as_raw_fd() as ConnId;
         let slot = conn as usize;
         if self.conns.len() <= slot {

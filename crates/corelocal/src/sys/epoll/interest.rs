@@ -2,7 +2,7 @@
 //! change and registered once per turn, just before `epoll_wait`.
 
 use super::{EpollBackend, TOKEN_CONN};
-use crate::runtime::backend::ConnId;
+use crate::backend::ConnId;
 use crate::sys::cvt;
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};

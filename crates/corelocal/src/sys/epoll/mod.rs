@@ -16,7 +16,7 @@ mod recv;
 mod send;
 
 use super::cvt;
-use crate::runtime::backend::{Backend, BufId, Completion, ConnId, Op, Origin, Wake};
+use crate::backend::{Backend, BufId, Completion, ConnId, Op, Origin, Wake};
 use crate::sys::eventfd::EventFdWaker;
 use send::PendingSend;
 use std::collections::VecDeque;

@@ -2,7 +2,7 @@
 //! error.
 
 use super::{would_block, EpollBackend};
-use crate::runtime::backend::{Completion, ConnId};
+use crate::backend::{Completion, ConnId};
 use crate::sys::socket;
 use std::io;
 use std::os::fd::AsRawFd;

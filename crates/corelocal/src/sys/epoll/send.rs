@@ -2,8 +2,8 @@
 //! until done or failed; a last send closes the connection after it.
 
 use super::{would_block, EpollBackend};
-use crate::runtime::backend::{Completion, ConnId};
-use crate::runtime::handler::FileRegion;
+use crate::backend::FileRegion;
+use crate::backend::{Completion, ConnId};
 use crate::sys::socket;
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};

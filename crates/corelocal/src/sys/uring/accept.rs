@@ -7,7 +7,7 @@ use super::state::{
     user_data, RecvState, KIND_ACCEPT, KIND_ACCEPT_ONE, KIND_RECV, KIND_SOCKOPT, KIND_STEAL,
 };
 use super::{UringBackend, BUF_GROUP};
-use crate::runtime::backend::{Completion, ConnId, Origin};
+use crate::backend::{Completion, ConnId, Origin};
 use io_uring::{cqueue, opcode, squeue, types};
 use std::io;
 use std::os::fd::RawFd;

@@ -3,7 +3,7 @@
 
 use super::state::{user_data, RecvState, KIND_CLOSE, KIND_RECV};
 use super::UringBackend;
-use crate::runtime::backend::{Completion, ConnId};
+use crate::backend::{Completion, ConnId};
 use io_uring::{opcode, types};
 
 impl UringBackend {

@@ -7,7 +7,7 @@ use super::state::{
     user_data, Detaching, RecvState, KIND_ADOPT, KIND_CLOSE, KIND_INSTALL, KIND_RECV,
 };
 use super::UringBackend;
-use crate::runtime::backend::{Backend, Completion, ConnId, Origin};
+use crate::backend::{Backend, Completion, ConnId, Origin};
 use io_uring::{opcode, types};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};

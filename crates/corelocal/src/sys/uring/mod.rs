@@ -26,9 +26,7 @@ mod send;
 mod sqe;
 mod state;
 
-use crate::runtime::backend::{
-    Backend, BackendEvents, BufId, Completion, ConnId, Op, Origin, Wake,
-};
+use crate::backend::{Backend, BackendEvents, BufId, Completion, ConnId, Op, Origin, Wake};
 use crate::sys::eventfd::EventFdWaker;
 use accept::{ListenerState, Multishot};
 use buf_ring::BufRing;

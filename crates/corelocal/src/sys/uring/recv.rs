@@ -3,7 +3,7 @@
 
 use super::state::{user_data, RecvState, KIND_RECV};
 use super::{UringBackend, BUF_GROUP};
-use crate::runtime::backend::{BufId, Completion, ConnId};
+use crate::backend::{BufId, Completion, ConnId};
 use io_uring::{cqueue, opcode, types};
 use std::io;
 

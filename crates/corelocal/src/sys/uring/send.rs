@@ -6,8 +6,8 @@ use super::state::{
     user_data, RecvState, SendState, KIND_CLOSE, KIND_FILE_READ, KIND_RECV, KIND_SEND,
 };
 use super::UringBackend;
-use crate::runtime::backend::{Completion, ConnId};
-use crate::runtime::handler::FileRegion;
+use crate::backend::FileRegion;
+use crate::backend::{Completion, ConnId};
 use io_uring::{opcode, types};
 use std::io;
 use std::os::fd::AsRawFd;

@@ -1,8 +1,8 @@
 //! Request identity and per-connection state: the `user_data` encoding (kind, slot
 //! generation, id) and each direct-descriptor slot's receive, send and close progress.
 
-use crate::runtime::backend::Origin;
-use crate::runtime::handler::FileRegion;
+use crate::backend::FileRegion;
+use crate::backend::Origin;
 
 pub(super) const KIND_ACCEPT: u64 = 1;
 pub(super) const KIND_RECV: u64 = 2;

@@ -1,6 +1,9 @@
 //! The backend interface: completion-style I/O behind one submit / reap / wait API (Seastar's
 //! reactor backend), so epoll and io_uring are interchangeable under the worker.
 //!
+//! A leaf: the operations, completions and file regions the runtime's worker and the backends
+//! in [`crate::sys`] exchange live here, so that neither imports the other.
+//!
 //! The worker [`push`](Backend::push)es operations (no syscall), [`submit`](Backend::submit)s
 //! the batch once per loop turn, [`wait`](Backend::wait)s for progress and
 //! [`reap`](Backend::reap)s completions in a batch. Accept and receive are multishot: armed once,
@@ -9,11 +12,24 @@
 //! (io_uring's provided-buffer ring; epoll's fixed pool); send buffers are owned by the backend
 //! until their completion returns them.
 
-use super::handler::FileRegion;
+use std::fs::File;
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
+use std::sync::Arc;
 use std::time::Duration;
+
+/// A region of an open file to send after the bytes written before it (sent with sendfile or
+/// the backend's zero-copy path, never copied through user space by the runtime).
+#[derive(Debug, Clone)]
+pub struct FileRegion {
+    /// The open file.
+    pub file: Arc<File>,
+    /// Start offset in the file.
+    pub offset: u64,
+    /// Bytes to send.
+    pub len: u64,
+}
 
 /// A connection's id within one backend (epoll: its fd; io_uring: its direct-descriptor slot).
 pub type ConnId = u32;
@@ -229,7 +245,7 @@ pub trait Backend {
     /// Returns a received buffer to the pool.
     fn release(&mut self, buf: BufId);
     /// A handle other threads use to wake this worker.
-    fn waker(&self) -> std::sync::Arc<dyn Wake>;
+    fn waker(&self) -> Arc<dyn Wake>;
     /// Whether no accepted connection can still surface: no accept or steal is queued or in
     /// flight in the kernel (a cancelled multishot accept counts until its final completion)
     /// and no accepted connection waits to be reaped. A stopping worker exits only when this
