@@ -78,7 +78,7 @@ pub enum Workload {
     #[command(after_help = "Examples:
   corelocal bench compare --peer floor --peer nginx --peer corelocal --workload crr --rounds 3
   corelocal bench compare --server 'mine=./my_server {port} {cpu}' --peer nginx --workload http-ka
-Needs root (unshare -n). Writes results/bench-compare-<date>-<workload>.{json,md}.")]
+Needs root (unshare -n). Writes results/compare/bench-compare-<date>-<workload>.{json,md}.")]
     Compare(crate::compare::CompareArgs),
     /// (internal) One compare run inside its network namespace.
     #[command(name = "__round", hide = true)]

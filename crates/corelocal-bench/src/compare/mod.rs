@@ -116,7 +116,7 @@ pub struct CompareArgs {
     #[arg(long, default_value = "8080")]
     pub port: u16,
     /// Output directory.
-    #[arg(long, default_value = "results")]
+    #[arg(long, default_value = "results/compare")]
     pub out: PathBuf,
     /// The corelocal binary (default: `corelocal` next to this program, else on PATH).
     #[arg(long)]
