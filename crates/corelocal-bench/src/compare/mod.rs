@@ -8,7 +8,7 @@
 //! inside the namespace ([`round`]) and reads its figures back, `table` summarises and writes
 //! the markdown. Their public items are re-exported here, so `compare::…` paths stay.
 
-use crate::cli::Dur;
+use crate::options::Dur;
 use serde::Serialize;
 use serde_json::Value;
 use std::path::PathBuf;
