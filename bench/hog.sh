@@ -4,7 +4,7 @@
 # one-shot RPC clients pinned to CPU 1 at nice -20 (their SYNs are processed there, so `local`
 # mode queues them on the starved worker), --backlog 128. Balancer off vs on, alternating
 # (A B A B), each run in a fresh network namespace. Needs root (nice -20, unshare -n).
-# usage: bench/hog.sh [ROUNDS] [SECONDS] [BACKEND]  → results/hog-starved[-BACKEND].{json,md}
+# usage: bench/hog.sh [ROUNDS] [SECONDS] [BACKEND]  → results/balancer/hog-starved[-BACKEND].{json,md}
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-3}
@@ -13,7 +13,7 @@ backend=${3:-auto}
 cargo build --release -q -p corelocal-cli
 bin=$PWD/target/release/corelocal
 suffix=$([ "$backend" = auto ] && echo "" || echo "-$backend")
-out=results/hog-starved$suffix
+out=results/balancer/hog-starved$suffix
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 

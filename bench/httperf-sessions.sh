@@ -7,7 +7,7 @@
 # usage: bench/httperf-sessions.sh ROUNDS NAME=BINARY [NAME=BINARY…]
 #   NAME=nginx runs nginx (one worker on CPU 1, the same files on disk, from
 #   `corelocal files gen` with the first corelocal binary given) instead of a corelocal binary.
-#   OUT=results/NAME-STEM picks the result file stem (default results/httperf-sessions).
+#   OUT=results/httperf/NAME-STEM picks the result file stem (default results/httperf/httperf-sessions).
 #   → $OUT.{json,md}; httperf's own output of every run is summarised there (error kinds).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,7 +25,7 @@ with open(sys.argv[1], "w") as f:
                 f.write(("  " if k else "") + path(rng.randrange(30000)) + "\n")
         f.write("\n")
 PY
-out_stem=${OUT:-results/httperf-sessions}
+out_stem=${OUT:-results/httperf/httperf-sessions}
 site_bin=""
 for spec in "$@"; do [ "${spec#*=}" != nginx ] && [ -z "$site_bin" ] && site_bin=${spec#*=}; done
 for spec in "$@"; do
@@ -131,7 +131,7 @@ for r in range(1, rounds + 1):
                      "open_per_second_server": opens[1:],
                      "stall_intervals": sum(1 for d, o in zip(per_s, opens[1:]) if d == 0 and o > 0)})
 cmd = "bench/httperf-sessions.sh " + " ".join([str(rounds)] + specs)
-if stem != "results/httperf-sessions":
+if stem != "results/httperf/httperf-sessions":
     cmd = f"OUT={stem} " + cmd
 json.dump({"command": cmd, "machine": f"2-core VM, Linux {platform.release()}", "runs": runs},
           open(stem + ".json", "w"), indent=1)

@@ -10,7 +10,7 @@
 # their queues (a worker that cannot accept counts as busy for the balancer).
 #
 # usage: [SKEW=1] bench/idle-100k.sh [HOLDERS] [CONNS_PER_HOLDER]   (default 6 × 17000)
-# writes: results/idle-100k.json and results/idle-100k.md (SKEW=1: results/idle-100k-skewed.*)
+# writes: results/idle/idle-100k.json and results/idle/idle-100k.md (SKEW=1: results/idle/idle-100k-skewed.*)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -z "${CORELOCAL_IN_NETNS:-}" ]; then
@@ -63,7 +63,7 @@ python3 - "$stats" "$nofile" "$fds" "$rss" "$holders" "$per" "${SKEW:-}" "$verif
 import json, sys, platform, os
 stats, nofile, fds, rss, holders, per = sys.argv[1], *map(int, sys.argv[2:7])
 skew, verify_s = sys.argv[7] == "1", float(sys.argv[8])
-stem = "results/idle-100k-skewed" if skew else "results/idle-100k"
+stem = "results/idle/idle-100k-skewed" if skew else "results/idle/idle-100k"
 last = json.load(open(stats + ".last"))
 workers = last["workers"]
 probes = {}

@@ -7,7 +7,7 @@ Each point runs both backends alternately (uring, epoll, uring, epoll ...) for -
 each run in a fresh network namespace, server pinned to CPU 1 (one worker), client on CPU 0.
 Reports throughput and server CPU-us per transaction (schedstat of the server's threads), medians.
 
-usage: sudo bench/megapipe.py [--rounds 2] [--duration 3s] [--out results/megapipe]
+usage: sudo bench/megapipe.py [--rounds 2] [--duration 3s] [--out results/backends/megapipe]
 """
 import argparse, json, os, statistics, subprocess, sys, tempfile, time
 
@@ -77,7 +77,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--duration", default="3s")
-    ap.add_argument("--out", default=os.path.join(ROOT, "results", "megapipe"))
+    ap.add_argument("--out", default=os.path.join(ROOT, "results", "backends", "megapipe"))
     a = ap.parse_args()
     load = open("/proc/loadavg").read().strip()
     fig_a = [point(64, t, a.rounds, a.duration) for t in (1, 2, 4, 8, 16, 32, 64, 128)]

@@ -6,7 +6,7 @@
 # CPU 1, client on CPU 0; the figure is server CPU per op (schedstat) and its wake-ups per op.
 # usage: bench/oneshot-ab.sh NAME ROUNDS A_NAME=BIN[:ARGS] B_NAME=BIN[:ARGS]
 #   e.g. bench/oneshot-ab.sh defer-accept 5 off=target/release/corelocal on=target/release/corelocal:'--defer-accept 1'
-# writes: results/ab-NAME-crr.{json,md}, results/ab-NAME-kv1.{json,md}
+# writes: results/oneshot/ab-NAME-crr.{json,md}, results/oneshot/ab-NAME-kv1.{json,md}
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ $# -eq 4 ] || { sed -n 2,9p "$0" >&2; exit 2; }
@@ -31,8 +31,8 @@ run() { # WORKLOAD CONNS PROTO BASE_ARGS SUFFIX
     mapfile -t s < <(servers "$3" "$4")
     "$driver" bench compare --rounds "$rounds" --out "$out/$5" --workload "$1" --conns "$2" \
         --baseline "${A%%=*}" "${s[@]}"
-    cp "$out/$5"/bench-compare-*.json "results/ab-$name-$5.json"
-    cp "$out/$5"/bench-compare-*.md "results/ab-$name-$5.md"
+    cp "$out/$5"/bench-compare-*.json "results/oneshot/ab-$name-$5.json"
+    cp "$out/$5"/bench-compare-*.md "results/oneshot/ab-$name-$5.md"
 }
 run crr 16,64 http "serve http $base --root $out/www" crr
 run kv1 64 kv "serve kv $base" kv1

@@ -4,9 +4,9 @@
 # connections, and strace -c syscall counts per connection. Server on CPU 1, client on CPU 0,
 # each in a fresh network namespace.
 #   http: one HTTP request per connection (server closes): corelocal (io_uring, epoll), nginx,
-#         the C epoll floor server → results/oneshot-profile.md
+#         the C epoll floor server → results/oneshot/oneshot-profile.md
 #   kv1:  one memcached get per connection (client closes): corelocal (io_uring, epoll),
-#         memcached -t 1, the io_uring kv floor → results/oneshot-profile-kv1.md
+#         memcached -t 1, the io_uring kv floor → results/oneshot/oneshot-profile-kv1.md
 # usage: bench/oneshot-profile.sh [SECONDS] [http|kv1]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,7 +37,7 @@ case $workload in
     )
     order="corelocal-uring corelocal-epoll nginx floor"
     client="crr --target http://127.0.0.1:8080/hello"
-    md=results/oneshot-profile.md
+    md=results/oneshot/oneshot-profile.md
     title="One-shot HTTP" ;;
   kv1)
     servers=(
@@ -48,7 +48,7 @@ case $workload in
     )
     order="corelocal-uring corelocal-epoll memcached kv-uring-floor"
     client="kv --target 127.0.0.1:8080 --keys 1000 --get-ratio 1 --txns-per-conn 1"
-    md=results/oneshot-profile-kv1.md
+    md=results/oneshot/oneshot-profile-kv1.md
     title="One memcached get per connection" ;;
   *) echo "usage: $0 [SECONDS] [http|kv1]" >&2; exit 2 ;;
 esac

@@ -4,7 +4,7 @@
 # A B A B rounds, each run in a fresh network namespace, server on CPU 1, client on CPU 0).
 # usage: bench/oneshot.sh [ROUNDS] [BEFORE_BINARY]
 #   BEFORE_BINARY: an older `corelocal` to compare with (e.g. a build of an earlier commit).
-# writes: results/oneshot-*.{json,md} (one pair per workload)
+# writes: results/oneshot/oneshot-*.{json,md} (one pair per workload)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-3}
@@ -22,11 +22,11 @@ with_before() { # PROTO ARGS → a --server for the older binary, if given
     [ -n "$before" ] && printf '%s\n' "--server" "before=$1:$before $2"
     return 0
 }
-run() { # NAME ARGS… → results/oneshot-NAME.{json,md}
+run() { # NAME ARGS… → results/oneshot/oneshot-NAME.{json,md}
     local name=$1; shift
     "$bin" bench compare --rounds "$rounds" --out "$out/$name" --corelocal-bin "$bin" "$@"
-    cp "$out/$name"/bench-compare-*.json "results/oneshot-$name.json"
-    cp "$out/$name"/bench-compare-*.md "results/oneshot-$name.md"
+    cp "$out/$name"/bench-compare-*.json "results/oneshot/oneshot-$name.json"
+    cp "$out/$name"/bench-compare-*.md "results/oneshot/oneshot-$name.md"
 }
 mapfile -t b_http < <(with_before http "$http")
 mapfile -t b_kv < <(with_before kv "$kv")

@@ -3,10 +3,10 @@
 # (epoll and io_uring), from crates/corelocal-cli/tests/overload.rs run one test at a time. The
 # tests assert bounds, never timings; this keeps the numbers they measured.
 # Needs root (private network namespaces, raw sockets) and python3.
-# usage: bench/overload.sh [OUTDIR]   → OUTDIR/overload.json (default OUTDIR: results)
+# usage: bench/overload.sh [OUTDIR]   → OUTDIR/overload.json (default OUTDIR: results/overload)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT=$(realpath -m "${1:-results}")
+OUT=$(realpath -m "${1:-results/overload}")
 RUNS=$(mktemp -d)
 trap 'rm -rf "$RUNS"' EXIT
 LOAD="$(cat /proc/loadavg)"

@@ -74,7 +74,7 @@ def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--duration", type=int, default=600, help="seconds of load (default 600)")
     p.add_argument("--period", type=int, default=20, help="seconds between takeovers")
-    p.add_argument("--out", default="results", help="directory for the result files")
+    p.add_argument("--out", default="results/soak", help="directory for the result files")
     p.add_argument("--name", default="soak", help="result file stem")
     p.add_argument("--bin", default=None, help="corelocal binary (default: target/release)")
     a = p.parse_args()

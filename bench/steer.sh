@@ -15,7 +15,7 @@
 #   CPU that processed a flow's packets is the one that processed its SYN) and counts those
 #   held by the worker pinned to that CPU;
 # - with steer: the program's per-CPU counters (SYNs steered / fallen back).
-# Writes results/steer-<server>$STEER_SUFFIX.json and .md (each run also records the 1-minute
+# Writes results/steer/steer-<server>$STEER_SUFFIX.json and .md (each run also records the 1-minute
 # load average at its start). Needs root (netns, eBPF).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -129,7 +129,7 @@ for server in $servers; do
             rm -rf "$work/run"
         done
     done
-    python3 - "$server" "$runs" "$ROOT/results/steer-$server${STEER_SUFFIX:-}" "$rounds" "$conns" <<'EOF'
+    python3 - "$server" "$runs" "$ROOT/results/steer/steer-$server${STEER_SUFFIX:-}" "$rounds" "$conns" <<'EOF'
 import json, statistics as st, sys, os, platform, datetime
 server, runs, out, rounds, conns = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
 rows = [json.loads(l) for l in open(runs)]

@@ -28,7 +28,7 @@ set -euo pipefail
 ROUNDS=${1:-5}
 SECS=${2:-5}
 CONNS=${3:-64}
-OUT=${4:-results}
+OUT=${4:-results/tokio}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 cargo build --release -p corelocal-cli -p corelocal-tokio --examples --bins >&2

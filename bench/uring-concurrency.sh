@@ -5,7 +5,7 @@
 # connection (both ends). Runs in a fresh network namespace.
 #
 # usage: bench/uring-concurrency.sh [HOLDERS] [CONNS_PER_HOLDER]    (default 3 × 17000)
-# writes: results/uring-concurrency.json and results/uring-concurrency.md
+# writes: results/backends/uring-concurrency.json and results/backends/uring-concurrency.md
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -z "${CORELOCAL_IN_NETNS:-}" ]; then
@@ -61,7 +61,7 @@ r = {
     "user_bytes_per_idle_conn": round((rss1 - rss0) * 1024 / max(open_, 1), 1),
     "kernel_slab_bytes_per_conn_both_ends": round((slab1 - slab0) * 1024 / max(open_, 1), 1),
 }
-json.dump(r, open("results/uring-concurrency.json", "w"), indent=2)
+json.dump(r, open("results/backends/uring-concurrency.json", "w"), indent=2)
 md = f"""# One process, {open_:,} concurrent connections, RLIMIT_NOFILE {nofile:,}
 
 `{r['command']}` (kernel {r['host']['kernel']}, {r['host']['cpus']} CPUs)
@@ -74,7 +74,7 @@ Accepted connections are io_uring direct descriptors (4 rings × 20,000 slots); 
 table holds only listeners, rings and eventfds. The clients are {holders} `corelocal-hold`
 processes (each below its own fd limit); every connection was verified with one 64 B request.
 """
-open("results/uring-concurrency.md", "w").write(md)
+open("results/backends/uring-concurrency.md", "w").write(md)
 print(md)
 PY
 rm -f "$stats" "$stats".*

@@ -9,18 +9,24 @@
 //! Layout: [`proto`] and [`workload`] are sans-IO protocol clients and session scripts;
 //! [`engine`] is the per-thread state machine; [`sys`] holds every syscall; [`stats`],
 //! [`procstat`], [`serverstats`], [`ratesearch`] and [`report`] are the measurement and
-//! output; [`runner`] ties them; [`compare`] runs A/B rounds against peers.
+//! output; [`runner`] ties them; [`compare`] runs A/B rounds against peers; [`cli`] parses the
+//! command line and dispatches. Imports run one way: [`options`] (flag values, the common
+//! options, target resolution) and [`runspec`] (a resolved run and its raw results) are leaves
+//! that `cli`, `runner`, `report` and `compare` share, and `compare` runs a round's bench
+//! command through the executor `cli` hands it rather than calling back into `cli`.
 
 use std::process::ExitCode;
 
 pub mod cli;
 pub mod compare;
 pub mod engine;
+pub mod options;
 pub mod procstat;
 pub mod proto;
 pub mod ratesearch;
 pub mod report;
 pub mod runner;
+pub mod runspec;
 pub mod serverstats;
 pub mod stats;
 pub mod sys;

@@ -1,7 +1,7 @@
 //! A short soak in CI: `bench/soak.py` for two minutes against the debug binary — rpc, http
 //! and kv servers under mixed load (keep-alive, one-shot, sessions, garbage, slow clients) with
 //! a takeover every 15 s. Root only (the soak runs in its own network namespace); skipped with
-//! a reason otherwise, never under CI=true. The recorded 10-minute run is results/soak-10min.md.
+//! a reason otherwise, never under CI=true. The recorded 10-minute run is results/soak/soak-10min.md.
 
 use std::path::Path;
 use std::process::Command;

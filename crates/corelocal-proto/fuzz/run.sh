@@ -1,10 +1,10 @@
 #!/bin/sh
 # Runs every fuzz target for SECS seconds (default 300) from the committed seeds and writes a
-# summary per target to results/fuzz-<target>.txt. Needs nightly and cargo-fuzz.
+# summary per target to results/fuzz/fuzz-<target>.txt. Needs nightly and cargo-fuzz.
 set -u
 SECS=${1:-300}
 cd "$(dirname "$0")"
-RESULTS=../../../results
+RESULTS=../../../results/fuzz
 mkdir -p "$RESULTS"
 for t in http_request memcache_line http_conn kv_conn sockperf_stream; do
     mkdir -p corpus/$t

@@ -47,7 +47,7 @@ pub const SEND_FOR_MAX: Duration = Duration::from_secs(24 * 3600);
 const EXAMPLES: &str = "\
 Examples:
   corelocal sweep                                  # every online CPU (at most 16), 1 flow
-  corelocal sweep --cpus 0-1 --duration 3s --rounds 3 -o results/sweep-2x2
+  corelocal sweep --cpus 0-1 --duration 3s --rounds 3 -o results/sweep/sweep-2x2
   corelocal sweep --cpus 0-3,8-11 --flows 4        # 8 × 8 cells, 4 parallel flows
   corelocal sweep --cpus 0-1 --json > sweep.json   # JSON on stdout
   # A real NIC: move its RX IRQs instead of RPS; data from another host:

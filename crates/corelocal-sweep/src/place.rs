@@ -2,7 +2,7 @@
 //! inside the receiver namespace, with its own sysfs mount, so the host's interfaces are out
 //! of reach), or the RX IRQs' affinity of a real NIC (saved first and restored on drop).
 //! Also reads namespace-local `/proc/net` counters. Files go through corelocal-tune's
-//! [`Fs`](corelocal_tune::fs::Fs), knob paths and mask formatting.
+//! [`Fs`], knob paths and mask formatting.
 
 use crate::sys;
 use corelocal::cpu::{CpuSet, Topology};

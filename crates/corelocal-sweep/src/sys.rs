@@ -1,11 +1,14 @@
 //! The system calls `sweep` needs beyond std: joining a network namespace from one thread,
 //! a private sysfs for that thread, the thread id, and a stop flag set by SIGINT/SIGTERM.
 //! Also pinning another thread, the ethtool GRO switch and `sendmmsg` for the forwarding
-//! generator. Every `unsafe` block of the crate is here.
+//! generator. The calls go through `rustix`; what it does not cover (a signal handler that
+//! only sets a flag, without `SA_RESTART`; the ethtool ioctl; leaving this thread's mount
+//! namespace) is hand-written here, and every `unsafe` block of the crate is here.
 
+use rustix::net::SocketAddrAny;
 use std::fs::File;
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -23,46 +26,32 @@ fn check(rc: libc::c_int) -> io::Result<()> {
 /// Moves the calling thread (only) into the network namespace bound at `/run/netns/NAME`.
 pub fn enter_netns(name: &str) -> io::Result<()> {
     let file = File::open(Path::new("/run/netns").join(name))?;
-    // SAFETY: the fd is open for the whole call; setns changes only this thread's namespace.
-    check(unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) })
+    rustix::thread::move_into_link_name_space(
+        file.as_fd(),
+        Some(rustix::thread::LinkNameSpaceType::Network),
+    )?;
+    Ok(())
 }
 
 /// Gives the calling thread its own mount namespace (a slave of the host's, so nothing
 /// propagates back) and mounts a fresh sysfs on `/sys` in it, which then shows the devices of
 /// the thread's network namespace. The mounts vanish when the thread exits.
 pub fn private_sysfs() -> io::Result<()> {
-    // SAFETY: CLONE_NEWNS implies CLONE_FS; both unshare only this thread's fs/mount state.
-    check(unsafe { libc::unshare(libc::CLONE_NEWNS) })?;
-    let root = c"/";
-    let sys = c"/sys";
-    let sysfs = c"sysfs";
-    // SAFETY: NUL-terminated literals; a NULL source/type/data is allowed for a propagation
-    // change, which affects only this thread's new mount namespace.
-    check(unsafe {
-        libc::mount(
-            std::ptr::null(),
-            root.as_ptr(),
-            std::ptr::null(),
-            libc::MS_REC | libc::MS_SLAVE,
-            std::ptr::null(),
-        )
-    })?;
-    // SAFETY: as above; the new sysfs is mounted only in this thread's mount namespace.
-    check(unsafe {
-        libc::mount(
-            sysfs.as_ptr(),
-            sys.as_ptr(),
-            sysfs.as_ptr(),
-            0,
-            std::ptr::null(),
-        )
-    })
+    use rustix::mount::{MountFlags, MountPropagationFlags};
+    // SAFETY: only NEWNS (which implies FS) is unshared, never FILES, so no thread can see a
+    // descriptor table other than the one its descriptors came from.
+    unsafe { rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWNS) }?;
+    rustix::mount::mount_change(
+        "/",
+        MountPropagationFlags::REC | MountPropagationFlags::DOWNSTREAM,
+    )?;
+    rustix::mount::mount("sysfs", "/sys", "sysfs", MountFlags::empty(), None)?;
+    Ok(())
 }
 
 /// The calling thread's id (for `/proc/self/task/TID/schedstat`).
 pub fn gettid() -> u32 {
-    // SAFETY: gettid has no preconditions and cannot fail.
-    unsafe { libc::gettid() as u32 }
+    rustix::thread::gettid().as_raw_nonzero().get() as u32
 }
 
 extern "C" fn on_stop_signal(_sig: libc::c_int) {
@@ -72,13 +61,16 @@ extern "C" fn on_stop_signal(_sig: libc::c_int) {
 /// Makes SIGINT and SIGTERM set the stop flag instead of killing the process, so the guards
 /// that delete network namespaces and restore IRQ affinity still run.
 pub fn install_stop_handler() -> io::Result<()> {
+    // Not rustix (no sigaction) nor signal-hook (which installs with SA_RESTART): no flags.
     for sig in [libc::SIGINT, libc::SIGTERM] {
-        // SAFETY: sigaction is plain old data; zeroed is a valid empty mask and no flags.
-        let mut act: libc::sigaction = unsafe { std::mem::zeroed() };
-        act.sa_sigaction = on_stop_signal as *const () as libc::sighandler_t;
-        // SAFETY: `act` is initialised and the handler only stores to an atomic
+        // SAFETY: sigaction is plain old data, so all-zero is a valid empty mask and no flags;
+        // `act` is initialised before the call and the handler only stores to an atomic
         // (async-signal-safe); the old action is not needed.
-        check(unsafe { libc::sigaction(sig, &act, std::ptr::null_mut()) })?;
+        check(unsafe {
+            let mut act: libc::sigaction = std::mem::zeroed();
+            act.sa_sigaction = on_stop_signal as *const () as libc::sighandler_t;
+            libc::sigaction(sig, &act, std::ptr::null_mut())
+        })?;
     }
     Ok(())
 }
@@ -95,27 +87,21 @@ pub fn request_stop() {
 
 /// Pins thread or process `pid` (a kernel thread such as `napi/IF-ID` too) to `cpus`.
 pub fn set_affinity(pid: u32, cpus: &corelocal::cpu::CpuSet) -> io::Result<()> {
-    let max = libc::CPU_SETSIZE as usize;
+    use rustix::thread::CpuSet;
+    let max = CpuSet::MAX_CPU;
     if cpus.is_empty() || cpus.max().unwrap_or(0) >= max {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             format!("CPU set {:?} empty or beyond {max}", cpus.to_list()),
         ));
     }
-    // SAFETY: cpu_set_t is plain old data; all-zero is the empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    let mut set = CpuSet::new();
     for cpu in cpus.iter() {
-        // SAFETY: cpu < CPU_SETSIZE was checked above.
-        unsafe { libc::CPU_SET(cpu, &mut set) };
+        set.set(cpu);
     }
-    // SAFETY: `set` is a valid cpu_set_t of the size passed; the kernel only reads it.
-    check(unsafe {
-        libc::sched_setaffinity(
-            pid as libc::pid_t,
-            std::mem::size_of::<libc::cpu_set_t>(),
-            &set,
-        )
-    })
+    // pid 0 (None) is the calling thread, as for sched_setaffinity(2).
+    rustix::thread::sched_setaffinity(rustix::process::Pid::from_raw(pid as i32), &set)?;
+    Ok(())
 }
 
 const SIOCETHTOOL: libc::c_ulong = 0x8946;
@@ -180,41 +166,27 @@ pub fn set_tso(ifname: &str, on: bool) -> io::Result<()> {
     ethtool_value(ifname, ETHTOOL_STSO, u32::from(on)).map(|_| ())
 }
 
-/// Sends `msgs` UDP datagrams of `payload` on `fd`, datagram i to `dsts[i]`, in one
-/// `sendmmsg(2)`; returns how many the kernel took.
-pub fn sendmmsg_to(
-    fd: std::os::fd::RawFd,
-    payload: &[u8],
-    dsts: &[libc::sockaddr_in],
-) -> io::Result<usize> {
+/// Sends `dsts.len()` (at most 1024) UDP datagrams of `payload` on `sock`, datagram i to
+/// `dsts[i]`, in one `sendmmsg(2)`; returns how many the kernel took.
+pub fn sendmmsg_to(sock: impl AsFd, payload: &[u8], dsts: &[SocketAddrAny]) -> io::Result<usize> {
+    use rustix::net::{MMsgHdr, SendAncillaryBuffer, SendFlags};
     const BATCH_MAX: usize = 1024;
     let n = dsts.len().min(BATCH_MAX);
-    let mut iov = libc::iovec {
-        iov_base: payload.as_ptr() as *mut libc::c_void,
-        iov_len: payload.len(),
-    };
-    // SAFETY: mmsghdr is plain old data; zeroed = no control data, no flags.
-    let mut msgs: Vec<libc::mmsghdr> = (0..n).map(|_| unsafe { std::mem::zeroed() }).collect();
-    for (m, dst) in msgs.iter_mut().zip(dsts) {
-        m.msg_hdr.msg_name = dst as *const libc::sockaddr_in as *mut libc::c_void;
-        m.msg_hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
-        m.msg_hdr.msg_iov = &mut iov;
-        m.msg_hdr.msg_iovlen = 1;
-    }
-    // The kernel only reads the payload and writes each header's msg_len.
-    // SAFETY: `msgs` holds `n` headers pointing into `dsts`, `iov`, `payload`, alive for the call.
-    let rc = unsafe { libc::sendmmsg(fd, msgs.as_mut_ptr(), n as libc::c_uint, 0) };
-    if rc < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(rc as usize)
-    }
+    let iov = [io::IoSlice::new(payload)];
+    let mut control: Vec<SendAncillaryBuffer<'_, '_, '_>> =
+        (0..n).map(|_| SendAncillaryBuffer::default()).collect();
+    let mut msgs: Vec<MMsgHdr<'_>> = dsts[..n]
+        .iter()
+        .zip(control.iter_mut())
+        .map(|(dst, c)| MMsgHdr::new_with_addr(dst, &iov, c))
+        .collect();
+    Ok(rustix::net::sendmmsg(sock, &mut msgs, SendFlags::empty())?)
 }
 
 /// Sets the nice value of thread `tid` (0: the calling thread); Linux applies it to that
 /// thread only. Gone with the thread.
 pub fn set_nice(tid: u32, nice: i32) -> io::Result<()> {
-    // SAFETY: setpriority takes plain integers; PRIO_PROCESS with a thread id affects only
-    // that thread on Linux.
-    check(unsafe { libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, nice) })
+    // PRIO_PROCESS with a thread id (None: 0, the calling thread) affects only that thread.
+    rustix::process::setpriority_process(rustix::process::Pid::from_raw(tid as i32), nice)?;
+    Ok(())
 }

@@ -1,4 +1,4 @@
-//! The baseline for the comparison in results/tokio-vs-multithread.md: the same axum app as
+//! The baseline for the comparison in results/tokio/tokio-vs-multithread.md: the same axum app as
 //! the `axum` example, served the way most services are — `axum::serve` on tokio's default
 //! multi-thread runtime (`#[tokio::main]`, here with an explicit worker-thread count).
 //!

@@ -143,7 +143,7 @@ impl Builder {
     /// `TCP_DEFER_ACCEPT` on the listeners (default off; 0 turns it off): a connection is
     /// accepted once its first bytes arrived, so the accept and the first read happen in one
     /// wake-up (what `corelocal serve --defer-accept 1` does): 0.91–0.94× server CPU per
-    /// one-shot request for the axum example (results/tokio-defer-accept-crr.md). A connection that stays silent is accepted after about
+    /// one-shot request for the axum example (results/tokio/tokio-defer-accept-crr.md). A connection that stays silent is accepted after about
     /// `secs` (the kernel's next SYN-ACK retransmission). On stop it is turned off and the
     /// accept phase waits `secs` + 0.5 s (within half the drain timeout), so a client that
     /// connected before the stop and speaks during it is still answered.

@@ -85,7 +85,7 @@ pub fn run(cmd: Command) -> ExitCode {
         server_stats: cmd.server_stats.clone(),
         netns: cmd.netns.clone(),
     };
-    let result = if cmd.once || cmd.json || !sys::is_tty(libc::STDOUT_FILENO) {
+    let result = if cmd.once || cmd.json || !sys::is_tty(std::io::stdout()) {
         stream(&cmd, &src, interval)
     } else {
         live(&cmd, &src, interval)
@@ -213,7 +213,7 @@ pub fn draw(lines: &[String], rows: usize) -> String {
 /// The interactive view.
 fn live(cmd: &Command, src: &Source, interval: Duration) -> Result<(), String> {
     sys::install_stop_handler().map_err(|e| e.to_string())?;
-    let interactive = sys::is_tty(libc::STDIN_FILENO);
+    let interactive = sys::is_tty(std::io::stdin());
     let _raw = if interactive {
         Some(sys::RawMode::enter().map_err(|e| format!("terminal: {e}"))?)
     } else {

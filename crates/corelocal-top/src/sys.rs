@@ -1,14 +1,18 @@
 //! Terminal control for the live view: raw input mode (termios) restored on drop, on panic
 //! and on SIGTERM/SIGHUP (which only set a flag), waiting for a key with a timeout, and the
-//! window size. Every `unsafe` block of the crate is here.
+//! window size. The calls go through `rustix`; what it does not cover (a signal handler that
+//! only sets a flag, without `SA_RESTART`; leaving this thread's mount namespace) is
+//! hand-written here, and every `unsafe` block of the crate is here.
 
+use rustix::termios::{LocalModes, OptionalActions, SpecialCodeIndex, Termios};
 use std::io;
+use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
 /// The terminal settings to restore (also used by the panic hook).
-static SAVED: Mutex<Option<libc::termios>> = Mutex::new(None);
+static SAVED: Mutex<Option<Termios>> = Mutex::new(None);
 /// Set by SIGTERM / SIGHUP.
 static STOP: AtomicBool = AtomicBool::new(false);
 
@@ -17,26 +21,21 @@ pub const LEAVE_SCREEN: &str = "\x1b[?25h\x1b[?1049l";
 /// Enters the alternate screen and hides the cursor.
 pub const ENTER_SCREEN: &str = "\x1b[?1049h\x1b[?25l";
 
-/// Whether `fd` is a terminal.
-pub fn is_tty(fd: i32) -> bool {
-    // SAFETY: isatty only inspects the descriptor number.
-    unsafe { libc::isatty(fd) == 1 }
+/// Whether `fd` (stdin, stdout, …) is a terminal.
+pub fn is_tty(fd: impl AsFd) -> bool {
+    rustix::termios::isatty(fd)
 }
 
 /// Rows and columns of the terminal on stdout.
 pub fn window_size() -> Option<(u16, u16)> {
-    // SAFETY: winsize is plain old data; zeroed is valid.
-    let mut ws: libc::winsize = unsafe { std::mem::zeroed() };
-    // SAFETY: TIOCGWINSZ writes one winsize into the valid pointer.
-    let rc = unsafe { libc::ioctl(libc::STDOUT_FILENO, libc::TIOCGWINSZ, &mut ws) };
-    (rc == 0 && ws.ws_row > 0).then_some((ws.ws_row, ws.ws_col))
+    let ws = rustix::termios::tcgetwinsize(io::stdout()).ok()?;
+    (ws.ws_row > 0).then_some((ws.ws_row, ws.ws_col))
 }
 
 fn restore_saved() {
     let saved = SAVED.lock().map(|mut g| g.take()).unwrap_or(None);
     if let Some(t) = saved {
-        // SAFETY: `t` is the termios read from stdin by RawMode::enter.
-        unsafe { libc::tcsetattr(libc::STDIN_FILENO, libc::TCSANOW, &t) };
+        let _ = rustix::termios::tcsetattr(io::stdin(), OptionalActions::Now, &t);
         use std::io::Write;
         let mut out = io::stdout();
         let _ = out.write_all(LEAVE_SCREEN.as_bytes());
@@ -52,22 +51,16 @@ pub struct RawMode(());
 impl RawMode {
     /// Switches stdin to raw mode and enters the alternate screen.
     pub fn enter() -> io::Result<RawMode> {
-        // SAFETY: termios is plain old data; tcgetattr fills it.
-        let mut t: libc::termios = unsafe { std::mem::zeroed() };
-        // SAFETY: valid pointer to a termios; stdin is a descriptor.
-        if unsafe { libc::tcgetattr(libc::STDIN_FILENO, &mut t) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        *SAVED.lock().map_err(|_| io::Error::other("poisoned"))? = Some(t);
+        let t = rustix::termios::tcgetattr(io::stdin())?;
+        *SAVED.lock().map_err(|_| io::Error::other("poisoned"))? = Some(t.clone());
         let mut raw = t;
-        raw.c_lflag &= !(libc::ICANON | libc::ECHO | libc::ISIG);
-        raw.c_cc[libc::VMIN] = 0;
-        raw.c_cc[libc::VTIME] = 0;
-        // SAFETY: `raw` is a valid termios derived from the current one.
-        if unsafe { libc::tcsetattr(libc::STDIN_FILENO, libc::TCSANOW, &raw) } != 0 {
-            let e = io::Error::last_os_error();
+        raw.local_modes
+            .remove(LocalModes::ICANON | LocalModes::ECHO | LocalModes::ISIG);
+        raw.special_codes[SpecialCodeIndex::VMIN] = 0;
+        raw.special_codes[SpecialCodeIndex::VTIME] = 0;
+        if let Err(e) = rustix::termios::tcsetattr(io::stdin(), OptionalActions::Now, &raw) {
             restore_saved();
-            return Err(e);
+            return Err(e.into());
         }
         let previous = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
@@ -91,35 +84,29 @@ impl Drop for RawMode {
 /// Waits up to `timeout` for input on stdin; returns the bytes read (empty on timeout or
 /// signal). At most 64 bytes.
 pub fn read_key(timeout: Duration) -> io::Result<Vec<u8>> {
-    let mut pfd = libc::pollfd {
-        fd: libc::STDIN_FILENO,
-        events: libc::POLLIN,
-        revents: 0,
+    use rustix::event::{PollFd, PollFlags, Timespec};
+    let stdin = io::stdin();
+    let ms = timeout.as_millis().min(60_000) as i64;
+    let ts = Timespec {
+        tv_sec: ms / 1000,
+        tv_nsec: (ms % 1000) * 1_000_000,
     };
-    let ms = timeout.as_millis().min(60_000) as libc::c_int;
-    // SAFETY: one valid pollfd.
-    let n = unsafe { libc::poll(&mut pfd, 1, ms) };
-    if n < 0 {
-        let e = io::Error::last_os_error();
-        return if e.kind() == io::ErrorKind::Interrupted {
-            Ok(Vec::new())
-        } else {
-            Err(e)
-        };
-    }
-    if n == 0 || pfd.revents & (libc::POLLIN | libc::POLLHUP) == 0 {
+    let mut pfd = [PollFd::new(&stdin, PollFlags::IN)];
+    let n = match rustix::event::poll(&mut pfd, Some(&ts)) {
+        Ok(n) => n,
+        Err(rustix::io::Errno::INTR) => return Ok(Vec::new()),
+        Err(e) => return Err(e.into()),
+    };
+    let revents = pfd[0].revents();
+    if n == 0 || !revents.intersects(PollFlags::IN | PollFlags::HUP) {
         return Ok(Vec::new());
     }
     let mut buf = [0u8; 64];
-    // SAFETY: reads at most buf.len() bytes into the valid buffer.
-    let r = unsafe { libc::read(libc::STDIN_FILENO, buf.as_mut_ptr().cast(), buf.len()) };
-    if r < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    if r == 0 && pfd.revents & libc::POLLHUP != 0 {
+    let r = rustix::io::read(&stdin, &mut buf)?;
+    if r == 0 && revents.contains(PollFlags::HUP) {
         return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "stdin closed"));
     }
-    Ok(buf[..r as usize].to_vec())
+    Ok(buf[..r].to_vec())
 }
 
 extern "C" fn on_stop(_sig: libc::c_int) {
@@ -129,13 +116,17 @@ extern "C" fn on_stop(_sig: libc::c_int) {
 /// SIGTERM and SIGHUP set a flag (checked by the loop) instead of killing the process with
 /// the terminal still raw.
 pub fn install_stop_handler() -> io::Result<()> {
+    // Not rustix (no sigaction) nor signal-hook (which installs with SA_RESTART): no flags.
     for sig in [libc::SIGTERM, libc::SIGHUP, libc::SIGINT] {
-        // SAFETY: sigaction is plain old data; zeroed is an empty mask and no flags (so poll
-        // returns EINTR).
-        let mut act: libc::sigaction = unsafe { std::mem::zeroed() };
-        act.sa_sigaction = on_stop as *const () as libc::sighandler_t;
-        // SAFETY: `act` is initialised; the handler only stores to an atomic.
-        if unsafe { libc::sigaction(sig, &act, std::ptr::null_mut()) } != 0 {
+        // SAFETY: sigaction is plain old data, so all-zero is an empty mask and no flags (so
+        // poll returns EINTR); `act` is initialised before the call, and the handler only
+        // stores to an atomic (async-signal-safe); the old action is not needed.
+        let rc = unsafe {
+            let mut act: libc::sigaction = std::mem::zeroed();
+            act.sa_sigaction = on_stop as *const () as libc::sighandler_t;
+            libc::sigaction(sig, &act, std::ptr::null_mut())
+        };
+        if rc != 0 {
             return Err(io::Error::last_os_error());
         }
     }
@@ -147,45 +138,23 @@ pub fn stop_requested() -> bool {
     STOP.load(Ordering::SeqCst)
 }
 
-fn check(rc: libc::c_int) -> io::Result<()> {
-    if rc == -1 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
-}
-
 /// Moves the calling thread (only) into the network namespace bound at `/run/netns/NAME`,
 /// gives it a private mount namespace (a slave of the host's: nothing propagates back) and
 /// mounts a fresh sysfs on `/sys` there, so `/sys/class/net` and `/proc/thread-self/net` show
 /// that namespace. Meant for a short-lived thread: its exit drops every reference, so the
 /// namespace can go away when its owner deletes it.
 pub fn enter_netns_with_sysfs(name: &str) -> io::Result<()> {
-    use std::os::fd::AsRawFd;
+    use rustix::mount::{MountFlags, MountPropagationFlags};
+    use rustix::thread::{LinkNameSpaceType, UnshareFlags};
     let file = std::fs::File::open(std::path::Path::new("/run/netns").join(name))?;
-    // SAFETY: the fd is open for the whole call; setns changes only this thread's namespace.
-    check(unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) })?;
-    // SAFETY: CLONE_NEWNS implies CLONE_FS; both unshare only this thread's fs/mount state.
-    check(unsafe { libc::unshare(libc::CLONE_NEWNS) })?;
-    // SAFETY: NUL-terminated literals; a NULL source/type/data is allowed for a propagation
-    // change, which affects only this thread's new mount namespace.
-    check(unsafe {
-        libc::mount(
-            std::ptr::null(),
-            c"/".as_ptr(),
-            std::ptr::null(),
-            libc::MS_REC | libc::MS_SLAVE,
-            std::ptr::null(),
-        )
-    })?;
-    // SAFETY: as above; the new sysfs is mounted only in this thread's mount namespace.
-    check(unsafe {
-        libc::mount(
-            c"sysfs".as_ptr(),
-            c"/sys".as_ptr(),
-            c"sysfs".as_ptr(),
-            0,
-            std::ptr::null(),
-        )
-    })
+    rustix::thread::move_into_link_name_space(file.as_fd(), Some(LinkNameSpaceType::Network))?;
+    // SAFETY: only NEWNS (which implies FS) is unshared, never FILES, so no thread can see a
+    // descriptor table other than the one its descriptors came from.
+    unsafe { rustix::thread::unshare_unsafe(UnshareFlags::NEWNS) }?;
+    rustix::mount::mount_change(
+        "/",
+        MountPropagationFlags::REC | MountPropagationFlags::DOWNSTREAM,
+    )?;
+    rustix::mount::mount("sysfs", "/sys", "sysfs", MountFlags::empty(), None)?;
+    Ok(())
 }

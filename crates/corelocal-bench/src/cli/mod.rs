@@ -1,22 +1,20 @@
 //! Command-line arguments of `corelocal bench` and their parsing.
 //!
-//! Layout: this file holds the [`Command`] and its [`Workload`] subcommands; `values` the
-//! value types of flags ([`Dur`], [`SrcSpec`]); `common` the options every workload takes;
-//! `workloads` each subcommand's arguments; `spec` validation and [`execute`]; `targets`
-//! target resolution and URL lists.
+//! Layout: this file holds the [`Command`] and its [`Workload`] subcommands; `workloads` each
+//! subcommand's arguments; `spec` validation and [`execute`]. The value types of flags
+//! ([`Dur`], [`SrcSpec`]), the options every workload takes ([`Common`]) and target resolution
+//! live in [`crate::options`] (re-exported here), which the runner and the reports share.
 
-mod common;
 mod spec;
-mod targets;
 #[cfg(test)]
 mod tests;
-mod values;
 mod workloads;
 
-pub use common::{ArrivalKind, Common, EngineKind, ProgressKind};
+pub use crate::options::{
+    load_urls, parse_urls, resolve, ArrivalKind, Common, Dur, EngineKind, ProgressKind, SrcSpec,
+    MAX_SRC,
+};
 pub use spec::{execute, to_spec};
-pub use targets::{load_urls, parse_urls, resolve};
-pub use values::{Dur, SrcSpec, MAX_SRC};
 pub use workloads::{CrrArgs, CrrProto, HttpArgs, KvArgs, RpcArgs, RpcProto};
 
 /// `corelocal bench` arguments.
@@ -78,7 +76,7 @@ pub enum Workload {
     #[command(after_help = "Examples:
   corelocal bench compare --peer floor --peer nginx --peer corelocal --workload crr --rounds 3
   corelocal bench compare --server 'mine=./my_server {port} {cpu}' --peer nginx --workload http-ka
-Needs root (unshare -n). Writes results/bench-compare-<date>-<workload>.{json,md}.")]
+Needs root (unshare -n). Writes results/compare/bench-compare-<date>-<workload>.{json,md}.")]
     Compare(crate::compare::CompareArgs),
     /// (internal) One compare run inside its network namespace.
     #[command(name = "__round", hide = true)]

@@ -178,7 +178,9 @@ fn check_msg_size(flag: &str, n: usize) -> Result<(), String> {
 pub fn execute(cmd: Command) -> Result<ExitCode, String> {
     match cmd.workload {
         Workload::Compare(a) => crate::compare::run(a),
-        Workload::Round(a) => crate::compare::round(a),
+        Workload::Round(a) => crate::compare::round(a, |args| {
+            super::Standalone::try_parse_args(args).and_then(execute)
+        }),
         w => runner::main(to_spec(w)?),
     }
 }

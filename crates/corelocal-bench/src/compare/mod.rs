@@ -8,7 +8,7 @@
 //! inside the namespace ([`round`]) and reads its figures back, `table` summarises and writes
 //! the markdown. Their public items are re-exported here, so `compare::…` paths stay.
 
-use crate::cli::Dur;
+use crate::options::Dur;
 use serde::Serialize;
 use serde_json::Value;
 use std::path::PathBuf;
@@ -116,7 +116,7 @@ pub struct CompareArgs {
     #[arg(long, default_value = "8080")]
     pub port: u16,
     /// Output directory.
-    #[arg(long, default_value = "results")]
+    #[arg(long, default_value = "results/compare")]
     pub out: PathBuf,
     /// The corelocal binary (default: `corelocal` next to this program, else on PATH).
     #[arg(long)]

@@ -132,8 +132,13 @@ pub fn bench_args(
 }
 
 /// Runs inside the namespace: start the server pinned, wait for its port, run the bench with
-/// `--server-pid`, stop the server.
-pub fn round(a: RoundArgs) -> Result<ExitCode, String> {
+/// `--server-pid`, stop the server. `bench` runs the bench command line (`["bench", workload,
+/// args…]`): the caller's parser and executor (`corelocal bench __round` passes the CLI's), so
+/// this module does not import the command line that dispatches to it.
+pub fn round(
+    a: RoundArgs,
+    bench: impl FnOnce(&[String]) -> Result<ExitCode, String>,
+) -> Result<ExitCode, String> {
     let mut child = Proc::new("taskset")
         .args([
             "-c",
@@ -163,10 +168,7 @@ pub fn round(a: RoundArgs) -> Result<ExitCode, String> {
         let mut args = vec!["bench".to_string()];
         args.extend(a.bench.iter().cloned());
         args.extend(["--server-pid".into(), pid.to_string()]);
-        match crate::cli::Standalone::try_parse_args(&args) {
-            Ok(cmd) => crate::cli::execute(cmd),
-            Err(e) => Err(e),
-        }
+        bench(&args)
     } else {
         Err(format!(
             "server {:?} did not listen on {addr} within 10s",

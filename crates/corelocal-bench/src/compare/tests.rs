@@ -61,7 +61,7 @@ fn ratios_against_the_first_server() {
             server_cpu: 1,
             client_cpus: "0".into(),
             port: 8080,
-            out: "results".into(),
+            out: "results/compare".into(),
             corelocal_bin: None,
             floor_bin: None,
             no_netns: false,

@@ -1,7 +1,7 @@
 //! Writing the JSON, markdown and SVG files of a run.
 
 use super::{svg_latency, svg_percentiles, svg_throughput, Report};
-use crate::cli::Common;
+use crate::options::Common;
 use std::path::{Path, PathBuf};
 
 fn sibling(p: &Path, ext: &str) -> PathBuf {

@@ -7,7 +7,7 @@
 
 use crate::engine::Unit;
 use crate::procstat::CpuCost;
-use crate::runner::{RunSpec, Snapshots, ThreadResult};
+use crate::runspec::{RunSpec, Snapshots, ThreadResult};
 use crate::serverstats::Locality;
 use crate::stats::{errno_name, LatSummary, Stats};
 use serde::Serialize;
@@ -344,7 +344,7 @@ pub fn build(inp: Inputs<'_>) -> Report {
             .collect(),
     };
     let http_status = (spec.workload == "http"
-        || matches!(spec.kind, crate::runner::ScriptKind::CrrHttp { .. }))
+        || matches!(spec.kind, crate::runspec::ScriptKind::CrrHttp { .. }))
     .then(|| {
         let names = ["other", "1xx", "2xx", "3xx", "4xx", "5xx"];
         names

@@ -1,16 +1,19 @@
 //! The epoll backend: non-blocking sockets, level-triggered readiness (the fallback and the
 //! baseline; it does what crr_client does).
 
-use super::{close, connect, cvt_int, read, send, so_error, sockaddr};
+use super::{client_socket, connect, read, send, so_error};
 use crate::engine::{Backend, ConnBuf, Event, SockOpts};
 use crate::stats::ErrKind;
+use rustix::event::epoll::{self, EventData, EventFlags};
 use std::io;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::os::fd::OwnedFd;
 
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Default)]
 struct SlotIo {
-    fd: i32,
-    interest: u32,
+    /// The connection's socket (None: the slot is free); closed when dropped.
+    fd: Option<OwnedFd>,
+    interest: EventFlags,
     connecting: bool,
     send_off: usize,
     sending: bool,
@@ -18,57 +21,41 @@ struct SlotIo {
 
 /// epoll backend.
 pub struct Epoll {
-    ep: i32,
-    opts: SockOpts,
-    dst: libc::sockaddr_in,
-    bufs: Vec<ConnBuf>,
+    // Sockets close before the epoll instance (field order), as they always did.
     io: Vec<SlotIo>,
+    ep: OwnedFd,
+    opts: SockOpts,
+    dst: SocketAddrV4,
+    bufs: Vec<ConnBuf>,
     ready: Vec<Event>,
-    evs: Vec<libc::epoll_event>,
+    evs: Vec<epoll::Event>,
 }
+
+/// Events returned by one epoll_wait at most.
+const EVENTS_MAX: usize = 512;
 
 impl Epoll {
     /// A backend with `slots` connection slots and `recv_buf` bytes of receive buffer each.
     pub fn new(slots: usize, recv_buf: usize, opts: SockOpts) -> io::Result<Self> {
-        // SAFETY: plain syscall.
-        let ep = cvt_int(unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) })?;
+        let ep = epoll::create(epoll::CreateFlags::CLOEXEC)?;
         Ok(Epoll {
             ep,
-            dst: sockaddr(opts.target),
+            dst: opts.target,
             opts,
             bufs: (0..slots).map(|_| ConnBuf::new(recv_buf)).collect(),
-            io: vec![
-                SlotIo {
-                    fd: -1,
-                    ..Default::default()
-                };
-                slots
-            ],
+            io: (0..slots).map(|_| SlotIo::default()).collect(),
             ready: Vec::new(),
-            evs: vec![libc::epoll_event { events: 0, u64: 0 }; 512],
+            evs: Vec::with_capacity(EVENTS_MAX),
         })
     }
 
-    fn ctl(&self, op: i32, fd: i32, events: u32, slot: usize) -> Result<(), i32> {
-        let mut ev = libc::epoll_event {
-            events,
-            u64: slot as u64,
-        };
-        // SAFETY: `ev` is a live epoll_event; the kernel validates the descriptors.
-        let r = unsafe { libc::epoll_ctl(self.ep, op, fd, &mut ev) };
-        if r < 0 {
-            Err(io::Error::last_os_error()
-                .raw_os_error()
-                .unwrap_or(libc::EIO))
-        } else {
-            Ok(())
-        }
-    }
-
-    fn set_interest(&mut self, slot: usize, events: u32) -> Result<(), i32> {
-        let s = self.io[slot];
+    fn set_interest(&mut self, slot: usize, events: EventFlags) -> Result<(), i32> {
+        let s = &self.io[slot];
         if s.interest != events {
-            self.ctl(libc::EPOLL_CTL_MOD, s.fd, events, slot)?;
+            // A free slot has no descriptor: what epoll_ctl on -1 answered.
+            let fd = s.fd.as_ref().ok_or(libc::EBADF)?;
+            epoll::modify(&self.ep, fd, EventData::new_u64(slot as u64), events)
+                .map_err(|e| e.raw_os_error())?;
             self.io[slot].interest = events;
         }
         Ok(())
@@ -76,17 +63,22 @@ impl Epoll {
 
     /// Writes as much of `out` as the socket takes; arms EPOLLOUT for the rest.
     fn try_send(&mut self, slot: usize) {
-        let fd = self.io[slot].fd;
         loop {
             let off = self.io[slot].send_off;
             let out = &self.bufs[slot].out;
             if off >= out.len() {
                 self.io[slot].sending = false;
-                if let Err(e) = self.set_interest(slot, libc::EPOLLIN as u32) {
+                if let Err(e) = self.set_interest(slot, EventFlags::IN) {
                     self.ready.push(Event::Error(slot, ErrKind::Send, e));
                 }
                 return;
             }
+            let Some(fd) = &self.io[slot].fd else {
+                // A free slot: what send on -1 answered.
+                self.ready
+                    .push(Event::Error(slot, ErrKind::Send, libc::EBADF));
+                return;
+            };
             match send(fd, &out[off..]) {
                 Ok(n) => {
                     self.io[slot].send_off += n;
@@ -94,8 +86,7 @@ impl Epoll {
                 }
                 Err(libc::EAGAIN) => {
                     self.io[slot].sending = true;
-                    if let Err(e) = self.set_interest(slot, (libc::EPOLLIN | libc::EPOLLOUT) as u32)
-                    {
+                    if let Err(e) = self.set_interest(slot, EventFlags::IN | EventFlags::OUT) {
                         self.ready.push(Event::Error(slot, ErrKind::Send, e));
                     }
                     return;
@@ -108,16 +99,17 @@ impl Epoll {
         }
     }
 
-    fn on_ready(&mut self, slot: usize, events: u32, out: &mut Vec<Event>) {
-        let s = self.io[slot];
-        if s.fd < 0 {
+    fn on_ready(&mut self, slot: usize, events: EventFlags, out: &mut Vec<Event>) {
+        let s = &self.io[slot];
+        let Some(fd) = &s.fd else {
             return;
-        }
-        let errish = events & (libc::EPOLLERR | libc::EPOLLHUP) as u32 != 0;
-        if s.connecting {
-            if events & libc::EPOLLOUT as u32 != 0 || errish {
+        };
+        let (connecting, sending) = (s.connecting, s.sending);
+        let errish = events.intersects(EventFlags::ERR | EventFlags::HUP);
+        if connecting {
+            if events.contains(EventFlags::OUT) || errish {
+                let e = so_error(fd);
                 self.io[slot].connecting = false;
-                let e = so_error(s.fd);
                 if e != 0 {
                     out.push(Event::Error(slot, ErrKind::Connect, e));
                     return;
@@ -128,13 +120,16 @@ impl Epoll {
             }
             return;
         }
-        if s.sending && events & libc::EPOLLOUT as u32 != 0 {
+        if sending && events.contains(EventFlags::OUT) {
             self.try_send(slot);
             out.append(&mut self.ready);
         }
-        if events & libc::EPOLLIN as u32 != 0 || errish {
+        if events.contains(EventFlags::IN) || errish {
+            let Some(fd) = &self.io[slot].fd else {
+                return;
+            };
             let b = &mut self.bufs[slot];
-            match read(s.fd, &mut b.inbuf[b.in_len..]) {
+            match read(fd, &mut b.inbuf[b.in_len..]) {
                 Ok(n) => {
                     b.in_len += n;
                     out.push(Event::Recv(slot, n));
@@ -152,18 +147,19 @@ impl Backend for Epoll {
     }
 
     fn open(&mut self, slot: usize, src: Option<Ipv4Addr>) -> Result<(), i32> {
-        let fd = super::client_socket(true, src, self.opts.linger0, self.opts.nodelay)?;
-        if let Err(e) = connect(fd, &self.dst) {
-            close(fd);
-            return Err(e);
-        }
-        if let Err(e) = self.ctl(libc::EPOLL_CTL_ADD, fd, libc::EPOLLOUT as u32, slot) {
-            close(fd);
-            return Err(e);
-        }
+        // On an error the socket closes when `fd` drops.
+        let fd = client_socket(true, src, self.opts.linger0, self.opts.nodelay)?;
+        connect(&fd, &self.dst)?;
+        epoll::add(
+            &self.ep,
+            &fd,
+            EventData::new_u64(slot as u64),
+            EventFlags::OUT,
+        )
+        .map_err(|e| e.raw_os_error())?;
         self.io[slot] = SlotIo {
-            fd,
-            interest: libc::EPOLLOUT as u32,
+            fd: Some(fd),
+            interest: EventFlags::OUT,
             connecting: true,
             send_off: 0,
             sending: false,
@@ -181,14 +177,8 @@ impl Backend for Epoll {
     }
 
     fn close(&mut self, slot: usize) {
-        let fd = self.io[slot].fd;
-        if fd >= 0 {
-            close(fd);
-        }
-        self.io[slot] = SlotIo {
-            fd: -1,
-            ..Default::default()
-        };
+        // Dropping the slot's descriptor closes it.
+        self.io[slot] = SlotIo::default();
         self.ready.push(Event::Released(slot));
     }
 
@@ -197,39 +187,40 @@ impl Backend for Epoll {
             out.append(&mut self.ready);
         }
         let ms = if out.is_empty() {
-            timeout_ns.div_ceil(1_000_000).min(1000) as i32
+            timeout_ns.div_ceil(1_000_000).min(1000) as i64
         } else {
             0
         };
-        // SAFETY: `evs` is a live buffer of `len` epoll_events.
-        let n =
-            unsafe { libc::epoll_wait(self.ep, self.evs.as_mut_ptr(), self.evs.len() as i32, ms) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.raw_os_error() == Some(libc::EINTR) {
+        // Whole milliseconds: rustix passes them to epoll_pwait as they are.
+        let ts = rustix::time::Timespec {
+            tv_sec: ms / 1000,
+            tv_nsec: (ms % 1000) * 1_000_000,
+        };
+        self.evs.clear();
+        let mut evs = std::mem::take(&mut self.evs);
+        match epoll::wait(
+            &self.ep,
+            rustix::buffer::spare_capacity(&mut evs),
+            Some(&ts),
+        ) {
+            Ok(_) => {}
+            Err(rustix::io::Errno::INTR) => {
+                self.evs = evs;
                 return Ok(());
             }
-            return Err(e);
+            Err(e) => {
+                self.evs = evs;
+                return Err(e.into());
+            }
         }
-        for k in 0..n as usize {
-            let ev = self.evs[k];
-            self.on_ready(ev.u64 as usize, ev.events, out);
+        for ev in &evs {
+            self.on_ready(ev.data.u64() as usize, ev.flags, out);
         }
+        self.evs = evs;
         Ok(())
     }
 
     fn name(&self) -> &'static str {
         "epoll"
-    }
-}
-
-impl Drop for Epoll {
-    fn drop(&mut self) {
-        for s in &self.io {
-            if s.fd >= 0 {
-                close(s.fd);
-            }
-        }
-        close(self.ep);
     }
 }

@@ -1,26 +1,21 @@
 //! Every syscall and `unsafe` block of the load generator: sockets, epoll, io_uring, limits.
+//! The calls go through `rustix` (and the `io-uring` crate for the ring); hand-written are
+//! only what neither covers: `IP_BIND_ADDRESS_NO_PORT`, and closing or shutting down the raw
+//! descriptors the io_uring backend refers to by number while requests are in flight.
 
 pub mod epoll;
 pub mod uring;
 
-use std::io;
+use rustix::io::Errno;
 use std::net::{Ipv4Addr, SocketAddrV4};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
-pub(crate) fn cvt_int(r: libc::c_int) -> io::Result<libc::c_int> {
-    if r < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(r)
-    }
+/// The errno of a failed call.
+fn errno(e: Errno) -> i32 {
+    e.raw_os_error()
 }
 
-fn errno() -> i32 {
-    io::Error::last_os_error()
-        .raw_os_error()
-        .unwrap_or(libc::EIO)
-}
-
-/// A `sockaddr_in` for `a`.
+/// A `sockaddr_in` for `a` (what the io_uring backend's connect and bind requests point at).
 pub fn sockaddr(a: SocketAddrV4) -> libc::sockaddr_in {
     libc::sockaddr_in {
         sin_family: libc::AF_INET as libc::sa_family_t,
@@ -32,45 +27,31 @@ pub fn sockaddr(a: SocketAddrV4) -> libc::sockaddr_in {
     }
 }
 
-fn setsockopt_int(fd: i32, level: i32, name: i32, v: i32) -> Result<(), i32> {
-    // SAFETY: `v` is a live i32 and its size is passed; fd validity is checked by the kernel.
+/// Sets IP_BIND_ADDRESS_NO_PORT (covered by neither rustix nor socket2).
+fn set_bind_address_no_port(fd: BorrowedFd<'_>) -> Result<(), i32> {
+    let v: i32 = 1;
+    // SAFETY: `v` is a live i32 and its size is passed; `fd` is a borrowed, open descriptor.
     let r = unsafe {
         libc::setsockopt(
-            fd,
-            level,
-            name,
+            fd.as_raw_fd(),
+            libc::IPPROTO_IP,
+            libc::IP_BIND_ADDRESS_NO_PORT,
             &v as *const i32 as *const libc::c_void,
             std::mem::size_of::<i32>() as u32,
         )
     };
     if r < 0 {
-        Err(errno())
+        Err(std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EIO))
     } else {
         Ok(())
     }
 }
 
 /// Sets SO_LINGER {on, 0}: close() sends RST and leaves no TIME_WAIT.
-pub fn set_linger0(fd: i32) -> Result<(), i32> {
-    let lg = libc::linger {
-        l_onoff: 1,
-        l_linger: 0,
-    };
-    // SAFETY: `lg` is a live linger struct and its exact size is passed.
-    let r = unsafe {
-        libc::setsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_LINGER,
-            &lg as *const libc::linger as *const libc::c_void,
-            std::mem::size_of::<libc::linger>() as u32,
-        )
-    };
-    if r < 0 {
-        Err(errno())
-    } else {
-        Ok(())
-    }
+pub fn set_linger0(fd: impl AsFd) -> Result<(), i32> {
+    rustix::net::sockopt::set_socket_linger(fd, Some(std::time::Duration::ZERO)).map_err(errno)
 }
 
 /// Creates a TCP socket with the per-connection options, bound to `src` (port chosen at
@@ -80,171 +61,101 @@ pub fn client_socket(
     src: Option<Ipv4Addr>,
     linger0: bool,
     nodelay: bool,
-) -> Result<i32, i32> {
-    let ty =
-        libc::SOCK_STREAM | libc::SOCK_CLOEXEC | if nonblock { libc::SOCK_NONBLOCK } else { 0 };
-    // SAFETY: plain syscall with constant arguments.
-    let fd = unsafe { libc::socket(libc::AF_INET, ty, 0) };
-    if fd < 0 {
-        return Err(errno());
+) -> Result<OwnedFd, i32> {
+    use rustix::net::{AddressFamily, SocketFlags, SocketType};
+    let flags = SocketFlags::CLOEXEC
+        | if nonblock {
+            SocketFlags::NONBLOCK
+        } else {
+            SocketFlags::empty()
+        };
+    let fd = rustix::net::socket_with(AddressFamily::INET, SocketType::STREAM, flags, None)
+        .map_err(errno)?;
+    // On an error the descriptor is closed when `fd` drops.
+    if nodelay {
+        rustix::net::sockopt::set_tcp_nodelay(&fd, true).map_err(errno)?;
     }
-    let setup = || -> Result<(), i32> {
-        if nodelay {
-            setsockopt_int(fd, libc::IPPROTO_TCP, libc::TCP_NODELAY, 1)?;
-        }
-        if linger0 {
-            set_linger0(fd)?;
-        }
-        if let Some(ip) = src {
-            setsockopt_int(fd, libc::IPPROTO_IP, libc::IP_BIND_ADDRESS_NO_PORT, 1)?;
-            let sa = sockaddr(SocketAddrV4::new(ip, 0));
-            // SAFETY: `sa` is a live sockaddr_in and its exact size is passed.
-            let r = unsafe {
-                libc::bind(
-                    fd,
-                    &sa as *const libc::sockaddr_in as *const libc::sockaddr,
-                    std::mem::size_of::<libc::sockaddr_in>() as u32,
-                )
-            };
-            if r < 0 {
-                return Err(errno());
-            }
-        }
-        Ok(())
-    };
-    match setup() {
-        Ok(()) => Ok(fd),
-        Err(e) => {
-            close(fd);
-            Err(e)
-        }
+    if linger0 {
+        set_linger0(&fd)?;
     }
+    if let Some(ip) = src {
+        set_bind_address_no_port(fd.as_fd())?;
+        rustix::net::bind(&fd, &SocketAddrV4::new(ip, 0)).map_err(errno)?;
+    }
+    Ok(fd)
 }
 
 /// Starts a non-blocking connect; Ok(()) also when it is in progress.
-pub fn connect(fd: i32, sa: &libc::sockaddr_in) -> Result<(), i32> {
-    // SAFETY: `sa` points to a live sockaddr_in of the size passed.
-    let r = unsafe {
-        libc::connect(
-            fd,
-            sa as *const libc::sockaddr_in as *const libc::sockaddr,
-            std::mem::size_of::<libc::sockaddr_in>() as u32,
-        )
-    };
-    if r < 0 {
-        let e = errno();
-        if e != libc::EINPROGRESS {
-            return Err(e);
-        }
+pub fn connect(fd: impl AsFd, sa: &SocketAddrV4) -> Result<(), i32> {
+    match rustix::net::connect(fd, sa) {
+        Ok(()) | Err(Errno::INPROGRESS) => Ok(()),
+        Err(e) => Err(errno(e)),
     }
-    Ok(())
 }
 
 /// SO_ERROR of a socket (0: no error).
-pub fn so_error(fd: i32) -> i32 {
-    let mut e: i32 = 0;
-    let mut len = std::mem::size_of::<i32>() as u32;
-    // SAFETY: `e` and `len` are live and describe a buffer of `len` bytes.
-    let r = unsafe {
-        libc::getsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_ERROR,
-            &mut e as *mut i32 as *mut libc::c_void,
-            &mut len,
-        )
-    };
-    if r < 0 {
-        errno()
-    } else {
-        e
+pub fn so_error(fd: impl AsFd) -> i32 {
+    match rustix::net::sockopt::socket_error(fd) {
+        Ok(Ok(())) => 0,
+        Ok(Err(e)) | Err(e) => errno(e),
     }
 }
 
 /// Reads into `buf`: Ok(n) (0 = EOF), Err(errno).
-pub fn read(fd: i32, buf: &mut [u8]) -> Result<usize, i32> {
-    // SAFETY: `buf` is a live, writable slice of the length passed.
-    let r = unsafe { libc::read(fd, buf.as_mut_ptr() as *mut libc::c_void, buf.len()) };
-    if r < 0 {
-        Err(errno())
-    } else {
-        Ok(r as usize)
-    }
+pub fn read(fd: impl AsFd, buf: &mut [u8]) -> Result<usize, i32> {
+    rustix::io::read(fd, buf).map_err(errno)
 }
 
 /// Sends `buf` without SIGPIPE: Ok(n), Err(errno).
-pub fn send(fd: i32, buf: &[u8]) -> Result<usize, i32> {
-    // SAFETY: `buf` is a live slice of the length passed.
-    let r = unsafe {
-        libc::send(
-            fd,
-            buf.as_ptr() as *const libc::c_void,
-            buf.len(),
-            libc::MSG_NOSIGNAL,
-        )
-    };
-    if r < 0 {
-        Err(errno())
-    } else {
-        Ok(r as usize)
-    }
+pub fn send(fd: impl AsFd, buf: &[u8]) -> Result<usize, i32> {
+    rustix::net::send(fd, buf, rustix::net::SendFlags::NOSIGNAL).map_err(errno)
 }
 
-/// Closes a descriptor.
+/// Closes a raw descriptor the io_uring backend owns (it holds descriptors by number while
+/// requests refer to them).
 pub fn close(fd: i32) {
-    // SAFETY: closing a descriptor this crate owns; errors are irrelevant here.
-    unsafe { libc::close(fd) };
+    // SAFETY: the caller owns `fd` (from `client_socket(...).into_raw_fd()`), closes it once
+    // and forgets the number afterwards.
+    drop(unsafe { OwnedFd::from_raw_fd(fd) });
 }
 
-/// shutdown(SHUT_RDWR): wakes whatever waits on the socket.
+/// shutdown(SHUT_RDWR) of a raw descriptor the io_uring backend owns: wakes whatever waits on
+/// the socket.
 pub fn shutdown(fd: i32) {
-    // SAFETY: plain syscall on a descriptor this crate owns.
-    unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
+    // SAFETY: the caller owns `fd` and has not closed it; the borrow lasts only for the call.
+    let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+    let _ = rustix::net::shutdown(fd, rustix::net::Shutdown::Both);
 }
 
 /// Raises RLIMIT_NOFILE's soft limit to the hard limit; returns the new soft limit.
 pub fn raise_nofile() -> u64 {
-    let mut rl = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: `rl` is a live rlimit struct.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) } != 0 {
-        return 1024;
-    }
-    rl.rlim_cur = rl.rlim_max;
-    // SAFETY: `rl` is a live, initialised rlimit struct.
-    unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &rl) };
-    rl.rlim_cur
+    use rustix::process::{getrlimit, setrlimit, Resource};
+    let mut rl = getrlimit(Resource::Nofile);
+    rl.current = rl.maximum;
+    let _ = setrlimit(Resource::Nofile, rl);
+    // None is RLIM_INFINITY.
+    rl.current.unwrap_or(libc::RLIM_INFINITY)
 }
 
 /// Clock ticks per second of /proc CPU times.
 pub fn clk_tck() -> u64 {
-    // SAFETY: sysconf has no memory arguments.
-    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    if t > 0 {
-        t as u64
-    } else {
-        100
+    match rustix::param::clock_ticks_per_second() {
+        0 => 100,
+        t => t,
     }
 }
 
 /// Sends SIGTERM (or SIGKILL when `kill`) to a process this crate started.
 pub fn signal(pid: u32, kill: bool) {
-    let sig = if kill { libc::SIGKILL } else { libc::SIGTERM };
-    // SAFETY: plain syscall; the pid is a child this crate spawned.
-    unsafe { libc::kill(pid as i32, sig) };
+    use rustix::process::{kill_process, Pid, Signal};
+    let sig = if kill { Signal::KILL } else { Signal::TERM };
+    if let Some(pid) = Pid::from_raw(pid as i32) {
+        let _ = kill_process(pid, sig);
+    }
 }
 
 /// CPU time the calling thread has used (ns): CLOCK_THREAD_CPUTIME_ID.
 pub fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a live timespec.
-    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } != 0 {
-        return 0;
-    }
+    let ts = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }

@@ -17,6 +17,7 @@ use crate::stats::ErrKind;
 use io_uring::{opcode, squeue, types, IoUring};
 use std::io;
 use std::net::Ipv4Addr;
+use std::os::fd::IntoRawFd;
 
 const OP_CONNECT: u64 = 1;
 const OP_SEND: u64 = 2;
@@ -414,7 +415,7 @@ impl Backend for Uring {
         if self.direct {
             return self.open_direct(slot, src);
         }
-        let fd = client_socket(false, src, self.opts.linger0, self.opts.nodelay)?;
+        let fd = client_socket(false, src, self.opts.linger0, self.opts.nodelay)?.into_raw_fd();
         self.io[slot] = SlotIo {
             fd,
             pending: 3,

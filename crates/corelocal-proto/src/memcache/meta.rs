@@ -1,6 +1,6 @@
-//! The meta protocol (`mg`, `ms`, `md`, `ma`, `me`; `mn` is a plain [`Command`]), parsed
-//! exactly as memcached 1.6.18's `proto_text.c` does: the same checks in the same order, the
-//! same error strings, the same flag tokens echoed back.
+//! The meta protocol (`mg`, `ms`, `md`, `ma`, `me`; `mn` is a plain
+//! [`Command`](super::Command)), parsed exactly as memcached 1.6.18's `proto_text.c` does: the
+//! same checks in the same order, the same error strings, the same flag tokens echoed back.
 //!
 //! A meta command line is `<cm> <key> [<datalen>] <flag>*`. Each flag is one token whose
 //! first byte names it; some carry an argument in the rest of the token (`T30`, `Oabc`).

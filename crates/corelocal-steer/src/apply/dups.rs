@@ -119,7 +119,7 @@ pub fn discover(pid: u32, filters: &[String]) -> Result<(Plan, Dups), SteerError
     discover_cached(pid, filters, &mut discover::ParentCache::default())
 }
 
-/// [`discover`] with a parent cache kept across calls (`watch`).
+/// [`discover()`] with a parent cache kept across calls (`watch`).
 pub fn discover_cached(
     pid: u32,
     filters: &[String],

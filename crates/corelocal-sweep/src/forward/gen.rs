@@ -6,7 +6,6 @@
 use crate::sys;
 use corelocal::cpu::CpuSet;
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
-use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -55,17 +54,6 @@ pub fn flow_dst(i: usize) -> SocketAddrV4 {
         Ipv4Addr::from(base + (i % FLOWS_MAX) as u32),
         1024 + (i % 64_511) as u16,
     )
-}
-
-fn sockaddr(a: SocketAddrV4) -> libc::sockaddr_in {
-    libc::sockaddr_in {
-        sin_family: libc::AF_INET as libc::sa_family_t,
-        sin_port: a.port().to_be(),
-        sin_addr: libc::in_addr {
-            s_addr: u32::from(*a.ip()).to_be(),
-        },
-        sin_zero: [0; 8],
-    }
 }
 
 /// A running generator.
@@ -190,8 +178,8 @@ fn send_loop(
 ) {
     let payload = vec![0x5au8; spec.frame - 4 - HEADERS];
     // Destinations in order, with the first `batch` repeated so any window is one slice.
-    let dsts: Vec<libc::sockaddr_in> = (0..spec.flows + spec.batch)
-        .map(|i| sockaddr(flow_dst(i % spec.flows)))
+    let dsts: Vec<rustix::net::SocketAddrAny> = (0..spec.flows + spec.batch)
+        .map(|i| flow_dst(i % spec.flows).into())
         .collect();
     let start = Instant::now();
     let mut total = 0u64;
@@ -215,7 +203,7 @@ fn send_loop(
                 continue;
             }
         }
-        match sys::sendmmsg_to(sock.as_raw_fd(), &payload, &dsts[at..at + spec.batch]) {
+        match sys::sendmmsg_to(sock, &payload, &dsts[at..at + spec.batch]) {
             Ok(n) => {
                 total += n as u64;
                 sent.fetch_add(n as u64, Ordering::Relaxed);
@@ -241,8 +229,9 @@ mod tests {
         assert_eq!(flow_dst(300).to_string(), "198.18.1.45:1324");
         let a: std::collections::HashSet<_> = (0..1000).map(flow_dst).collect();
         assert_eq!(a.len(), 1000);
-        let s = sockaddr(flow_dst(1));
-        assert_eq!(u16::from_be(s.sin_port), 1025);
+        // What the generator hands sendmmsg: the same address and port (network byte order).
+        let s: rustix::net::SocketAddrAny = flow_dst(1).into();
+        assert_eq!(SocketAddrV4::try_from(s).unwrap(), flow_dst(1));
     }
 
     #[test]

@@ -37,7 +37,7 @@ pub const WINDOW_MAX: Duration = Duration::from_secs(600);
 const EXAMPLES: &str = "\
 Examples:
   corelocal sweep forward                              # 6 layouts × 3 rounds, ~1.5 min
-  corelocal sweep forward --firewall 0,200 --rounds 5 -o results/sweep-forward
+  corelocal sweep forward --firewall 0,200 --rounds 5 -o results/sweep/sweep-forward
   corelocal sweep forward --layouts default,rps-other --duration 5s --rate 400k
   corelocal sweep forward --gen-cpu 1 --flows 1024 --frame 128
   # A real router (measure only: no traffic generated, nothing changed):
