@@ -239,7 +239,8 @@ impl WorkerBalance {
         }
     }
 
-    /// Says whether this worker can accept now (see [`WorkerWatch::blocked`]).
+    /// Says whether this worker can accept now: at its connection limit, or paused after
+    /// accept() failed, a worker with a non-empty queue counts as busy for the others.
     pub fn set_blocked(&self, blocked: bool) {
         let flag = &self.shared.watches[self.worker].blocked;
         if flag.load(Ordering::Relaxed) != blocked {
