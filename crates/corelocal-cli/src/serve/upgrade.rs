@@ -175,18 +175,23 @@ pub(super) fn take_over(
             old.pid
         ),
     }
-    match moving.map(|l| l.accept(timeout, timeout)) {
+    let offered = moving.map(|l| wait_for_offer(&l, &old, timeout));
+    match offered {
         Some(Ok(Some(channel))) if channel.peer().is_ok_and(|p| p.pid == old.pid) => {
             take_moving(server, &channel)
         }
         Some(Ok(Some(_))) => {
-            eprintln!("corelocal serve: --takeover: a process other than pid {} offered connections; ignored", old.pid);
+            eprintln!(
+                "corelocal serve: --takeover: a process other than pid {} offered connections; \
+                 ignored",
+                old.pid
+            );
             server.finish_taking();
         }
         Some(Ok(None)) => {
             eprintln!(
-                "corelocal serve: --takeover: pid {} did not offer its connections within {timeout:?} \
-                 (an older corelocal?); it closes them between requests itself",
+                "corelocal serve: --takeover: pid {} did not offer its connections (an older \
+                 corelocal?); it closed them between requests itself",
                 old.pid
             );
             server.finish_taking();
@@ -198,6 +203,31 @@ pub(super) fn take_over(
         None => server.finish_taking(),
     }
     Ok(())
+}
+
+/// How often the wait for the old server's offer looks whether it exited meanwhile.
+const OFFER_POLL: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// Waits for the old server to connect and offer its connections: until it does, or it exits
+/// without (a build that does not move connections drains and exits), or `timeout` passes.
+/// A connection made just before its exit is still taken (one last look after the exit).
+fn wait_for_offer(
+    listener: &UpgradeListener,
+    old: &OldServer,
+    timeout: std::time::Duration,
+) -> std::io::Result<Option<corelocal::listen::transfer::Channel>> {
+    let until = std::time::Instant::now() + timeout;
+    loop {
+        if let Some(channel) = listener.accept(OFFER_POLL, timeout)? {
+            return Ok(Some(channel));
+        }
+        if pidfd::has_exited(&old.pidfd) {
+            return listener.accept(std::time::Duration::ZERO, timeout);
+        }
+        if std::time::Instant::now() >= until {
+            return Ok(None);
+        }
+    }
 }
 
 /// Where a `--takeover PID` successor waits for the old server's connections: an abstract

@@ -72,6 +72,16 @@ pub fn pidfd_send_signal(pidfd: &OwnedFd, sig: libc::c_int) -> io::Result<()> {
     Ok(())
 }
 
+/// Whether the process behind `pidfd` has exited (its pidfd polls readable then).
+pub fn has_exited(pidfd: &OwnedFd) -> bool {
+    let mut fds = [rustix::event::PollFd::new(
+        pidfd,
+        rustix::event::PollFlags::IN,
+    )];
+    rustix::event::poll(&mut fds, Some(&rustix::event::Timespec::default()))
+        .is_ok_and(|ready| ready > 0)
+}
+
 /// The CPUs task `tid` (a process or thread id) may run on.
 pub fn affinity_of(tid: u32) -> io::Result<CpuSet> {
     const WORDS: usize = AFFINITY_CPUS_MAX / 64;
