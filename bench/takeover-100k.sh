@@ -29,7 +29,7 @@ items=${ITEMS:-1000000}
 [ "$app" = kv ] || items=0
 req=64; extra=(); stem=results/takeover/takeover-100k
 if [ "$app" = kv ]; then req=mn; extra=(--memory-mb 1400); stem=$stem-kv; fi
-serve() { "$bin/corelocal" serve "$app" --listen 127.0.0.1:7000 --workers-per-cpu 3 --idle-timeout 10m \
+serve() { exec "$bin/corelocal" serve "$app" --listen 127.0.0.1:7000 --workers-per-cpu 3 --idle-timeout 10m \
     --stats-interval 0 --drain-timeout 60s --takeover-timeout 60s "${extra[@]}" "$@" >/dev/null; }
 fill() { python3 - "$items" <<'PY'
 import socket, sys
