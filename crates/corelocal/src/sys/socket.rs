@@ -11,9 +11,9 @@ use std::mem::size_of;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
 
-/// The descriptor numbers this module's callers pass, as the borrowed descriptors `rustix`
+/// The descriptor numbers the callers of `sys` pass, as the borrowed descriptors `rustix`
 /// takes.
-fn borrow<'a>(fd: RawFd) -> BorrowedFd<'a> {
+pub(crate) fn borrow<'a>(fd: RawFd) -> BorrowedFd<'a> {
     // SAFETY: every function here is called with a descriptor its caller holds open for the
     // duration of the call (a listener of the group, a connection of the epoll backend, a
     // socket received over SCM_RIGHTS); the borrow does not outlive the call.
