@@ -197,13 +197,13 @@ class Server:
         return 0
 
     def stop_reports(self):
+        # Across lines: the old process's stop line and the new one's first lines go to the
+        # same file at the same moment, and a line written in pieces can be cut by another.
         self.log.seek(0)
-        reports = []
-        for line in self.log:
-            m = re.search(r"stopped \|.*accepted while draining (\d+) \|.*lost at close (\d+)", line)
-            if m:
-                reports.append({"drain_accepted": int(m[1]), "lost_at_close": int(m[2])})
-        return reports
+        text = self.log.read()
+        pattern = r"stopped \|[^\n]*?accepted while draining (\d+) \|.*?lost at close (\d+)"
+        return [{"drain_accepted": int(m[1]), "lost_at_close": int(m[2])}
+                for m in re.finditer(pattern, text, re.S)]
 
 
 def bench_legs(binary, duration, tmp):
