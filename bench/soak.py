@@ -129,8 +129,11 @@ class Server:
     def spawn(self, takeover=None):
         self.generation += 1
         sock = os.path.join(self.tmp, f"{self.name}-{self.generation}.sock")
+        # Per-worker counters every second, kept with the raw files of a failed run.
+        stats = os.path.join(self.tmp, f"{self.name}-{self.generation}-stats.jsonl")
         cmd = [self.binary] + self.args + ["--listen", f"127.0.0.1:{self.port}", "--cpus", "0-1",
-                                           "--stats-interval", "0", "--upgrade-socket", sock]
+                                           "--stats-interval", "1s", "--stats-file", stats,
+                                           "--upgrade-socket", sock]
         if takeover:
             cmd += ["--takeover", str(takeover)]
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self.log)

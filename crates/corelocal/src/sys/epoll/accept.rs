@@ -4,7 +4,7 @@
 use super::{would_block, ConnIo, EpollBackend, TOKEN_LISTENER};
 use crate::backend::{Completion, ConnId, Origin};
 use std::io;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
 /// Connections accepted per listener readiness event before going back to the loop.
 const ACCEPT_BATCH_MAX: usize = 64;
@@ -64,15 +64,15 @@ impl EpollBackend {
         self.sync_listener(listener)
     }
 
-    pub(super) fn accept_one(&mut self, fd: RawFd, origin: Origin) -> io::Result<()> {
-        let a = crate::sys::socket::accept_conn(fd)?;
-        let conn = a.fd.as_raw_fd() as ConnId;
+    /// A new connection's state, in the slot of its descriptor number; nothing is armed.
+    pub(super) fn insert_conn(&mut self, fd: OwnedFd) -> ConnId {
+        let conn = fd.as_raw_fd() as ConnId;
         let slot = conn as usize;
         if self.conns.len() <= slot {
             self.conns.resize_with(slot + 1, || None);
         }
         self.conns[slot] = Some(ConnIo {
-            fd: a.fd,
+            fd,
             recv_on: false,
             registered: false,
             interest: 0,
@@ -80,6 +80,12 @@ impl EpollBackend {
             pending: None,
             close_after: false,
         });
+        conn
+    }
+
+    pub(super) fn accept_one(&mut self, fd: RawFd, origin: Origin) -> io::Result<()> {
+        let a = crate::sys::socket::accept_conn(fd)?;
+        let conn = self.insert_conn(a.fd);
         self.ready.push_back(Completion::Accepted {
             origin,
             conn,

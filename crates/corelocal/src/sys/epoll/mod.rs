@@ -343,21 +343,7 @@ impl Backend for EpollBackend {
 
     fn adopt(&mut self, fd: OwnedFd) -> io::Result<ConnId> {
         crate::sys::socket::set_nonblocking(fd.as_raw_fd())?;
-        let conn = fd.as_raw_fd() as ConnId;
-        let slot = conn as usize;
-        if self.conns.len() <= slot {
-            self.conns.resize_with(slot + 1, || None);
-        }
-        self.conns[slot] = Some(ConnIo {
-            fd,
-            recv_on: false,
-            registered: false,
-            interest: 0,
-            dirty: false,
-            pending: None,
-            close_after: false,
-        });
-        Ok(conn)
+        Ok(self.insert_conn(fd))
     }
 
     /// Accepts run inside `submit` (steals) and `wait` (readiness), straight into `ready`.
