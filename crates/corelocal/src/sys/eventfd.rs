@@ -2,8 +2,9 @@
 //! set or io_uring read sees it readable and the wait returns.
 
 use crate::backend::Wake;
+use rustix::event::EventfdFlags;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
 /// Wakes a worker through a non-blocking eventfd.
 #[derive(Debug)]
@@ -14,13 +15,7 @@ pub(crate) struct EventFdWaker {
 impl EventFdWaker {
     /// A fresh non-blocking, close-on-exec eventfd at 0.
     pub(crate) fn new() -> io::Result<EventFdWaker> {
-        // SAFETY: plain eventfd; the result is checked.
-        let efd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        if efd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: a new descriptor owned by nobody else.
-        let fd = unsafe { OwnedFd::from_raw_fd(efd) };
+        let fd = rustix::event::eventfd(0, EventfdFlags::NONBLOCK | EventfdFlags::CLOEXEC)?;
         Ok(EventFdWaker { fd })
     }
 
@@ -32,15 +27,7 @@ impl EventFdWaker {
 
 impl Wake for EventFdWaker {
     fn wake(&self) {
-        let one: u64 = 1;
-        // SAFETY: writes 8 bytes from a live u64 to our eventfd. A full counter (EAGAIN) means
-        // a wake-up is already pending, which is all we need.
-        let _ = unsafe {
-            libc::write(
-                self.fd.as_raw_fd(),
-                &one as *const u64 as *const libc::c_void,
-                8,
-            )
-        };
+        // A full counter (EAGAIN) means a wake-up is already pending, which is all we need.
+        let _ = rustix::io::write(&self.fd, &1u64.to_ne_bytes());
     }
 }
