@@ -168,6 +168,7 @@ fn kv_config(args: &mut KvArgs, get_line_bytes_max: usize) -> Result<KvConfig, S
         interface: first.map(|a| a.ip().to_string()),
         backlog: common.backlog,
         idle_timeout_secs,
+        listen: common.listen.clone(),
         ..Report::default()
     };
     let shutdown = ShutdownHook(Arc::new(|_graceful| {
