@@ -349,7 +349,7 @@ fn stats_conns_lists_the_listener_and_live_connections() {
         peer: Some(SocketAddr::from(([127, 0, 0, 1], port))),
         now: base,
     };
-    let mut fresh = svc.connect(&info(5001, 0));
+    let fresh = svc.connect(&info(5001, 0));
     let mut nread = svc.connect(&info(5002, 1));
     let mut out = Output::new();
     let step = nread.on_input(b"set foo 0 0 6\r\nab", &mut out, base);
