@@ -3,8 +3,8 @@
 //! address, the address it was accepted on, its state and the seconds since its last command.
 //!
 //! memcached numbers the entries by file descriptor; the runtime owns the sockets, so ours
-//! are the service's own numbers: the listeners 1…n, then connections in the order they
-//! came (never reused while the process lives, so the newest connection is listed last).
+//! are the service's own numbers: the listeners 1…n, then connections from 17 (or n + 1,
+//! when more than 16 addresses are configured) in the order they came (never reused while the process lives, so the newest connection is listed last).
 //! Each worker registers its connections in its own shard (a lock taken at connect and at
 //! close, by that worker only, and by `stats conns`); a connection updates its entry's state
 //! and command time with relaxed stores on its own entry.
@@ -13,6 +13,10 @@ use std::io::Write;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
+
+/// Listener numbers kept below connection numbers: connections are numbered from this (or
+/// the number of configured addresses, if more) plus one.
+const LISTENERS_NUMBERED: usize = 16;
 
 /// Shards (one per worker; a worker index beyond wraps onto a shared shard).
 const SHARDS_MAX: usize = 256;
@@ -78,7 +82,8 @@ struct Shard {
 /// Every live connection, by worker.
 pub(super) struct Registry {
     shards: Box<[Mutex<Shard>]>,
-    listen: Vec<SocketAddr>,
+    /// The listening addresses: as configured, then as bound ([`Registry::set_listen`]).
+    listen: Mutex<Vec<SocketAddr>>,
     next_id: AtomicU64,
     started_unix: u64,
 }
@@ -122,9 +127,23 @@ impl Registry {
         let n = workers.clamp(1, SHARDS_MAX);
         Registry {
             shards: (0..n).map(|_| Mutex::new(Shard::default())).collect(),
-            next_id: AtomicU64::new(listen.len() as u64 + 1),
-            listen,
+            next_id: AtomicU64::new(listen.len().max(LISTENERS_NUMBERED) as u64 + 1),
+            listen: Mutex::new(listen),
             started_unix,
+        }
+    }
+
+    /// The addresses the server actually listens on (a configured port 0 becomes the one
+    /// the kernel chose).
+    pub(super) fn set_listen(&self, addrs: &[SocketAddr]) {
+        let mut listen = self.listen.lock().unwrap_or_else(|e| e.into_inner());
+        let numbered = listen.len().max(LISTENERS_NUMBERED);
+        listen.clear();
+        // One entry per address (per-CPU listeners share theirs), numbered below connections.
+        for a in addrs {
+            if !listen.contains(a) && listen.len() < numbered {
+                listen.push(*a);
+            }
         }
     }
 
@@ -177,7 +196,12 @@ impl Registry {
 
     /// memcached's `stats conns` lines (without the END) at unix second `now`.
     pub(super) fn write(&self, out: &mut Vec<u8>, now: u64) {
-        for (i, addr) in self.listen.iter().enumerate() {
+        let listen = self
+            .listen
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        for (i, addr) in listen.iter().enumerate() {
             let id = i + 1;
             let _ = write!(
                 out,
@@ -194,7 +218,7 @@ impl Registry {
         }
         live.sort_unstable_by_key(|e| e.id);
         // The accepting address is known when there is one listener.
-        let listen = match self.listen.as_slice() {
+        let listen = match listen.as_slice() {
             [one] => Some(addr_text("tcp", one)),
             _ => None,
         };
@@ -239,22 +263,22 @@ mod tests {
             text(&r, 105),
             "STAT 1:addr tcp:127.0.0.1:11211\r\nSTAT 1:state conn_listening\r\n\
              STAT 1:secs_since_last_cmd 5\r\n\
-             STAT 2:addr tcp:127.0.0.1:5000\r\nSTAT 2:listen_addr tcp:127.0.0.1:11211\r\n\
-             STAT 2:state conn_nread\r\nSTAT 2:secs_since_last_cmd 2\r\n\
-             STAT 3:addr tcp6:[::1]:6000\r\nSTAT 3:listen_addr tcp:127.0.0.1:11211\r\n\
-             STAT 3:state conn_parse_cmd\r\nSTAT 3:secs_since_last_cmd 3\r\n"
+             STAT 17:addr tcp:127.0.0.1:5000\r\nSTAT 17:listen_addr tcp:127.0.0.1:11211\r\n\
+             STAT 17:state conn_nread\r\nSTAT 17:secs_since_last_cmd 2\r\n\
+             STAT 18:addr tcp6:[::1]:6000\r\nSTAT 18:listen_addr tcp:127.0.0.1:11211\r\n\
+             STAT 18:state conn_parse_cmd\r\nSTAT 18:secs_since_last_cmd 3\r\n"
         );
         assert_eq!(r.len(), 2);
         r.remove(&a);
         r.remove(&a);
         assert_eq!(r.len(), 1);
-        assert!(!text(&r, 105).contains("STAT 2:"));
+        assert!(!text(&r, 105).contains("STAT 17:"));
         // A freed slot is reused, the number is not.
         let c = r.add(1, None, 106);
-        assert_eq!(c.id(), 4);
+        assert_eq!(c.id(), 19);
         let t = text(&r, 106);
-        assert!(t.ends_with("STAT 4:state conn_new_cmd\r\nSTAT 4:secs_since_last_cmd 0\r\n"));
-        assert!(!t.contains("STAT 4:addr"), "{t}");
+        assert!(t.ends_with("STAT 19:state conn_new_cmd\r\nSTAT 19:secs_since_last_cmd 0\r\n"));
+        assert!(!t.contains("STAT 19:addr"), "{t}");
         r.remove(&b);
         r.remove(&c);
         assert_eq!(r.len(), 0);
@@ -273,8 +297,34 @@ mod tests {
         let a = r.add(0, Some("127.0.0.1:3".parse().unwrap()), 0);
         let t = text(&r, 0);
         assert!(t.contains("STAT 2:state conn_listening\r\n"), "{t}");
-        assert!(t.contains("STAT 3:addr tcp:127.0.0.1:3\r\n"), "{t}");
+        assert!(t.contains("STAT 17:addr tcp:127.0.0.1:3\r\n"), "{t}");
         assert!(!t.contains("listen_addr"), "{t}");
+        r.remove(&a);
+    }
+
+    #[test]
+    fn bound_addresses_replace_the_configured_ones_once_each() {
+        let r = Registry::new(1, vec!["127.0.0.1:0".parse().unwrap()], 0);
+        let bound: SocketAddr = "127.0.0.1:40000".parse().unwrap();
+        // Per-CPU listeners report the same address once each.
+        r.set_listen(&[bound, bound]);
+        let a = r.add(0, None, 0);
+        let t = text(&r, 0);
+        assert!(
+            t.starts_with(
+                "STAT 1:addr tcp:127.0.0.1:40000\r\nSTAT 1:state conn_listening\r\n\
+                 STAT 1:secs_since_last_cmd 0\r\nSTAT 17:listen_addr tcp:127.0.0.1:40000\r\n"
+            ),
+            "{t}"
+        );
+        // Never more listeners than numbers below the connections'.
+        let many: Vec<SocketAddr> = (1..=40)
+            .map(|p| SocketAddr::from(([127, 0, 0, 1], p)))
+            .collect();
+        r.set_listen(&many);
+        let t = text(&r, 0);
+        assert!(t.contains("STAT 16:state conn_listening\r\n"), "{t}");
+        assert!(!t.contains("STAT 17:state conn_listening"), "{t}");
         r.remove(&a);
     }
 }

@@ -289,6 +289,12 @@ impl KvService {
     pub fn store(&self) -> &Store {
         &self.inner.store
     }
+
+    /// The addresses the server listens on once bound (`stats conns` lists them; a port 0
+    /// in the configuration becomes the kernel's choice).
+    pub fn set_listening(&self, addrs: &[std::net::SocketAddr]) {
+        self.inner.conns.set_listen(addrs);
+    }
 }
 
 impl Service for KvService {

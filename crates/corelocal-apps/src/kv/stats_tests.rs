@@ -368,12 +368,12 @@ fn stats_conns_lists_the_listener_and_live_connections() {
         String::from_utf8(text).unwrap(),
         "STAT 1:addr tcp:127.0.0.1:11311\r\nSTAT 1:state conn_listening\r\n\
          STAT 1:secs_since_last_cmd 3\r\n\
-         STAT 2:addr tcp:127.0.0.1:5001\r\nSTAT 2:listen_addr tcp:127.0.0.1:11311\r\n\
-         STAT 2:state conn_new_cmd\r\nSTAT 2:secs_since_last_cmd 3\r\n\
-         STAT 3:addr tcp:127.0.0.1:5002\r\nSTAT 3:listen_addr tcp:127.0.0.1:11311\r\n\
-         STAT 3:state conn_nread\r\nSTAT 3:secs_since_last_cmd 3\r\n\
-         STAT 4:addr tcp:127.0.0.1:5003\r\nSTAT 4:listen_addr tcp:127.0.0.1:11311\r\n\
-         STAT 4:state conn_parse_cmd\r\nSTAT 4:secs_since_last_cmd 0\r\n\
+         STAT 17:addr tcp:127.0.0.1:5001\r\nSTAT 17:listen_addr tcp:127.0.0.1:11311\r\n\
+         STAT 17:state conn_new_cmd\r\nSTAT 17:secs_since_last_cmd 3\r\n\
+         STAT 18:addr tcp:127.0.0.1:5002\r\nSTAT 18:listen_addr tcp:127.0.0.1:11311\r\n\
+         STAT 18:state conn_nread\r\nSTAT 18:secs_since_last_cmd 3\r\n\
+         STAT 19:addr tcp:127.0.0.1:5003\r\nSTAT 19:listen_addr tcp:127.0.0.1:11311\r\n\
+         STAT 19:state conn_parse_cmd\r\nSTAT 19:secs_since_last_cmd 0\r\n\
          END\r\n"
     );
     // The data completes: between commands; a closed connection leaves the list.
@@ -381,9 +381,9 @@ fn stats_conns_lists_the_listener_and_live_connections() {
     nread.on_input(b"cdef\r\n", &mut out, later);
     drop(fresh);
     let st = run(&svc, "stats conns\r\n", later);
-    assert!(st.contains("STAT 3:state conn_read\r\n"), "{st}");
-    assert!(st.contains("STAT 4:state conn_read\r\n"), "{st}");
-    assert!(!st.contains("STAT 2:"), "{st}");
+    assert!(st.contains("STAT 18:state conn_read\r\n"), "{st}");
+    assert!(st.contains("STAT 19:state conn_read\r\n"), "{st}");
+    assert!(!st.contains("STAT 17:"), "{st}");
     // The connection `run` opened is listed as the one asking.
-    assert!(st.contains("STAT 5:state conn_parse_cmd\r\n"), "{st}");
+    assert!(st.contains("STAT 20:state conn_parse_cmd\r\n"), "{st}");
 }

@@ -3,7 +3,7 @@
 
 use super::args::{App, Command, HttpArgs, KvArgs};
 use super::common::CommonArgs;
-use super::{fail, serve};
+use super::{fail, serve, serve_with};
 use crate::check;
 use corelocal_apps::http::{AccessLog, HttpConfig, HttpService};
 use corelocal_apps::kv::{KvConfig, KvService, Report, ShutdownHook};
@@ -67,7 +67,12 @@ pub fn run(cmd: Command) -> ExitCode {
                 Err(e) => return fail(&format!("kv: {e}")),
             };
             match KvService::new(config) {
-                Ok(service) => serve(&args.common, Arc::new(service)),
+                Ok(service) => {
+                    let shared = service.clone();
+                    serve_with(&args.common, Arc::new(service), move |addrs| {
+                        shared.set_listening(addrs)
+                    })
+                }
                 Err(e) => fail(&format!("kv: {e}")),
             }
         }
