@@ -65,6 +65,8 @@ pub enum ScriptKind {
         prefix: String,
         /// Transactions per connection.
         txns: u64,
+        /// The meta protocol (`mg`/`ms`).
+        meta: bool,
     },
 }
 
@@ -196,10 +198,11 @@ impl RunSpec {
                 value_size,
                 prefix,
                 txns,
+                meta,
             } => {
                 let prefix: Arc<str> = prefix.as_str().into();
-                let (k, g, v, t) = (*keys, *get_ratio, *value_size, *txns);
-                Box::new(move || Box::new(KvScript::new(k, g, v, prefix.clone(), t)))
+                let (k, g, v, t, m) = (*keys, *get_ratio, *value_size, *txns, *meta);
+                Box::new(move || Box::new(KvScript::new(k, g, v, prefix.clone(), t).with_meta(m)))
             }
         }
     }

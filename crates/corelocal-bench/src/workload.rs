@@ -319,6 +319,8 @@ pub struct KvScript {
     value_size: usize,
     prefix: Arc<str>,
     per_conn: PerConn,
+    /// The meta protocol (`mg`/`ms`) instead of `get`/`set`.
+    meta: bool,
 }
 
 impl KvScript {
@@ -330,7 +332,14 @@ impl KvScript {
             value_size,
             prefix,
             per_conn: PerConn::new(txns, CloseBy::Client),
+            meta: false,
         }
+    }
+
+    /// Speaks the meta protocol: `mg <key> v` and `ms <key> <len>`.
+    pub fn with_meta(mut self, meta: bool) -> Self {
+        self.meta = meta;
+        self
     }
 }
 
@@ -340,16 +349,15 @@ impl Script for KvScript {
             return end;
         }
         let key = format!("{}{}", self.prefix, io.rng.below(self.keys));
-        if io.rng.unit() < self.get_ratio {
-            io.out.extend_from_slice(&proto::kv_get(&key));
-            io.expect
-                .push_back(Parser::Kv(KvParser::new(KvExpect::Get)));
-        } else {
-            io.out
-                .extend_from_slice(&proto::kv_set(&key, self.value_size));
-            io.expect
-                .push_back(Parser::Kv(KvParser::new(KvExpect::Store)));
-        }
+        let get = io.rng.unit() < self.get_ratio;
+        let (request, expect) = match (get, self.meta) {
+            (true, false) => (proto::kv_get(&key), KvExpect::Get),
+            (false, false) => (proto::kv_set(&key, self.value_size), KvExpect::Store),
+            (true, true) => (proto::kv_mg(&key), KvExpect::MetaGet),
+            (false, true) => (proto::kv_ms(&key, self.value_size), KvExpect::MetaStore),
+        };
+        io.out.extend_from_slice(&request);
+        io.expect.push_back(Parser::Kv(KvParser::new(expect)));
         Step::Send
     }
 

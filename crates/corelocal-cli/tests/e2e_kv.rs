@@ -542,3 +542,85 @@ fn flush_and_cas_can_be_disabled() {
     assert!(r.contains("STAT cas_enabled no\r\n") && r.contains("STAT flush_enabled no\r\n"));
     assert_eq!(s.terminate().0, 0);
 }
+
+/// Reads one `stats`-style reply (up to `END\r\n`) after sending `cmd` on `c`.
+fn ask(c: &mut TcpStream, cmd: &str) -> String {
+    use std::io::{Read, Write};
+    c.write_all(cmd.as_bytes()).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !got.ends_with(b"END\r\n") {
+        let n = c.read(&mut buf).expect("stats reply");
+        assert!(n > 0, "closed while answering {cmd:?}");
+        got.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+/// memcached -c through the real binary on both backends: a connection over the limit is
+/// told `ERROR Too many open connections` at accept, before it sends anything, and closed;
+/// `stats conns` lists the listener and the silent connection under the limit.
+#[test]
+fn connections_over_max_conns_are_refused_at_accept_and_listed_under_it() {
+    use std::io::Read;
+    for backend in BACKENDS {
+        let s = Served::start(
+            "kv",
+            &[
+                "--backend",
+                backend,
+                "--max-conns",
+                "2",
+                "--defer-accept",
+                "0",
+            ],
+        );
+        let mut a = TcpStream::connect(s.addr).unwrap();
+        a.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let silent = TcpStream::connect(s.addr).unwrap();
+        // Until the server counts the silent connection (accept order across workers).
+        let end = Instant::now() + Duration::from_secs(5);
+        while !ask(&mut a, "stats\r\n").contains("STAT curr_connections 2\r\n") {
+            assert!(
+                Instant::now() < end,
+                "--backend {backend}: never counted 2 connections"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let mut over = TcpStream::connect(s.addr).unwrap();
+        over.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut got = Vec::new();
+        let n = over.read_to_end(&mut got).expect("the refusal, then EOF");
+        assert_eq!(
+            String::from_utf8_lossy(&got[..n]),
+            "ERROR Too many open connections\r\n",
+            "--backend {backend}"
+        );
+        let st = ask(&mut a, "stats\r\n");
+        assert!(
+            st.contains("STAT rejected_connections 1\r\n"),
+            "{backend}: {st}"
+        );
+        let conns = ask(&mut a, "stats conns\r\n");
+        let listen = format!(
+            "STAT 1:addr tcp:{}\r\nSTAT 1:state conn_listening\r\n",
+            s.addr
+        );
+        assert!(conns.starts_with(&listen), "{backend}: {conns}");
+        assert!(
+            conns.contains(":state conn_new_cmd\r\n"),
+            "{backend}: {conns}"
+        );
+        assert!(
+            conns.contains(":state conn_parse_cmd\r\n"),
+            "{backend}: {conns}"
+        );
+        if backend == "epoll" {
+            // The epoll backend reports the peer's address (io_uring's accept does not).
+            let peer = silent.local_addr().unwrap();
+            assert!(conns.contains(&format!(":addr tcp:{peer}\r\n")), "{conns}");
+        }
+        drop((silent, over));
+        assert_eq!(s.terminate().0, 0, "--backend {backend}");
+    }
+}

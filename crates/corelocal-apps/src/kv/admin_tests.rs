@@ -252,11 +252,22 @@ fn connection_limit() {
     let a = conn(&svc, base);
     let _b = conn(&svc, base);
     let mut c = conn(&svc, base);
+    // Told at accept, before it sends anything.
+    let mut greeting = Output::new();
+    let next = c.on_connect(&mut greeting, base);
+    assert_eq!(next, Next::Close(CloseReason::Done));
+    assert_eq!(greeting.byte_len(), 33);
     let (out, _, next) = feed(&mut c, "version\r\n", base);
-    assert_eq!(out, "ERROR Too many open connections\r\n");
+    assert_eq!(out, "");
     assert_eq!(next, Next::Close(CloseReason::Done));
     drop(c);
     drop(a);
+    // Under the limit nothing is said first.
+    let mut d = conn(&svc, base);
+    let mut greeting = Output::new();
+    assert_eq!(d.on_connect(&mut greeting, base), Next::Read);
+    assert!(greeting.is_empty());
+    drop(d);
     let st = run(&svc, "stats\r\n", base);
     assert!(st.contains("STAT rejected_connections 1\r\n"), "{st}");
     assert!(st.contains("STAT max_connections 2\r\n"), "{st}");

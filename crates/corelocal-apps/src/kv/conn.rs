@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use corelocal::runtime::{CloseReason, Handler, Output, Step};
+use corelocal::runtime::{CloseReason, ConnInfo, Handler, Next, Output, Step};
 use corelocal_proto::memcache::meta::{self as mp, MetaOp};
 use corelocal_proto::memcache::{
     self, data_chunk_ok, expiry_unix, line_overflow, next_line, parse_line, write_line,
@@ -13,6 +13,7 @@ use corelocal_proto::memcache::{
 };
 
 use super::admin::Auth;
+use super::conns::{ConnState, Registration};
 use super::meta::{write_ms_reply, MetaAnswer};
 use super::store::{Arith, Now, Put, Stored};
 use super::{takeover, Inner};
@@ -94,14 +95,21 @@ pub struct KvConn {
     worker: usize,
     /// memcached `-Y`: where the connection is in the authentication exchange.
     auth: Auth,
-    /// Over the connection limit (memcached `-c`): answered and closed at its first input.
+    /// Over the connection limit (memcached `-c`): answered and closed at accept.
     rejected: bool,
+    /// Its entry in `stats conns`.
+    registration: Registration,
     /// When input last came (for counting idle kicks).
     last_input: Instant,
 }
 
 impl KvConn {
-    pub(super) fn new(inner: Arc<Inner>, worker: usize, rejected: bool, now: Instant) -> KvConn {
+    pub(super) fn new(
+        inner: Arc<Inner>,
+        info: &ConnInfo,
+        rejected: bool,
+        registration: Registration,
+    ) -> KvConn {
         let auth = if inner.config.auth.is_empty() {
             Auth::Done
         } else {
@@ -110,10 +118,11 @@ impl KvConn {
         KvConn {
             inner,
             state: State::Line,
-            worker,
+            worker: info.worker,
             auth,
             rejected,
-            last_input: now,
+            registration,
+            last_input: info.now,
         }
     }
 
@@ -363,7 +372,13 @@ impl KvConn {
                 inner.stats.verbosity.store(level.min(2), Ordering::Relaxed);
                 reply(out, "OK", noreply);
             }
-            Command::Stats(which) => inner.stats(which, out.bytes_mut(), now),
+            Command::Stats(which) => {
+                if matches!(which, memcache::Stats::Conns) {
+                    // The asking connection is listed as running a command.
+                    self.registration.set(ConnState::ParseCmd, Some(now.unix));
+                }
+                inner.stats(which, out.bytes_mut(), now)
+            }
             Command::MetaNoop => write_line(out.bytes_mut(), "MN"),
             Command::Meta { .. } => unreachable!("meta commands are handled by meta_line"),
             Command::Quit | Command::CrossProtocol => {}
@@ -498,6 +513,13 @@ impl Handler for KvConn {
         self.inner
             .stats
             .count_io(self.worker, step.consumed as u64, written);
+        let state = match self.state {
+            State::Line => ConnState::Read,
+            State::Data(_) => ConnState::Nread,
+            State::Swallow(_) => ConnState::Swallow,
+        };
+        let command_at = (step.requests > 0).then(|| self.inner.now(now).unix);
+        self.registration.set(state, command_at);
         step
     }
 
@@ -509,6 +531,15 @@ impl Handler for KvConn {
         }
         let auth_configured = !self.inner.config.auth.is_empty();
         Some(takeover::conn_state(self.auth, auth_configured))
+    }
+
+    fn on_connect(&mut self, out: &mut Output, _now: Instant) -> Next {
+        if self.rejected {
+            // memcached's answer at accept, then the close.
+            out.write(b"ERROR Too many open connections\r\n");
+            return Next::Close(CloseReason::Done);
+        }
+        Next::Read
     }
 }
 
@@ -525,8 +556,7 @@ impl KvConn {
     fn input(&mut self, input: &[u8], out: &mut Output, now: Instant) -> Step {
         self.last_input = now;
         if self.rejected {
-            // memcached writes this at accept and closes; we can answer only once input came.
-            out.write(b"ERROR Too many open connections\r\n");
+            // Answered at accept (`on_connect`); nothing more is read.
             return Step::close(input.len(), 0, CloseReason::Done);
         }
         let now = self.now(now);
@@ -608,6 +638,7 @@ impl KvConn {
 impl Drop for KvConn {
     fn drop(&mut self) {
         self.inner.curr_connections.fetch_sub(1, Ordering::Relaxed);
+        self.inner.conns.remove(&self.registration);
         let idle = self.inner.config.report.idle_timeout_secs;
         // A connection closed after at least the idle timeout without input was closed for
         // it (memcached's idle_kicks); the clock is read only when the stat is reported.

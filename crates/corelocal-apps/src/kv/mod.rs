@@ -10,6 +10,7 @@ mod admin;
 #[cfg(test)]
 mod admin_tests;
 mod conn;
+mod conns;
 mod meta;
 #[cfg(test)]
 mod meta_tests;
@@ -114,6 +115,8 @@ pub struct Report {
     pub idle_timeout_secs: u64,
     /// Requests handled per read before yielding (`reqs_per_event`).
     pub reqs_per_event: u32,
+    /// The listening addresses (`stats conns`).
+    pub listen: Vec<std::net::SocketAddr>,
 }
 
 impl Default for Report {
@@ -126,6 +129,7 @@ impl Default for Report {
             backlog: 1024,
             idle_timeout_secs: 0,
             reqs_per_event: 20,
+            listen: Vec::new(),
         }
     }
 }
@@ -171,6 +175,8 @@ struct Inner {
     cmd_flush: AtomicU64,
     /// Everything else `stats` reports that is not in the store.
     stats: stats::ServerStats,
+    /// Live connections (`stats conns`).
+    conns: conns::Registry,
 }
 
 impl Inner {
@@ -255,6 +261,11 @@ impl KvService {
             config.stripes /= 2;
         }
         let config_for_stats = config.clone();
+        let registry = conns::Registry::new(
+            config.report.threads as usize,
+            config.report.listen.clone(),
+            wall_since_epoch.as_secs(),
+        );
         let store = Store::new(
             config.memory_bytes_max,
             config.item_bytes_max,
@@ -273,6 +284,7 @@ impl KvService {
             total_connections: AtomicU64::new(0),
             cmd_flush: AtomicU64::new(0),
             stats: stats::ServerStats::new(&config_for_stats),
+            conns: registry,
         });
         // Started even when off: `lru_crawler enable` turns it on.
         admin::start_crawler(&inner);
@@ -287,6 +299,12 @@ impl KvService {
     /// The store (for metrics).
     pub fn store(&self) -> &Store {
         &self.inner.store
+    }
+
+    /// The addresses the server listens on once bound (`stats conns` lists them; a port 0
+    /// in the configuration becomes the kernel's choice).
+    pub fn set_listening(&self, addrs: &[std::net::SocketAddr]) {
+        self.inner.conns.set_listen(addrs);
     }
 }
 
@@ -308,7 +326,9 @@ impl Service for KvService {
                 .rejected_connections
                 .fetch_add(1, Ordering::Relaxed);
         }
-        KvConn::new(self.inner.clone(), info.worker, rejected, info.now)
+        let at = self.inner.now(info.now).unix;
+        let registration = self.inner.conns.add(info.worker, info.peer, at);
+        KvConn::new(self.inner.clone(), info, rejected, registration)
     }
 
     fn resume(&self, info: &ConnInfo, state: &[u8]) -> KvConn {

@@ -188,9 +188,7 @@ impl Inner {
                 s.sizes.store(false, Ordering::Relaxed);
                 out.extend_from_slice(b"STAT sizes_status disabled\r\n");
             }
-            // Not kept: a registry of connections would cost every connection a shared
-            // update; the list is empty (the README says so).
-            Stats::Conns => {}
+            Stats::Conns => self.conns.write(out, now.unix),
             Stats::Detail(None) => return write_line(out, DETAIL_USAGE),
             Stats::Detail(Some(Detail::On)) => {
                 s.detail.store(true, Ordering::Relaxed);

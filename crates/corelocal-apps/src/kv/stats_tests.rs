@@ -2,6 +2,7 @@
 
 use super::*;
 use corelocal::runtime::{Handler, Output, OutputFront};
+use std::net::SocketAddr;
 
 const WALL: u64 = 1_700_000_000;
 
@@ -330,4 +331,59 @@ fn no_evictions_refuses_when_full() {
     assert_eq!(get(&st, "evictions"), "0");
     assert_ne!(get(&st, "store_no_memory"), "0");
     assert_ne!(get(&st, "items:12:outofmemory"), "0");
+}
+
+/// `stats conns`: the listener, then each live connection with memcached's states.
+#[test]
+fn stats_conns_lists_the_listener_and_live_connections() {
+    let (svc, base) = service(KvConfig {
+        report: Report {
+            threads: 2,
+            listen: vec!["127.0.0.1:11311".parse().unwrap()],
+            ..Report::default()
+        },
+        ..KvConfig::default()
+    });
+    let info = |port: u16, worker: usize| ConnInfo {
+        worker,
+        peer: Some(SocketAddr::from(([127, 0, 0, 1], port))),
+        now: base,
+    };
+    let fresh = svc.connect(&info(5001, 0));
+    let mut nread = svc.connect(&info(5002, 1));
+    let mut out = Output::new();
+    let step = nread.on_input(b"set foo 0 0 6\r\nab", &mut out, base);
+    assert_eq!(step.consumed, 17);
+    let mut asking = svc.connect(&info(5003, 1));
+    let later = base + Duration::from_secs(3);
+    let mut out = Output::new();
+    asking.on_input(b"stats conns\r\n", &mut out, later);
+    let mut text = Vec::new();
+    while let OutputFront::Bytes(b) = out.front() {
+        let n = b.len();
+        text.extend_from_slice(b);
+        out.advance(n);
+    }
+    assert_eq!(
+        String::from_utf8(text).unwrap(),
+        "STAT 1:addr tcp:127.0.0.1:11311\r\nSTAT 1:state conn_listening\r\n\
+         STAT 1:secs_since_last_cmd 3\r\n\
+         STAT 17:addr tcp:127.0.0.1:5001\r\nSTAT 17:listen_addr tcp:127.0.0.1:11311\r\n\
+         STAT 17:state conn_new_cmd\r\nSTAT 17:secs_since_last_cmd 3\r\n\
+         STAT 18:addr tcp:127.0.0.1:5002\r\nSTAT 18:listen_addr tcp:127.0.0.1:11311\r\n\
+         STAT 18:state conn_nread\r\nSTAT 18:secs_since_last_cmd 3\r\n\
+         STAT 19:addr tcp:127.0.0.1:5003\r\nSTAT 19:listen_addr tcp:127.0.0.1:11311\r\n\
+         STAT 19:state conn_parse_cmd\r\nSTAT 19:secs_since_last_cmd 0\r\n\
+         END\r\n"
+    );
+    // The data completes: between commands; a closed connection leaves the list.
+    let mut out = Output::new();
+    nread.on_input(b"cdef\r\n", &mut out, later);
+    drop(fresh);
+    let st = run(&svc, "stats conns\r\n", later);
+    assert!(st.contains("STAT 18:state conn_read\r\n"), "{st}");
+    assert!(st.contains("STAT 19:state conn_read\r\n"), "{st}");
+    assert!(!st.contains("STAT 17:"), "{st}");
+    // The connection `run` opened is listed as the one asking.
+    assert!(st.contains("STAT 20:state conn_parse_cmd\r\n"), "{st}");
 }

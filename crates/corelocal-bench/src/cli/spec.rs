@@ -322,6 +322,7 @@ pub fn to_spec(w: Workload) -> Result<RunSpec, String> {
                     value_size: a.value_size,
                     prefix: a.key_prefix.clone(),
                     txns: a.txns_per_conn,
+                    meta: a.meta,
                 },
                 false,
                 serde_json::to_value(&a).map_err(|e| e.to_string())?,

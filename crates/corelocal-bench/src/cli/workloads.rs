@@ -123,4 +123,7 @@ pub struct KvArgs {
     /// Transactions per connection, then reconnect (0: never).
     #[arg(long, default_value = "0")]
     pub txns_per_conn: u64,
+    /// Speak the meta protocol: `mg <key> v` for gets, `ms <key> <len>` for sets.
+    #[arg(long)]
+    pub meta: bool,
 }

@@ -49,6 +49,19 @@ pub enum CmpWorkload {
     Kv1,
     /// memcached gets, 100 transactions per connection.
     Kv100,
+    /// memcached text-protocol sets (100-byte values over 1,000 keys) on keep-alive
+    /// connections: the text row beside `kv-meta-set`.
+    KvSet,
+    /// Meta-protocol gets (`mg <key> v`) on keep-alive connections, as `kv` (1,000 keys, no
+    /// sets: every get misses, `EN`).
+    KvMeta,
+    /// Meta-protocol sets (`ms <key> 100`, answered `HD`) on keep-alive connections.
+    KvMetaSet,
+    /// Meta-protocol 90% gets / 10% sets over 1,000 keys (the gets hit once the sets filled
+    /// the keys, within the warm-up).
+    KvMetaMix,
+    /// Text-protocol 90% gets / 10% sets over 1,000 keys: the text row beside `kv-meta-mix`.
+    KvMix,
 }
 
 impl CmpWorkload {
@@ -62,6 +75,11 @@ impl CmpWorkload {
             CmpWorkload::Sessions => "sessions",
             CmpWorkload::Kv1 => "kv1",
             CmpWorkload::Kv100 => "kv100",
+            CmpWorkload::KvSet => "kv-set",
+            CmpWorkload::KvMeta => "kv-meta",
+            CmpWorkload::KvMetaSet => "kv-meta-set",
+            CmpWorkload::KvMetaMix => "kv-meta-mix",
+            CmpWorkload::KvMix => "kv-mix",
         }
     }
 

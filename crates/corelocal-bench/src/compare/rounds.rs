@@ -72,6 +72,30 @@ pub fn bench_args(
             "--get-ratio".into(),
             "1".into(),
         ],
+        (
+            CmpWorkload::KvSet
+            | CmpWorkload::KvMeta
+            | CmpWorkload::KvMetaSet
+            | CmpWorkload::KvMetaMix
+            | CmpWorkload::KvMix,
+            "kv",
+        ) => {
+            let ratio = match a.workload {
+                CmpWorkload::KvMeta => "1",
+                CmpWorkload::KvSet | CmpWorkload::KvMetaSet => "0",
+                _ => "0.9",
+            };
+            let mut v: Vec<String> = ["kv", "--keys", "1000", "--get-ratio", ratio]
+                .map(String::from)
+                .into();
+            if matches!(
+                a.workload,
+                CmpWorkload::KvMeta | CmpWorkload::KvMetaSet | CmpWorkload::KvMetaMix
+            ) {
+                v.push("--meta".into());
+            }
+            v
+        }
         (CmpWorkload::File64, "http") => vec![
             "crr".into(),
             "--proto".into(),

@@ -214,6 +214,23 @@ fn new_workloads_build_their_bench_arguments() {
     let v = ba(&args(CmpWorkload::Kv), "kv", j).unwrap();
     assert_eq!(value_of(&v, "--txns-per-conn"), None);
     assert_eq!(CmpWorkload::Kv100.name(), "kv100");
+    // Meta-protocol rows and their text-protocol companions.
+    for (w, ratio, meta, name) in [
+        (CmpWorkload::KvMeta, "1", true, "kv-meta"),
+        (CmpWorkload::KvMetaSet, "0", true, "kv-meta-set"),
+        (CmpWorkload::KvMetaMix, "0.9", true, "kv-meta-mix"),
+        (CmpWorkload::KvSet, "0", false, "kv-set"),
+        (CmpWorkload::KvMix, "0.9", false, "kv-mix"),
+    ] {
+        let v = ba(&args(w), "kv", j).unwrap();
+        assert_eq!(v[0], "kv", "{name}");
+        assert_eq!(value_of(&v, "--get-ratio"), Some(ratio), "{name}");
+        assert_eq!(value_of(&v, "--keys"), Some("1000"), "{name}");
+        assert_eq!(v.iter().any(|x| x == "--meta"), meta, "{name}");
+        assert_eq!(value_of(&v, "--txns-per-conn"), None, "{name}");
+        assert_eq!(w.name(), name);
+        assert!(ba(&args(w), "http", j).is_err(), "{name}");
+    }
     assert!(CmpWorkload::File64.needs_fileset() && !CmpWorkload::Crr.needs_fileset());
 }
 

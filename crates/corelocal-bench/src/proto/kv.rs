@@ -1,4 +1,5 @@
-//! The memcached text-protocol client: get/set request builders and response parser.
+//! The memcached client: text-protocol get/set and meta-protocol mg/ms request builders and
+//! the response parser.
 
 use super::{err, Progress, ProtoError, RespInfo, MAX_HEADER};
 
@@ -10,6 +11,19 @@ pub fn kv_get(key: &str) -> Vec<u8> {
 /// Builds `set key 0 0 len\r\nvalue\r\n` with a deterministic value of `size` bytes.
 pub fn kv_set(key: &str, size: usize) -> Vec<u8> {
     let mut v = format!("set {key} 0 0 {size}\r\n").into_bytes();
+    v.extend((0..size).map(|i| b'a' + (i % 26) as u8));
+    v.extend_from_slice(b"\r\n");
+    v
+}
+
+/// Builds the meta get `mg key v\r\n` (the value, no flags: `VA <len>` or `EN`).
+pub fn kv_mg(key: &str) -> Vec<u8> {
+    format!("mg {key} v\r\n").into_bytes()
+}
+
+/// Builds the meta set `ms key len\r\nvalue\r\n` (answered `HD`) with the value of [`kv_set`].
+pub fn kv_ms(key: &str, size: usize) -> Vec<u8> {
+    let mut v = format!("ms {key} {size}\r\n").into_bytes();
     v.extend((0..size).map(|i| b'a' + (i % 26) as u8));
     v.extend_from_slice(b"\r\n");
     v
@@ -28,6 +42,10 @@ pub enum KvExpect {
     Get,
     /// One status line (`STORED`, `NOT_STORED`, …).
     Store,
+    /// A meta get with `v`: `VA <len> …` and the data, or `EN`.
+    MetaGet,
+    /// A meta set: one status line (`HD`, `NS`, `EX`, `NF`).
+    MetaStore,
 }
 
 /// Incremental memcached text-protocol response parser.
@@ -64,6 +82,36 @@ impl KvParser {
                     _ => return err(format!("unexpected store reply {line:?}")),
                 }
                 Ok(true)
+            }
+            KvExpect::MetaStore => {
+                match line.split(' ').next() {
+                    Some("HD" | "NS" | "EX" | "NF") => {}
+                    _ => return err(format!("unexpected ms reply {line:?}")),
+                }
+                Ok(true)
+            }
+            KvExpect::MetaGet => {
+                let mut f = line.split(' ');
+                match f.next() {
+                    Some("EN") => {
+                        self.info.hit = Some(false);
+                        Ok(true)
+                    }
+                    Some("VA") => {
+                        let bytes: usize = f
+                            .next()
+                            .and_then(|b| b.parse().ok())
+                            .ok_or_else(|| ProtoError(format!("bad VA line {line:?}")))?;
+                        if bytes > 1 << 30 {
+                            return err("value too large");
+                        }
+                        self.info.hit = Some(true);
+                        self.info.body += bytes;
+                        self.state = KvState::Data(bytes + 2);
+                        Ok(false)
+                    }
+                    _ => err(format!("unexpected mg reply {line:?}")),
+                }
             }
             KvExpect::Get => {
                 if line == "END" {
@@ -104,6 +152,13 @@ impl KvParser {
                     } else {
                         KvState::Data(n - take)
                     };
+                    // A meta get's value is the whole answer (text gets end with END).
+                    if take == n && self.expect == KvExpect::MetaGet {
+                        return Ok(Progress::Done {
+                            consumed: i,
+                            info: self.info,
+                        });
+                    }
                 }
                 KvState::Line => match data[i..].iter().position(|&b| b == b'\n') {
                     Some(pos) => {

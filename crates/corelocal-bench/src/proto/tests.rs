@@ -158,3 +158,28 @@ fn kv_get_hit_miss_and_store() {
     assert_eq!(kv_set("k", 3), b"set k 0 0 3\r\nabc\r\n");
     assert_eq!(kv_get("k"), b"get k\r\n");
 }
+
+#[test]
+fn kv_meta_get_hit_miss_and_store() {
+    let r = b"VA 5\r\nhe\r\nl\r\nEN\r\n";
+    let (c, info) = all_splits(|| Parser::Kv(KvParser::new(KvExpect::MetaGet)), r);
+    assert_eq!((c, info.hit, info.body), (13, Some(true), 5));
+    let (c, info) = all_splits(
+        || Parser::Kv(KvParser::new(KvExpect::MetaGet)),
+        b"EN\r\nHD\r\n",
+    );
+    assert_eq!((c, info.hit), (4, Some(false)));
+    for reply in [&b"HD\r\n"[..], b"NS\r\n", b"EX\r\n", b"NF\r\n"] {
+        let (c, _) = all_splits(|| Parser::Kv(KvParser::new(KvExpect::MetaStore)), reply);
+        assert_eq!(c, 4);
+    }
+    assert!(KvParser::new(KvExpect::MetaStore)
+        .feed(b"STORED\r\n")
+        .is_err());
+    assert!(KvParser::new(KvExpect::MetaGet).feed(b"END\r\n").is_err());
+    assert!(KvParser::new(KvExpect::MetaGet)
+        .feed(b"CLIENT_ERROR bad command line format\r\n")
+        .is_err());
+    assert_eq!(kv_ms("k", 3), b"ms k 3\r\nabc\r\n");
+    assert_eq!(kv_mg("k"), b"mg k v\r\n");
+}

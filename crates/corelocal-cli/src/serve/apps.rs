@@ -3,7 +3,7 @@
 
 use super::args::{App, Command, HttpArgs, KvArgs};
 use super::common::CommonArgs;
-use super::{fail, serve};
+use super::{fail, serve, serve_with};
 use crate::check;
 use corelocal_apps::http::{AccessLog, HttpConfig, HttpService};
 use corelocal_apps::kv::{KvConfig, KvService, Report, ShutdownHook};
@@ -67,7 +67,12 @@ pub fn run(cmd: Command) -> ExitCode {
                 Err(e) => return fail(&format!("kv: {e}")),
             };
             match KvService::new(config) {
-                Ok(service) => serve(&args.common, Arc::new(service)),
+                Ok(service) => {
+                    let shared = service.clone();
+                    serve_with(&args.common, Arc::new(service), move |addrs| {
+                        shared.set_listening(addrs)
+                    })
+                }
                 Err(e) => fail(&format!("kv: {e}")),
             }
         }
@@ -168,6 +173,7 @@ fn kv_config(args: &mut KvArgs, get_line_bytes_max: usize) -> Result<KvConfig, S
         interface: first.map(|a| a.ip().to_string()),
         backlog: common.backlog,
         idle_timeout_secs,
+        listen: common.listen.clone(),
         ..Report::default()
     };
     let shutdown = ShutdownHook(Arc::new(|_graceful| {

@@ -29,6 +29,15 @@ use upgrade::{bind_upgrade_early, start_server, start_upgrade_socket, take_over,
 /// Starts `service`, prints stats until SIGINT/SIGTERM (or until a successor took the
 /// listening sockets over the upgrade socket), then stops gracefully.
 pub fn serve<S: Service>(common: &CommonArgs, service: Arc<S>) -> ExitCode {
+    serve_with(common, service, |_| {})
+}
+
+/// [`serve`], telling `listening` the bound addresses once the server started.
+pub fn serve_with<S: Service>(
+    common: &CommonArgs,
+    service: Arc<S>,
+    listening: impl FnOnce(&[std::net::SocketAddr]),
+) -> ExitCode {
     let name = service.name();
     let config = match server_config(common) {
         Ok(c) => c,
@@ -55,6 +64,7 @@ pub fn serve<S: Service>(common: &CommonArgs, service: Arc<S>) -> ExitCode {
         Err(e) => return fail(&e),
     };
     print_listening(name, &config, &server);
+    listening(&server.local_addrs());
     let metrics = crate::metrics::start_for(common.metrics, &server, name, &config);
     let taken = metrics.and_then(|m| {
         take_over(&server, successor, old_server, common.takeover_timeout).map(|()| m)

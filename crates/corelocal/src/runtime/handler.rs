@@ -242,6 +242,16 @@ pub trait Handler: Send + 'static {
     /// is reached without progress.
     fn on_input(&mut self, input: &[u8], out: &mut Output, now: Instant) -> Step;
 
+    /// Called once when the connection is accepted, before anything is read: what the
+    /// protocol says first (a greeting, or a refusal such as memcached's `ERROR Too many open
+    /// connections`) goes into `out` and is sent at once; [`Next::Close`] closes once it is
+    /// sent. Not called for a connection resumed at a binary upgrade. The default says
+    /// nothing and reads.
+    fn on_connect(&mut self, out: &mut Output, now: Instant) -> Next {
+        let _ = (out, now);
+        Next::Read
+    }
+
     /// The peer closed its sending side with `input` still unconsumed (usually empty).
     /// The default closes once the output is flushed.
     fn on_eof(&mut self, input: &[u8], out: &mut Output, now: Instant) -> Next {

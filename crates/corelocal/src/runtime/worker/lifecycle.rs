@@ -4,7 +4,7 @@
 
 use super::{Closing, Worker};
 use crate::runtime::backend::{Backend, ConnId, Op, Origin};
-use crate::runtime::handler::{CloseReason, ConnInfo, Handler, Service};
+use crate::runtime::handler::{CloseReason, ConnInfo, Handler, Next, Service};
 use crate::runtime::stats::ErrorKind;
 use std::time::Instant;
 
@@ -46,6 +46,19 @@ impl<S: Service, B: Backend> Worker<S, B> {
             if !self.moving() {
                 self.signal_drain(conn);
             }
+        }
+        self.greet(conn, now);
+    }
+
+    /// The handler's first words ([`Handler::on_connect`]): sent now, or sent and closed.
+    fn greet(&mut self, id: ConnId, now: Instant) {
+        let Some(conn) = self.conns.get_mut(id as usize).and_then(Option::as_mut) else {
+            return;
+        };
+        match conn.handler.on_connect(&mut conn.output, now) {
+            Next::Close(reason) => self.begin_close(id, reason),
+            Next::Read if !conn.output.is_empty() => self.flush(id),
+            Next::Read => {}
         }
     }
 
