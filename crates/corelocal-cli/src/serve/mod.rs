@@ -63,8 +63,9 @@ pub fn serve_with<S: Service>(
         Ok(started) => started,
         Err(e) => return fail(&e),
     };
-    print_listening(name, &config, &server);
+    // Before the "listening on" line: whoever waits for it may ask for the addresses at once.
     listening(&server.local_addrs());
+    print_listening(name, &config, &server);
     let metrics = crate::metrics::start_for(common.metrics, &server, name, &config);
     let taken = metrics.and_then(|m| {
         take_over(&server, successor, old_server, common.takeover_timeout).map(|()| m)
