@@ -8,11 +8,13 @@
 //!   flight, the accept phase of a graceful stop).
 //! - [`balance`]: the Affinity-Accept balancer in the worker loop (sample, watch, wake, steal,
 //!   migrate).
-//! - [`backend`]: the submit / reap / wait interface every backend implements.
+//! - [`backend`]: the submit / reap / wait interface every backend implements (a leaf module of
+//!   the crate, re-exported here: `sys` implements it without importing the runtime).
 //! - [`worker`]: the loop that drives a handler over a backend.
 //! - [`server`]: binding, starting, stats, graceful stop.
 //! - [`stats`]: per-worker counters on their own cache lines.
-//! - [`upgrade`]: the upgrade socket that hands the listening sockets to a successor process.
+//! - [`upgrade`]: binary upgrades: the upgrade socket that hands the listening sockets to a
+//!   successor process, and the move of connections and state that follows both forms.
 //! - [`prometheus`]: the counters in Prometheus text (the metric names every front end uses).
 //! - [`netstat`]: the namespace's listen-path counters (SYN cookies, queue overflows).
 

@@ -1,6 +1,9 @@
 //! All operating-system code of the library lives here (mio's rule): every `unsafe` block, every
 //! syscall. The rest of the crate is either pure (policy, protocols, encoders) or calls these
-//! safe wrappers.
+//! safe wrappers. Where `rustix` covers a call (sockets and their options, descriptor passing,
+//! pidfds, eventfd, poll, rlimits) these modules are thin typed layers over it; what it does not
+//! cover (the `bpf(2)` commands, the reuseport BPF attach, `TCP_INFO`, the ethtool ioctl,
+//! sock_diag, signals, io_uring details) stays hand-written with a `// SAFETY:` line per block.
 //!
 //! - [`affinity`]: pin threads, read the current CPU.
 //! - [`socket`]: socket creation and the options corelocal needs (SO_REUSEPORT,
@@ -15,12 +18,13 @@
 //!   `corelocal steer`.
 //! - [`scm`]: unix `SOCK_SEQPACKET` sockets and descriptor passing (`SCM_RIGHTS`) for handing
 //!   listening sockets to a successor process.
-//! - [`epoll`]: the epoll [`Backend`](crate::runtime::Backend).
+//! - [`epoll`]: the epoll [`Backend`](crate::backend::Backend); [`uring`]: the io_uring one.
 //! - `eventfd`: the eventfd waker both backends share.
 //!
 //! Every backend provides the same completion-style interface (see
-//! [`runtime::Backend`](crate::runtime::Backend)): `push` queues operations (accept, recv,
-//! send, sendfile, close) without a syscall, `submit` hands the batch to the kernel once per loop
+//! [`backend::Backend`](crate::backend::Backend)): `push` queues operations (accept, recv,
+//! send, sendfile, shutdown, close, detach) without a syscall, `adopt` takes over a connection a
+//! predecessor process handed over, `submit` hands the batch to the kernel once per loop
 //! turn, `wait` sleeps until a completion, a wake-up from another thread or a timeout (no lost
 //! wake-ups), and `reap` collects completions in batches. Accept and receive are multishot.
 
