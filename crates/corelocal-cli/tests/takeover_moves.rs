@@ -398,3 +398,136 @@ fn rpc_takeovers_lose_nothing_uring() {
 fn rpc_takeovers_lose_nothing_epoll() {
     rpc_takeovers_lose_nothing("epoll");
 }
+
+/// Items in the cache of the killed-successor tests: 1 KiB each, about 30 MiB, so the state
+/// stream is still under way when the successor is stopped.
+const KILLED_ITEMS: usize = 30_000;
+
+fn item_value(i: usize) -> String {
+    format!("{i:08}").repeat(128)
+}
+
+/// Fills the cache over one connection: pipelined `noreply` sets, then a no-op to wait on.
+fn fill_cache(addr: &str, items: usize) {
+    let mut conn = connect(addr);
+    for start in (0..items).step_by(1000) {
+        let mut batch = String::new();
+        for i in start..(start + 1000).min(items) {
+            batch += &format!(
+                "set item{i} {} 0 1024 noreply\r\n{}\r\n",
+                i % 7,
+                item_value(i)
+            );
+        }
+        conn.write_all(batch.as_bytes()).unwrap();
+    }
+    assert_eq!(
+        round_trip(&mut conn, b"mn\r\n", b"MN\r\n").unwrap(),
+        b"MN\r\n"
+    );
+}
+
+/// Every item reads back whole (multigets of 100 keys).
+fn check_cache(addr: &str, items: usize) -> Result<(), String> {
+    let mut conn = connect(addr);
+    for start in (0..items).step_by(100) {
+        let keys: Vec<String> = (start..(start + 100).min(items))
+            .map(|i| format!("item{i}"))
+            .collect();
+        let got = round_trip(
+            &mut conn,
+            format!("get {}\r\n", keys.join(" ")).as_bytes(),
+            b"END\r\n",
+        )?;
+        let want: String = (start..(start + 100).min(items))
+            .map(|i| format!("VALUE item{i} {} 1024\r\n{}\r\n", i % 7, item_value(i)))
+            .collect::<String>()
+            + "END\r\n";
+        if got != want.as_bytes() {
+            return Err(format!(
+                "items {start}..: got {} bytes, {:?}…",
+                got.len(),
+                String::from_utf8_lossy(&got[..got.len().min(120)])
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A successor that dies while the connections and the cache move to it (stopped once the
+/// move began, then killed): the old server takes its sockets and steering back and serves
+/// on with every item, new clients are answered, and it still stops cleanly.
+fn a_successor_killed_while_moving_leaves_the_old_server_serving(backend: &str, by_pid: bool) {
+    let dir = TempDir::new("killed-mid-move");
+    let (sock0, sock1) = (dir.0.join("up-0.sock"), dir.0.join("up-1.sock"));
+    let extra = ["--upgrade-socket", path_str(&sock0), "--memory-mb", "128"];
+    let mut old = Served::spawn(server("kv", "127.0.0.1:0", backend, &extra), false);
+    let addr = old.hostport();
+    fill_cache(&addr, KILLED_ITEMS);
+    let from = if by_pid {
+        old.pid().to_string()
+    } else {
+        path_str(&sock0).to_string()
+    };
+    let extra = [
+        "--takeover",
+        &from,
+        "--upgrade-socket",
+        path_str(&sock1),
+        "--memory-mb",
+        "128",
+    ];
+    let mut next = Served::spawn(server("kv", &addr, backend, &extra), false);
+    let marker = if by_pid {
+        "took over from pid"
+    } else {
+        "taking the connections"
+    };
+    next.wait_line(marker, Duration::from_secs(20));
+    let pid = next.pid() as i32;
+    // SAFETY: kill(2) on our own child, not reaped yet (`next` owns it).
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    std::thread::sleep(Duration::from_millis(300));
+    // SAFETY: as above.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    let _ = next.child.wait();
+    let log = old.wait_line("serving again on the same sockets", Duration::from_secs(30));
+    assert!(log.contains("failed while moving"), "{log}");
+    // New clients are answered, every item is there.
+    for i in 0..50 {
+        let mut c = connect(&addr);
+        let got = round_trip(&mut c, format!("get item{i}\r\n").as_bytes(), b"END\r\n")
+            .unwrap_or_else(|e| panic!("new client {i}: {e}\n{log}"));
+        assert!(
+            got.starts_with(format!("VALUE item{i} ").as_bytes()),
+            "client {i}"
+        );
+    }
+    check_cache(&addr, KILLED_ITEMS).unwrap_or_else(|e| panic!("{e}\n{log}"));
+    let (code, rest) = old.terminate();
+    assert_eq!(code, 0, "{log}{rest}");
+}
+
+#[test]
+fn a_successor_killed_while_moving_by_socket_leaves_the_old_server_serving_uring() {
+    a_successor_killed_while_moving_leaves_the_old_server_serving("uring", false);
+}
+
+#[test]
+fn a_successor_killed_while_moving_by_socket_leaves_the_old_server_serving_epoll() {
+    a_successor_killed_while_moving_leaves_the_old_server_serving("epoll", false);
+}
+
+#[test]
+fn a_successor_killed_while_moving_by_pid_leaves_the_old_server_serving_uring() {
+    if can_steer_with_ebpf() {
+        a_successor_killed_while_moving_leaves_the_old_server_serving("uring", true);
+    }
+}
+
+#[test]
+fn a_successor_killed_while_moving_by_pid_leaves_the_old_server_serving_epoll() {
+    if can_steer_with_ebpf() {
+        a_successor_killed_while_moving_leaves_the_old_server_serving("epoll", true);
+    }
+}

@@ -19,7 +19,9 @@ pub use args::Command;
 pub use common::CommonArgs;
 
 use config::server_config;
-use corelocal::runtime::{Server, ServerConfig, Service};
+use corelocal::runtime::{
+    resume, Handover, MoveFailure, Server, ServerConfig, Service, UpgradeServer,
+};
 use corelocal::sys::signal;
 use stats::{finish, open_stats_file, wait_for_stop};
 use std::process::ExitCode;
@@ -59,7 +61,7 @@ pub fn serve_with<S: Service>(
         Ok(l) => l,
         Err(e) => return fail(&e),
     };
-    let (server, successor) = match start_server(common, &config, service) {
+    let (server, successor) = match start_server(common, &config, service.clone()) {
         Ok(started) => started,
         Err(e) => return fail(&e),
     };
@@ -70,34 +72,78 @@ pub fn serve_with<S: Service>(
     let taken = metrics.and_then(|m| {
         take_over(&server, successor, old_server, common.takeover_timeout).map(|()| m)
     });
-    let _metrics = match taken {
+    let mut metrics = match taken {
         Ok(m) => m,
         Err(e) => return abandon(server, &e),
     };
-    let upgrade = start_upgrade_socket(common, &server, early_upgrade);
-    let stop = wait_for_stop(common, &server, upgrade.as_ref(), stats_file.as_mut());
-    let handed_over = upgrade.is_some_and(|u| u.shutdown());
-    match (handed_over, stop) {
-        (true, _) => eprintln!(
-            "corelocal serve {name}: listening sockets handed over, draining (up to {:?})",
-            common.drain_timeout
-        ),
-        (false, Some(stop)) => eprintln!(
-            "corelocal serve {name}: signal {} from pid {}, draining (up to {:?})",
-            stop.signal, stop.sender, common.drain_timeout
-        ),
-        (false, None) => {}
+    let (mut server, mut early_upgrade) = (server, early_upgrade);
+    loop {
+        let upgrade = start_upgrade_socket(common, &server, early_upgrade.take());
+        let stop = wait_for_stop(common, &server, upgrade.as_ref(), stats_file.as_mut());
+        let failure = match stop_or_move(name, common, &server, upgrade, stop) {
+            Some(failure) => failure,
+            None => return finish(name, server, stats_file.as_mut()),
+        };
+        eprintln!(
+            "corelocal serve {name}: the successor failed while moving ({failure}); serving on"
+        );
+        drop(metrics.take());
+        server = match resume(server, config.clone(), service.clone(), failure) {
+            Ok((s, _old)) => s,
+            Err(e) => return fail(&format!("serving on after the failed move: {e}")),
+        };
+        eprintln!(
+            "corelocal serve {name}: serving again on the same sockets ({} connections taken back)",
+            server.taken_conns()
+        );
+        metrics =
+            crate::metrics::start_for(common.metrics, &server, name, &config).unwrap_or_else(|e| {
+                eprintln!("corelocal serve {name}: {e}; serving without metrics");
+                None
+            });
     }
-    let moved = match stop {
-        Some(t) if !handed_over && t.signal == libc::SIGTERM => {
-            upgrade::move_to_successor(&server, t.sender, common.takeover_timeout)
+}
+
+/// After the wait: a successor took the sockets over the upgrade socket, or a SIGTERM came
+/// (from a `--takeover PID` successor, which takes the connections, or from anyone else:
+/// stop), or SIGINT (stop). The workers are stopping on return; `Some` when a successor
+/// failed while the connections moved (this process must serve on).
+fn stop_or_move(
+    name: &str,
+    common: &CommonArgs,
+    server: &Server,
+    upgrade: Option<UpgradeServer>,
+    stop: Option<signal::Termination>,
+) -> Option<MoveFailure> {
+    let handover = upgrade.map_or(Handover::Kept, UpgradeServer::shutdown);
+    let moved = match (handover, stop) {
+        (Handover::Failed(failure), _) => return Some(failure),
+        (Handover::Moved(_), _) => {
+            eprintln!(
+                "corelocal serve {name}: listening sockets handed over, draining (up to {:?})",
+                common.drain_timeout
+            );
+            return None;
         }
-        _ => false,
+        (Handover::Kept, Some(stop)) => {
+            eprintln!(
+                "corelocal serve {name}: signal {} from pid {}, draining (up to {:?})",
+                stop.signal, stop.sender, common.drain_timeout
+            );
+            (stop.signal == libc::SIGTERM)
+                .then(|| upgrade::move_to_successor(server, stop.sender, common.takeover_timeout))
+                .flatten()
+        }
+        (Handover::Kept, None) => None,
     };
-    if !moved {
-        server.stop();
+    match moved {
+        Some(Err(failure)) => Some(failure),
+        Some(Ok(_)) => None,
+        None => {
+            server.stop();
+            None
+        }
     }
-    finish(name, server, stats_file.as_mut())
 }
 
 fn print_listening(name: &str, config: &ServerConfig, server: &Server) {

@@ -7,7 +7,8 @@ use corelocal::listen::transfer::{self, Successor, UpgradeListener};
 use corelocal::listen::{ActiveSteering, Steering};
 use corelocal::procfs;
 use corelocal::runtime::{
-    receive_moving, send_moving, Server, ServerConfig, Service, UpgradeServer,
+    receive_moving, send_moving, MoveFailure, MoveReport, Server, ServerConfig, Service,
+    UpgradeServer,
 };
 use corelocal::sys::pidfd;
 use std::net::SocketAddr;
@@ -255,24 +256,23 @@ fn take_moving(server: &Server, channel: &corelocal::listen::transfer::Channel) 
 
 /// The old server, stopped by a SIGTERM from `sender`: when the sender is a `--takeover PID`
 /// successor (it listens on [`moving_socket`]), the workers move their connections there
-/// instead of closing them, then the state follows. Returns false when there is no such
-/// successor: stop as usual.
+/// instead of closing them, then the state follows. `None` when there is no such successor
+/// (stop as usual); a failed move comes back for the caller to serve on.
 pub(super) fn move_to_successor(
     server: &Server,
     sender: i32,
     timeout: std::time::Duration,
-) -> bool {
+) -> Option<Result<MoveReport, MoveFailure>> {
     if sender <= 1 {
-        return false;
+        return None;
     }
-    let Ok(fd) = corelocal::sys::scm::connect_seqpacket(&moving_socket(sender)) else {
-        return false; // A plain SIGTERM (kill, systemd): no successor waits.
-    };
+    // A plain SIGTERM (kill, systemd): no successor waits.
+    let fd = corelocal::sys::scm::connect_seqpacket(&moving_socket(sender)).ok()?;
     let channel = match corelocal::listen::transfer::Channel::new(fd, timeout) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("corelocal serve: successor pid {sender}: {e}");
-            return false;
+            return None;
         }
     };
     let me = corelocal::sys::scm::effective_uid();
@@ -281,16 +281,15 @@ pub(super) fn move_to_successor(
         .is_ok_and(|p| p.pid == sender && (p.uid == me || p.uid == 0))
     {
         eprintln!("corelocal serve: pid {sender} is not a successor of this server's user; stopping as usual");
-        return false;
+        return None;
     }
     server.stop_moving();
-    match send_moving(&channel, server.outbox()) {
+    let moved = send_moving(&channel, server.outbox());
+    match &moved {
         Ok(report) => eprintln!("corelocal serve: moved to pid {sender}: {report}"),
-        Err(e) => {
-            eprintln!("corelocal serve: moving to pid {sender} failed ({e}); closing what is left")
-        }
+        Err(failure) => eprintln!("corelocal serve: moving to pid {sender} failed: {failure}"),
     }
-    true
+    Some(moved)
 }
 
 /// `--upgrade-socket` is bound before the server starts (a live socket there fails early),

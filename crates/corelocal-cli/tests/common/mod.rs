@@ -138,6 +138,44 @@ impl Served {
     }
 }
 
+impl Served {
+    /// Reads standard error until a line containing `needle` (returned with the lines before
+    /// it); panics at EOF, and kills the server if the line has not come within `limit` (so
+    /// a missing line fails the test instead of hanging it).
+    pub fn wait_line(&mut self, needle: &str, limit: Duration) -> String {
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (pid, flag) = (self.pid() as i32, done.clone());
+        let watchdog = std::thread::spawn(move || {
+            let end = Instant::now() + limit;
+            while Instant::now() < end {
+                if flag.load(std::sync::atomic::Ordering::Acquire) {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            // SAFETY: kill(2) on our own child's pid; a reaped pid could only be reused by a
+            // later child of this test, which the test kills anyway.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        });
+        let stderr = self.stderr.as_mut().expect("stderr read already");
+        let mut seen = String::new();
+        let found = loop {
+            let mut line = String::new();
+            if stderr.read_line(&mut line).unwrap_or(0) == 0 {
+                break false;
+            }
+            seen += &line;
+            if line.contains(needle) {
+                break true;
+            }
+        };
+        done.store(true, std::sync::atomic::Ordering::Release);
+        let _ = watchdog.join();
+        assert!(found, "no line with {needle:?} within {limit:?}:\n{seen}");
+        seen
+    }
+}
+
 fn wait_bounded(child: &mut Child, limit: Duration) -> i32 {
     let end = Instant::now() + limit;
     loop {

@@ -75,6 +75,29 @@ impl ListenerGroup {
         Ok(refusing)
     }
 
+    /// Undoes [`ListenerGroup::begin_stop`] and takes the steering back
+    /// ([`ListenerGroup::restore_steering`]): a successor that took the group failed, this
+    /// process serves on. New SYNs reach this group's sockets again, `TCP_DEFER_ACCEPT` as
+    /// configured.
+    pub fn end_stop(&self) -> Result<(), ListenError> {
+        for g in &self.groups {
+            if let Some(sel) = &g.ebpf {
+                sel.set_stopping(false)?;
+            }
+        }
+        if let Some(secs) = self.config.defer_accept_s {
+            for fd in self
+                .groups
+                .iter()
+                .flat_map(|g| g.listeners.iter().flatten())
+            {
+                socket::set_defer_accept(fd.as_raw_fd(), secs)
+                    .map_err(io_context("TCP_DEFER_ACCEPT"))?;
+            }
+        }
+        self.restore_steering()
+    }
+
     /// On stop, how long connections whose handshake is done may take to reach the accept
     /// queues: with `TCP_DEFER_ACCEPT`, one held for its first data is queued when that data
     /// comes or when the kernel sends its SYN-ACK again (within the period) and the ACK

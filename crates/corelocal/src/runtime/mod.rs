@@ -39,7 +39,10 @@ pub use server::{
     BackendKind, ReleaseHandle, Server, ServerConfig, ServerError, ShutdownReport, StatsReader,
 };
 pub use stats::{Batching, ErrorKind, Snapshot, WorkerSnapshot, WorkerStats};
-pub use upgrade::{receive_moving, send_moving, MoveReport, UpgradeServer};
+pub use upgrade::{
+    close_moving, receive_moving, resume, send_moving, Handover, MoveFailure, MoveReport,
+    UpgradeServer,
+};
 
 use std::time::Duration;
 

@@ -303,12 +303,21 @@ impl Server {
         service: Arc<S>,
         group: ListenerGroup,
     ) -> Result<Server, ServerError> {
+        Self::start_on_group(config, service, Arc::new(group))
+    }
+
+    /// Starts the workers on a listener group another server of this process used before
+    /// (see `upgrade::resume`: a successor failed, this process serves on).
+    pub(crate) fn start_on_group<S: Service>(
+        config: ServerConfig,
+        service: Arc<S>,
+        group: Arc<ListenerGroup>,
+    ) -> Result<Server, ServerError> {
         config.limits.validate().map_err(ServerError::Limits)?;
         let cpus: CpuSet = (0..group.workers()).map(|w| group.worker_cpu(w)).collect();
         if let Some(unavailable) = crate::cpu::unavailable(&cpus) {
             return Err(ServerError::Cpus(unavailable));
         }
-        let group = Arc::new(group);
         let xdp = match &config.xdp_iface {
             Some(iface) => Some(Arc::new(attach_xdp(iface, &group)?)),
             None => None,

@@ -8,8 +8,9 @@
 //! sends each connection between two requests and the service's state, [`receive_moving`]
 //! gives them to the new server's workers, which start behind a gate until it is all there.
 
+use super::handler::Service;
 use super::handoff::{MovedConn, Outbox, StateImport};
-use super::server::{ReleaseHandle, Server};
+use super::server::{ReleaseHandle, Server, ServerConfig, ServerError, ShutdownReport};
 use crate::listen::handover::{
     ConnEntry, Message, CONN_ENTRY_HEADER_BYTES, CONN_STATE_BYTES_MAX, MESSAGE_BYTES_MAX,
     MESSAGE_HEADER_BYTES, SOCKETS_PER_MESSAGE,
@@ -19,7 +20,7 @@ use crate::sys::scm;
 use std::os::fd::{AsRawFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -34,7 +35,20 @@ pub struct UpgradeServer {
     path: PathBuf,
     stop: Arc<AtomicBool>,
     handed_over: Arc<AtomicBool>,
+    outcome: Arc<Mutex<Option<Result<MoveReport, MoveFailure>>>>,
     thread: Option<JoinHandle<()>>,
+}
+
+/// How a server's upgrade socket ended ([`UpgradeServer::shutdown`]).
+#[derive(Debug)]
+pub enum Handover {
+    /// No successor took the sockets: this server still owns them.
+    Kept,
+    /// A successor took the sockets, the connections and the state.
+    Moved(MoveReport),
+    /// A successor took the sockets, then the move broke (it died or stopped answering):
+    /// this process must serve on ([`resume`]) or the connections left are lost.
+    Failed(MoveFailure),
 }
 
 impl UpgradeServer {
@@ -49,10 +63,11 @@ impl UpgradeServer {
         let path = listener.path().to_path_buf();
         let stop = Arc::new(AtomicBool::new(false));
         let handed_over = Arc::new(AtomicBool::new(false));
-        let (s, h) = (stop.clone(), handed_over.clone());
+        let outcome = Arc::new(Mutex::new(None));
+        let (s, h, o) = (stop.clone(), handed_over.clone(), outcome.clone());
         let thread = std::thread::Builder::new()
             .name("corelocal-upgrade".into())
-            .spawn(move || serve_upgrades(listener, server, timeout, s, h))
+            .spawn(move || serve_upgrades(listener, server, timeout, s, h, o))
             .map_err(|source| HandoverError::Io {
                 context: "starting the upgrade thread".into(),
                 source,
@@ -61,6 +76,7 @@ impl UpgradeServer {
             path,
             stop,
             handed_over,
+            outcome,
             thread: Some(thread),
         })
     }
@@ -75,11 +91,18 @@ impl UpgradeServer {
         self.handed_over.load(Ordering::Acquire)
     }
 
-    /// Stops waiting for successors (an exchange in progress finishes first, bounded by its
-    /// timeout) and removes the socket file; returns whether the sockets were handed over.
-    pub fn shutdown(mut self) -> bool {
+    /// Stops waiting for successors (an exchange in progress, and a move of connections and
+    /// state that followed it, finish first, each step bounded by its timeout) and removes the
+    /// socket file; says whether the sockets were handed over and how the move went.
+    pub fn shutdown(mut self) -> Handover {
         self.stop_and_join();
-        self.handed_over()
+        let outcome = self.outcome.lock().expect("upgrade outcome lock").take();
+        match outcome {
+            Some(Ok(report)) => Handover::Moved(report),
+            Some(Err(failure)) => Handover::Failed(failure),
+            None if self.handed_over() => Handover::Moved(MoveReport::default()),
+            None => Handover::Kept,
+        }
     }
 
     fn stop_and_join(&mut self) {
@@ -102,6 +125,7 @@ fn serve_upgrades(
     timeout: Duration,
     stop: Arc<AtomicBool>,
     handed_over: Arc<AtomicBool>,
+    outcome: Arc<Mutex<Option<Result<MoveReport, MoveFailure>>>>,
 ) {
     while !stop.load(Ordering::Acquire) && !server.is_released() {
         let channel = match listener.accept(ACCEPT_POLL, timeout) {
@@ -122,7 +146,8 @@ fn serve_upgrades(
         eprintln!("corelocal: upgrade: pid {pid} asks for the listening sockets");
         match transfer::hand_over(&channel, server.listeners()) {
             Ok(()) => {
-                finish(listener, &channel, &server, pid);
+                let moved = finish(listener, &channel, &server, pid);
+                *outcome.lock().expect("upgrade outcome lock") = Some(moved);
                 handed_over.store(true, Ordering::Release);
                 return;
             }
@@ -157,21 +182,30 @@ fn trusted_peer(channel: &Channel) -> Option<i32> {
 
 /// The successor serves: stop accepting now, give up the path (so the successor can listen
 /// there itself), tell it so, then move the connections (between requests) and the state.
-fn finish(listener: UpgradeListener, channel: &Channel, server: &ReleaseHandle, pid: i32) {
+/// A failure leaves the outbox filling: the caller resumes serving ([`resume`]).
+fn finish(
+    listener: UpgradeListener,
+    channel: &Channel,
+    server: &ReleaseHandle,
+    pid: i32,
+) -> Result<MoveReport, MoveFailure> {
     server.release_moving();
     drop(listener);
-    if let Err(e) = channel.send(&Message::Done) {
-        eprintln!("corelocal: upgrade: telling pid {pid} we are done: {e}");
-        server.outbox().disable();
-        return;
+    if let Err(error) = channel.send(&Message::Done) {
+        eprintln!("corelocal: upgrade: telling pid {pid} we are done: {error}");
+        return Err(MoveFailure {
+            error,
+            unsent: Vec::new(),
+            sent: 0,
+        });
     }
     eprintln!("corelocal: upgrade: listening sockets handed to pid {pid}; moving connections");
-    match send_moving(channel, server.outbox()) {
+    let moved = send_moving(channel, server.outbox());
+    match &moved {
         Ok(report) => eprintln!("corelocal: upgrade: moved to pid {pid}: {report}"),
-        Err(e) => {
-            eprintln!("corelocal: upgrade: moving to pid {pid} failed ({e}); closing what is left")
-        }
+        Err(f) => eprintln!("corelocal: upgrade: moving to pid {pid} failed: {f}"),
     }
+    moved
 }
 
 /// While the old process waits for requests in progress to finish, it sends an empty
@@ -210,34 +244,75 @@ impl std::fmt::Display for MoveReport {
     }
 }
 
+/// A move of connections and state that broke off (the successor died, or stopped answering
+/// within the timeout). The connections not sent yet are still this process's: those in
+/// `unsent`, and whatever the stopping workers still put in the outbox.
+#[derive(Debug)]
+pub struct MoveFailure {
+    /// What broke the move.
+    pub error: HandoverError,
+    /// Connections taken from the outbox whose message was never sent.
+    pub unsent: Vec<MovedConn>,
+    /// Connections sent before (lost with the successor, if it died).
+    pub sent: u64,
+}
+
+impl std::fmt::Display for MoveFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} after {} connections ({} taken back)",
+            self.error,
+            self.sent,
+            self.unsent.len()
+        )
+    }
+}
+
 /// The old process's side, once it stopped with its outbox enabled
 /// ([`ReleaseHandle::release_moving`], or [`super::Server::stop_moving`]): sends every
 /// connection its workers detach, as they come, then — once every worker exited and nothing
-/// can write any more — the service's state, then the end. On an error the outbox is turned
-/// off (the workers close what is left, as a stop without a successor does) and what was
-/// queued closes.
-pub fn send_moving(channel: &Channel, outbox: &Outbox) -> Result<MoveReport, HandoverError> {
-    let result = send_moving_inner(channel, outbox);
-    if result.is_err() {
-        outbox.disable();
-        while !outbox.take(usize::MAX, Duration::ZERO).1 {
-            std::thread::sleep(Duration::from_millis(10));
-        }
+/// can write any more — the service's state, then the end. On an error the outbox stays on
+/// and the connections of the message that failed come back in the [`MoveFailure`]: the
+/// caller serves on ([`resume`]), or gives them up ([`close_moving`]).
+pub fn send_moving(channel: &Channel, outbox: &Outbox) -> Result<MoveReport, MoveFailure> {
+    let mut report = MoveReport::default();
+    let mut unsent = Vec::new();
+    match send_moving_inner(channel, outbox, &mut report, &mut unsent) {
+        Ok(()) => Ok(report),
+        Err(error) => Err(MoveFailure {
+            error,
+            unsent,
+            sent: report.conns,
+        }),
     }
-    result
 }
 
-fn send_moving_inner(channel: &Channel, outbox: &Outbox) -> Result<MoveReport, HandoverError> {
+/// Gives up what a failed move left ([`MoveFailure`]): the stopping workers close their
+/// connections again, as a stop without a successor does, and those already detached close.
+pub fn close_moving(outbox: &Outbox, failure: MoveFailure) {
+    outbox.disable();
+    drop(failure.unsent);
+    while !outbox.take(usize::MAX, Duration::ZERO).1 {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn send_moving_inner(
+    channel: &Channel,
+    outbox: &Outbox,
+    report: &mut MoveReport,
+    unsent: &mut Vec<MovedConn>,
+) -> Result<(), HandoverError> {
     let started = Instant::now();
     channel.send(&Message::Moving)?;
-    let mut report = MoveReport::default();
     let mut last_sent = Instant::now();
     let mut progress = Progress::new(started);
     loop {
-        progress.tick(&report);
+        progress.tick(report);
         let (batch, over) = outbox.take(SOCKETS_PER_MESSAGE, MOVING_KEEPALIVE / 5);
         if !batch.is_empty() {
-            report.conns += send_conns(channel, batch)?;
+            report.conns += send_conns(channel, batch, unsent)?;
             last_sent = Instant::now();
         } else if last_sent.elapsed() >= MOVING_KEEPALIVE {
             channel.send(&Message::Conns(Vec::new()))?;
@@ -260,7 +335,7 @@ fn send_moving_inner(channel: &Channel, outbox: &Outbox) -> Result<MoveReport, H
                     channel.send(&Message::State(part.to_vec()))?;
                     report.state_bytes += part.len() as u64;
                 }
-                progress.tick(&report);
+                progress.tick(report);
                 if !more {
                     break;
                 }
@@ -273,7 +348,52 @@ fn send_moving_inner(channel: &Channel, outbox: &Outbox) -> Result<MoveReport, H
         summary: report.summary.clone(),
     })?;
     report.elapsed = started.elapsed();
-    Ok(report)
+    Ok(())
+}
+
+/// A successor failed mid-move ([`MoveFailure`]): this process serves on, and nothing is left
+/// half-moved. Starts fresh workers for `service` on the same listening sockets (the
+/// service's state never left this process), takes the group's steering back (SYNs reach
+/// these sockets again), and gives the new workers the connections the move did not send:
+/// the failure's, then each one the old workers still detach, until they exit. Connections
+/// sent before the failure went with the successor. Returns the new server and how the old
+/// one stopped; on an error what is left closes, as a stop without a successor does.
+pub fn resume<S: Service>(
+    old: Server,
+    config: ServerConfig,
+    service: Arc<S>,
+    failure: MoveFailure,
+) -> Result<(Server, ShutdownReport), ServerError> {
+    let group = old.listeners().clone();
+    let mut config = config;
+    config.gated = true;
+    let new = match Server::start_on_group(config, service, group.clone()) {
+        Ok(s) => s,
+        Err(e) => {
+            close_moving(old.outbox(), failure);
+            return Err(e);
+        }
+    };
+    // No state to import: the new workers serve at once and take the moved ones as they come.
+    new.open_gate();
+    if let Err(e) = group.end_stop() {
+        eprintln!("corelocal: upgrade: taking the steering back: {e}");
+    }
+    for conn in failure.unsent {
+        new.take_conn(conn, TAKE_WAIT);
+    }
+    loop {
+        let (batch, over) = old.outbox().take(SOCKETS_PER_MESSAGE, MOVING_KEEPALIVE / 5);
+        for conn in batch {
+            new.take_conn(conn, TAKE_WAIT);
+        }
+        if over {
+            break;
+        }
+    }
+    new.finish_taking();
+    let (_, report) = old.join_report();
+    Ok((new, report))
 }
 
 /// A progress line at most every [`PROGRESS_INTERVAL`] while a move runs long.
@@ -308,11 +428,25 @@ impl Progress {
 /// Sends `conns` in as few messages as fit (at most [`SOCKETS_PER_MESSAGE`] descriptors and
 /// [`MESSAGE_BYTES_MAX`] bytes each); a connection whose bytes do not fit goes last in its
 /// message, the rest of its bytes in [`Message::ConnInput`] messages right after. Their
-/// descriptors close here once sent.
-fn send_conns(channel: &Channel, conns: Vec<MovedConn>) -> Result<u64, HandoverError> {
+/// descriptors close here once sent; on an error the connections not sent go to `unsent`.
+fn send_conns(
+    channel: &Channel,
+    conns: Vec<MovedConn>,
+    unsent: &mut Vec<MovedConn>,
+) -> Result<u64, HandoverError> {
+    let mut conns = conns.into_iter();
+    let sent = send_conns_from(channel, &mut conns, unsent);
+    unsent.extend(conns);
+    sent
+}
+
+fn send_conns_from(
+    channel: &Channel,
+    conns: &mut std::vec::IntoIter<MovedConn>,
+    unsent: &mut Vec<MovedConn>,
+) -> Result<u64, HandoverError> {
     let budget = MESSAGE_BYTES_MAX - MESSAGE_HEADER_BYTES;
-    let mut entries: Vec<ConnEntry> = Vec::new();
-    let mut fds: Vec<MovedConn> = Vec::new();
+    let mut batch = ConnBatch::default();
     let mut used = 0;
     let mut sent = 0;
     for mut conn in conns {
@@ -324,8 +458,8 @@ fn send_conns(channel: &Channel, conns: Vec<MovedConn>) -> Result<u64, HandoverE
             conn.state.clear();
         }
         let whole = CONN_ENTRY_HEADER_BYTES + conn.state.len() + conn.input.len();
-        if used + whole > budget && !entries.is_empty() {
-            sent += flush_conns(channel, &mut entries, &mut fds, Vec::new())?;
+        if used + whole > budget && !batch.entries.is_empty() {
+            sent += batch.flush(channel, Vec::new(), unsent)?;
             used = 0;
         }
         let room = budget - used - CONN_ENTRY_HEADER_BYTES - conn.state.len();
@@ -334,40 +468,73 @@ fn send_conns(channel: &Channel, conns: Vec<MovedConn>) -> Result<u64, HandoverE
         } else {
             Vec::new()
         };
-        let input = std::mem::take(&mut conn.input);
-        entries.push(ConnEntry {
-            cpu: conn.cpu,
-            state: std::mem::take(&mut conn.state),
-            input_len: (input.len() + rest.len()) as u32,
-            input,
-        });
-        used += entries.last().map_or(0, ConnEntry::encoded_len);
-        fds.push(conn);
-        if !rest.is_empty() || entries.len() == SOCKETS_PER_MESSAGE {
-            sent += flush_conns(channel, &mut entries, &mut fds, rest)?;
+        used += batch.push(conn, rest.len());
+        if !rest.is_empty() || batch.entries.len() == SOCKETS_PER_MESSAGE {
+            sent += batch.flush(channel, rest, unsent)?;
             used = 0;
         }
     }
-    if !entries.is_empty() {
-        sent += flush_conns(channel, &mut entries, &mut fds, Vec::new())?;
+    if !batch.entries.is_empty() {
+        sent += batch.flush(channel, Vec::new(), unsent)?;
     }
     Ok(sent)
 }
 
-fn flush_conns(
-    channel: &Channel,
-    entries: &mut Vec<ConnEntry>,
-    conns: &mut Vec<MovedConn>,
-    rest: Vec<u8>,
-) -> Result<u64, HandoverError> {
-    let raw: Vec<RawFd> = conns.iter().map(|c| c.fd.as_raw_fd()).collect();
-    channel.send_with(&Message::Conns(std::mem::take(entries)), &raw)?;
-    for part in rest.chunks(MESSAGE_BYTES_MAX - MESSAGE_HEADER_BYTES) {
-        channel.send(&Message::ConnInput(part.to_vec()))?;
+/// One [`Message::Conns`] being filled: the entries and their connections, in order.
+#[derive(Default)]
+struct ConnBatch {
+    entries: Vec<ConnEntry>,
+    conns: Vec<MovedConn>,
+}
+
+impl ConnBatch {
+    /// Adds `conn` (its bytes and state go into the entry; `rest_len` more bytes follow in
+    /// [`Message::ConnInput`]); returns the entry's encoded length.
+    fn push(&mut self, mut conn: MovedConn, rest_len: usize) -> usize {
+        let input = std::mem::take(&mut conn.input);
+        let entry = ConnEntry {
+            cpu: conn.cpu,
+            state: std::mem::take(&mut conn.state),
+            input_len: (input.len() + rest_len) as u32,
+            input,
+        };
+        let len = entry.encoded_len();
+        self.entries.push(entry);
+        self.conns.push(conn);
+        len
     }
-    let n = conns.len() as u64;
-    conns.clear(); // Sent: this process's descriptors close.
-    Ok(n)
+
+    /// Sends the message and `rest` (the last connection's bytes that did not fit). If the
+    /// message itself could not be sent, its connections go back whole to `unsent`.
+    fn flush(
+        &mut self,
+        channel: &Channel,
+        rest: Vec<u8>,
+        unsent: &mut Vec<MovedConn>,
+    ) -> Result<u64, HandoverError> {
+        let raw: Vec<RawFd> = self.conns.iter().map(|c| c.fd.as_raw_fd()).collect();
+        let message = Message::Conns(std::mem::take(&mut self.entries));
+        if let Err(e) = channel.send_with(&message, &raw) {
+            let Message::Conns(entries) = message else {
+                unreachable!("built as Conns above")
+            };
+            for (entry, mut conn) in entries.into_iter().zip(self.conns.drain(..)) {
+                conn.input = entry.input;
+                conn.state = entry.state;
+                unsent.push(conn);
+            }
+            if let Some(last) = unsent.last_mut() {
+                last.input.extend_from_slice(&rest);
+            }
+            return Err(e);
+        }
+        let n = self.conns.len() as u64;
+        self.conns.clear(); // Sent: this process's descriptors close.
+        for part in rest.chunks(MESSAGE_BYTES_MAX - MESSAGE_HEADER_BYTES) {
+            channel.send(&Message::ConnInput(part.to_vec()))?;
+        }
+        Ok(n)
+    }
 }
 
 /// The new process's side, on a server started behind its gate ([`super::ServerConfig::gated`]):
