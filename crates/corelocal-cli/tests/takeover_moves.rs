@@ -4,8 +4,10 @@
 //! not — keep sending through every takeover: every request gets exactly one answer, no
 //! client sees an EOF or a reset, `incr` totals are exact, items set before are readable
 //! after with their flags and remaining TTL, a `gets` token from before is accepted once, and
-//! a request split across the handover is answered once. `--takeover PID` needs eBPF
-//! steering (root); without it those tests say so and skip (never under `CI=true`).
+//! a request split across the handover is answered once. Peers' clients (pymemcache's pooled
+//! client, libmemcached's `memccapable`) keep passing through takeovers, and a successor killed
+//! while the move is under way leaves the old server serving with every item. `--takeover PID`
+//! needs eBPF steering (root); without it those tests say so and skip (never under `CI=true`).
 
 mod common;
 
@@ -530,4 +532,126 @@ fn a_successor_killed_while_moving_by_pid_leaves_the_old_server_serving_epoll() 
     if can_steer_with_ebpf() {
         a_successor_killed_while_moving_leaves_the_old_server_serving("epoll", true);
     }
+}
+
+/// pymemcache's pooled client from 8 threads: set, get back, incr a per-thread counter, for
+/// SECONDS; any exception or wrong value fails, and each counter must equal its rounds.
+const POOLED_CLIENT: &str = r#"
+import sys, threading, time
+from pymemcache.client.base import PooledClient
+host, port, secs = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+client = PooledClient((host, port), max_pool_size=8, connect_timeout=5, timeout=5)
+errors, rounds = [], [0] * 8
+def work(t):
+    try:
+        client.set(f"ctr{t}", "0")
+        end, i = time.time() + secs, 0
+        while time.time() < end:
+            key, value = f"k{t}_{i}", f"v{i}".encode()
+            client.set(key, value, expire=600)
+            got = client.get(key)
+            if got != value:
+                errors.append(f"{key}: {got!r}")
+                return
+            client.incr(f"ctr{t}", 1)
+            i += 1
+        rounds[t] = i
+        total = int(client.get(f"ctr{t}"))
+        if total != i:
+            errors.append(f"ctr{t}: {total} after {i} incrs")
+    except Exception as e:
+        errors.append(f"thread {t}: {type(e).__name__}: {e}")
+threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
+for th in threads: th.start()
+for th in threads: th.join()
+print("FAIL", errors[:5]) if errors else print("ok", sum(rounds))
+"#;
+
+/// Two takeovers (socket, then PID where eBPF steering is available) while `clients` runs
+/// against the chain's address; returns what it returned.
+fn across_two_takeovers<T: Send + 'static>(
+    backend: &'static str,
+    clients: impl FnOnce(String, String, Arc<AtomicBool>) -> T + Send + 'static,
+) -> T {
+    // SAFETY: geteuid(2) has no preconditions.
+    let by_pid = unsafe { libc::geteuid() } == 0;
+    let mut chain = Chain::start("kv", backend);
+    let addr: SocketAddr = chain.addr.parse().unwrap();
+    let (host, port) = (addr.ip().to_string(), addr.port().to_string());
+    let stop = Arc::new(AtomicBool::new(false));
+    let running = {
+        let stop = stop.clone();
+        std::thread::spawn(move || clients(host, port, stop))
+    };
+    for by_pid in [false, by_pid] {
+        std::thread::sleep(Duration::from_millis(1500));
+        chain.take_over(by_pid);
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, Ordering::Release);
+    let got = running.join().unwrap();
+    assert_eq!(chain.current.terminate().0, 0);
+    got
+}
+
+/// pymemcache's pooled client keeps passing its checks through two takeovers.
+fn pooled_client_passes_across_takeovers(backend: &'static str) {
+    if !require(
+        "python3 module pymemcache",
+        common::python_has("pymemcache"),
+    ) {
+        return;
+    }
+    let out = across_two_takeovers(backend, |host, port, _| {
+        common::run(60, "python3", &["-c", POOLED_CLIENT, &host, &port, "5"])
+    });
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(text.starts_with("ok "), "pymemcache PooledClient: {text}");
+}
+
+#[test]
+fn pooled_client_passes_across_takeovers_uring() {
+    pooled_client_passes_across_takeovers("uring");
+}
+
+#[test]
+fn pooled_client_passes_across_takeovers_epoll() {
+    pooled_client_passes_across_takeovers("epoll");
+}
+
+/// libmemcached's `memccapable -a` (about 2.5 s a run; it flushes the cache, so alone), run
+/// again and again through two takeovers: every run passes.
+fn memccapable_passes_across_takeovers(backend: &'static str) {
+    let Some(capable) = common::first_of(&["memccapable", "memcapable"]) else {
+        require("libmemcached-tools' memccapable", false);
+        return;
+    };
+    let runs = across_two_takeovers(backend, move |host, port, stop| {
+        let mut runs = Vec::new();
+        while !stop.load(Ordering::Acquire) {
+            let out = common::run(60, &capable, &["-h", &host, "-p", &port, "-a"]);
+            let text = String::from_utf8_lossy(&out.stdout).into_owned()
+                + &String::from_utf8_lossy(&out.stderr);
+            runs.push((
+                out.status.success() && text.contains("All tests passed"),
+                text,
+            ));
+        }
+        runs
+    });
+    assert!(runs.len() >= 2, "memccapable ran {} times", runs.len());
+    for (i, (passed, text)) in runs.iter().enumerate() {
+        assert!(passed, "memccapable run {i} of {}: {text}", runs.len());
+    }
+}
+
+#[test]
+fn memccapable_passes_across_takeovers_uring() {
+    memccapable_passes_across_takeovers("uring");
+}
+
+#[test]
+fn memccapable_passes_across_takeovers_epoll() {
+    memccapable_passes_across_takeovers("epoll");
 }
