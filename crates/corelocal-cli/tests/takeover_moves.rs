@@ -458,7 +458,8 @@ fn check_cache(addr: &str, items: usize) -> Result<(), String> {
 
 /// A successor that dies while the connections and the cache move to it (stopped once the
 /// move began, then killed): the old server takes its sockets and steering back and serves
-/// on with every item, new clients are answered, and it still stops cleanly.
+/// on with every item and every connection (kv's successor reads none before the cache is in,
+/// so those it was sent come back too), new clients are answered, and it still stops cleanly.
 fn a_successor_killed_while_moving_leaves_the_old_server_serving(backend: &str, by_pid: bool) {
     let dir = TempDir::new("killed-mid-move");
     let (sock0, sock1) = (dir.0.join("up-0.sock"), dir.0.join("up-1.sock"));
@@ -466,6 +467,17 @@ fn a_successor_killed_while_moving_leaves_the_old_server_serving(backend: &str, 
     let mut old = Served::spawn(server("kv", "127.0.0.1:0", backend, &extra), false);
     let addr = old.hostport();
     fill_cache(&addr, KILLED_ITEMS);
+    // Keep-alive clients and a request cut in half: they move, and come back.
+    let mut idle: Vec<TcpStream> = (0..20).map(|_| connect(&addr)).collect();
+    for (i, c) in idle.iter_mut().enumerate() {
+        let set = format!("set idle{i} 0 0 1\r\n{}\r\n", i % 10);
+        assert_eq!(
+            round_trip(c, set.as_bytes(), b"\r\n").unwrap(),
+            b"STORED\r\n"
+        );
+    }
+    let mut split = connect(&addr);
+    split.write_all(b"get item").unwrap();
     let from = if by_pid {
         old.pid().to_string()
     } else {
@@ -506,6 +518,18 @@ fn a_successor_killed_while_moving_leaves_the_old_server_serving(backend: &str, 
         );
     }
     check_cache(&addr, KILLED_ITEMS).unwrap_or_else(|e| panic!("{e}\n{log}"));
+    // The connections sent to the successor were taken back: none was read there.
+    for (i, c) in idle.iter_mut().enumerate() {
+        let want = format!("VALUE idle{i} 0 1\r\n{}\r\nEND\r\n", i % 10);
+        let got = round_trip(c, format!("get idle{i}\r\n").as_bytes(), b"END\r\n")
+            .unwrap_or_else(|e| panic!("keep-alive client {i}: {e}\n{log}"));
+        assert_eq!(String::from_utf8_lossy(&got), want, "keep-alive client {i}");
+    }
+    let got = round_trip(&mut split, b"7\r\n", b"END\r\n").unwrap();
+    assert!(
+        got.starts_with(b"VALUE item7 0 1024\r\n"),
+        "the split request"
+    );
     let (code, rest) = old.terminate();
     assert_eq!(code, 0, "{log}{rest}");
 }

@@ -67,6 +67,7 @@ type Exporter = Box<dyn Fn() -> Option<Box<dyn StateExport>> + Send + Sync>;
 /// requests, for the thread that sends them to the successor (see [`Outbox::take`]).
 pub struct Outbox {
     enabled: AtomicBool,
+    keeps_sent: bool,
     inner: Mutex<OutboxInner>,
     changed: Condvar,
     export: Exporter,
@@ -89,10 +90,12 @@ impl std::fmt::Debug for Outbox {
 }
 
 impl Outbox {
-    /// An outbox for `workers` workers; `export` gives the service's state stream.
-    pub(crate) fn new(workers: usize, export: Exporter) -> Outbox {
+    /// An outbox for `workers` workers; `export` gives the service's state stream;
+    /// `keeps_sent`: see [`Outbox::keeps_sent`].
+    pub(crate) fn new(workers: usize, export: Exporter, keeps_sent: bool) -> Outbox {
         Outbox {
             enabled: AtomicBool::new(false),
+            keeps_sent,
             inner: Mutex::new(OutboxInner {
                 conns: VecDeque::new(),
                 reserved: 0,
@@ -102,6 +105,13 @@ impl Outbox {
             changed: Condvar::new(),
             export,
         }
+    }
+
+    /// Whether the connections sent to a successor stay open here until the end of the move:
+    /// true for a service that imports state, whose successor reads none of them before (its
+    /// gate stays closed until the state is in), so they can be taken back if it fails.
+    pub fn keeps_sent(&self) -> bool {
+        self.keeps_sent
     }
 
     /// Whether stopping workers move connections here instead of closing them.
@@ -317,7 +327,7 @@ mod tests {
 
     #[test]
     fn the_outbox_bounds_what_is_detached_and_ends_when_every_worker_exited() {
-        let outbox = Outbox::new(2, Box::new(|| None));
+        let outbox = Outbox::new(2, Box::new(|| None), false);
         let reserved = (0..OUTBOX_LEN_MAX + 10)
             .filter(|_| outbox.reserve())
             .count();

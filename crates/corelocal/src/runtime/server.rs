@@ -342,9 +342,12 @@ impl Server {
             limits.accept_quiesce = limits.accept_quiesce.max(quiesce);
         }
         let exporter = service.clone();
+        // The successor (this service again) keeps its gate closed while it imports state.
+        let keeps_sent = service.clone().import_state().is_some();
         let outbox = Arc::new(Outbox::new(
             workers,
             Box::new(move || exporter.clone().export_state()),
+            keeps_sent,
         ));
         let gate = config.gated.then(|| Arc::new(Gate::new(workers)));
         let mut threads = Vec::with_capacity(workers);

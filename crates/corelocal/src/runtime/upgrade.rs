@@ -195,8 +195,8 @@ fn finish(
         eprintln!("corelocal: upgrade: telling pid {pid} we are done: {error}");
         return Err(MoveFailure {
             error,
-            unsent: Vec::new(),
-            sent: 0,
+            held: Vec::new(),
+            lost: 0,
         });
     }
     eprintln!("corelocal: upgrade: listening sockets handed to pid {pid}; moving connections");
@@ -245,46 +245,69 @@ impl std::fmt::Display for MoveReport {
 }
 
 /// A move of connections and state that broke off (the successor died, or stopped answering
-/// within the timeout). The connections not sent yet are still this process's: those in
-/// `unsent`, and whatever the stopping workers still put in the outbox.
+/// within the timeout). The connections still this process's are in `held`, and whatever the
+/// stopping workers still put in the outbox.
 #[derive(Debug)]
 pub struct MoveFailure {
     /// What broke the move.
     pub error: HandoverError,
-    /// Connections taken from the outbox whose message was never sent.
-    pub unsent: Vec<MovedConn>,
-    /// Connections sent before (lost with the successor, if it died).
-    pub sent: u64,
+    /// Connections taken from the outbox and not sent, and — when the successor imports
+    /// state ([`Outbox::keeps_sent`]) — those sent, which it cannot have read yet.
+    pub held: Vec<MovedConn>,
+    /// Connections that went with the successor (it may have read from them).
+    pub lost: u64,
 }
 
 impl std::fmt::Display for MoveFailure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} after {} connections ({} taken back)",
+            "{}; {} connections taken back, {} lost with it",
             self.error,
-            self.sent,
-            self.unsent.len()
+            self.held.len(),
+            self.lost
         )
     }
+}
+
+/// The connections of a move this process still holds (see [`MoveFailure::held`]).
+struct Held {
+    /// Taken from the outbox, their message not sent.
+    unsent: Vec<MovedConn>,
+    /// Sent, kept open here until the end of the move (`None`: closed once sent).
+    sent: Option<Vec<MovedConn>>,
 }
 
 /// The old process's side, once it stopped with its outbox enabled
 /// ([`ReleaseHandle::release_moving`], or [`super::Server::stop_moving`]): sends every
 /// connection its workers detach, as they come, then — once every worker exited and nothing
 /// can write any more — the service's state, then the end. On an error the outbox stays on
-/// and the connections of the message that failed come back in the [`MoveFailure`]: the
+/// and the connections this process still holds come back in the [`MoveFailure`]: the
 /// caller serves on ([`resume`]), or gives them up ([`close_moving`]).
+///
+/// A successor that imports state keeps its gate closed until the end of the move (see
+/// [`receive_moving`]): nothing reads the connections it received before then. For such a
+/// service ([`Outbox::keeps_sent`]) this process keeps each sent connection open, with its
+/// bytes and state, until the end, so a successor that dies on the way loses none of them.
 pub fn send_moving(channel: &Channel, outbox: &Outbox) -> Result<MoveReport, MoveFailure> {
     let mut report = MoveReport::default();
-    let mut unsent = Vec::new();
-    match send_moving_inner(channel, outbox, &mut report, &mut unsent) {
+    let mut held = Held {
+        unsent: Vec::new(),
+        sent: outbox.keeps_sent().then(Vec::new),
+    };
+    let result = send_moving_inner(channel, outbox, &mut report, &mut held);
+    match result {
         Ok(()) => Ok(report),
-        Err(error) => Err(MoveFailure {
-            error,
-            unsent,
-            sent: report.conns,
-        }),
+        Err(error) => {
+            let mut back = held.sent.unwrap_or_default();
+            let lost = report.conns - back.len() as u64;
+            back.append(&mut held.unsent);
+            Err(MoveFailure {
+                error,
+                held: back,
+                lost,
+            })
+        }
     }
 }
 
@@ -292,7 +315,7 @@ pub fn send_moving(channel: &Channel, outbox: &Outbox) -> Result<MoveReport, Mov
 /// connections again, as a stop without a successor does, and those already detached close.
 pub fn close_moving(outbox: &Outbox, failure: MoveFailure) {
     outbox.disable();
-    drop(failure.unsent);
+    drop(failure.held);
     while !outbox.take(usize::MAX, Duration::ZERO).1 {
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -302,7 +325,7 @@ fn send_moving_inner(
     channel: &Channel,
     outbox: &Outbox,
     report: &mut MoveReport,
-    unsent: &mut Vec<MovedConn>,
+    held: &mut Held,
 ) -> Result<(), HandoverError> {
     let started = Instant::now();
     channel.send(&Message::Moving)?;
@@ -312,7 +335,7 @@ fn send_moving_inner(
         progress.tick(report);
         let (batch, over) = outbox.take(SOCKETS_PER_MESSAGE, MOVING_KEEPALIVE / 5);
         if !batch.is_empty() {
-            report.conns += send_conns(channel, batch, unsent)?;
+            report.conns += send_conns(channel, batch, held)?;
             last_sent = Instant::now();
         } else if last_sent.elapsed() >= MOVING_KEEPALIVE {
             channel.send(&Message::Conns(Vec::new()))?;
@@ -379,7 +402,7 @@ pub fn resume<S: Service>(
     if let Err(e) = group.end_stop() {
         eprintln!("corelocal: upgrade: taking the steering back: {e}");
     }
-    for conn in failure.unsent {
+    for conn in failure.held {
         new.take_conn(conn, TAKE_WAIT);
     }
     loop {
@@ -428,22 +451,23 @@ impl Progress {
 /// Sends `conns` in as few messages as fit (at most [`SOCKETS_PER_MESSAGE`] descriptors and
 /// [`MESSAGE_BYTES_MAX`] bytes each); a connection whose bytes do not fit goes last in its
 /// message, the rest of its bytes in [`Message::ConnInput`] messages right after. Their
-/// descriptors close here once sent; on an error the connections not sent go to `unsent`.
+/// descriptors close here once sent (or wait in `held.sent`); on an error the connections
+/// not sent go to `held.unsent`.
 fn send_conns(
     channel: &Channel,
     conns: Vec<MovedConn>,
-    unsent: &mut Vec<MovedConn>,
+    held: &mut Held,
 ) -> Result<u64, HandoverError> {
     let mut conns = conns.into_iter();
-    let sent = send_conns_from(channel, &mut conns, unsent);
-    unsent.extend(conns);
+    let sent = send_conns_from(channel, &mut conns, held);
+    held.unsent.extend(conns);
     sent
 }
 
 fn send_conns_from(
     channel: &Channel,
     conns: &mut std::vec::IntoIter<MovedConn>,
-    unsent: &mut Vec<MovedConn>,
+    held: &mut Held,
 ) -> Result<u64, HandoverError> {
     let budget = MESSAGE_BYTES_MAX - MESSAGE_HEADER_BYTES;
     let mut batch = ConnBatch::default();
@@ -459,7 +483,7 @@ fn send_conns_from(
         }
         let whole = CONN_ENTRY_HEADER_BYTES + conn.state.len() + conn.input.len();
         if used + whole > budget && !batch.entries.is_empty() {
-            sent += batch.flush(channel, Vec::new(), unsent)?;
+            sent += batch.flush(channel, Vec::new(), held)?;
             used = 0;
         }
         let room = budget - used - CONN_ENTRY_HEADER_BYTES - conn.state.len();
@@ -470,12 +494,12 @@ fn send_conns_from(
         };
         used += batch.push(conn, rest.len());
         if !rest.is_empty() || batch.entries.len() == SOCKETS_PER_MESSAGE {
-            sent += batch.flush(channel, rest, unsent)?;
+            sent += batch.flush(channel, rest, held)?;
             used = 0;
         }
     }
     if !batch.entries.is_empty() {
-        sent += batch.flush(channel, Vec::new(), unsent)?;
+        sent += batch.flush(channel, Vec::new(), held)?;
     }
     Ok(sent)
 }
@@ -505,35 +529,47 @@ impl ConnBatch {
     }
 
     /// Sends the message and `rest` (the last connection's bytes that did not fit). If the
-    /// message itself could not be sent, its connections go back whole to `unsent`.
+    /// message itself could not be sent, its connections go back whole to `held.unsent`; once
+    /// sent, whole to `held.sent` when kept, else they close.
     fn flush(
         &mut self,
         channel: &Channel,
         rest: Vec<u8>,
-        unsent: &mut Vec<MovedConn>,
+        held: &mut Held,
     ) -> Result<u64, HandoverError> {
         let raw: Vec<RawFd> = self.conns.iter().map(|c| c.fd.as_raw_fd()).collect();
         let message = Message::Conns(std::mem::take(&mut self.entries));
-        if let Err(e) = channel.send_with(&message, &raw) {
-            let Message::Conns(entries) = message else {
-                unreachable!("built as Conns above")
-            };
-            for (entry, mut conn) in entries.into_iter().zip(self.conns.drain(..)) {
-                conn.input = entry.input;
-                conn.state = entry.state;
-                unsent.push(conn);
-            }
-            if let Some(last) = unsent.last_mut() {
-                last.input.extend_from_slice(&rest);
-            }
-            return Err(e);
-        }
+        let sent = channel.send_with(&message, &raw);
         let n = self.conns.len() as u64;
-        self.conns.clear(); // Sent: this process's descriptors close.
+        let keep = match (&sent, held.sent.as_mut()) {
+            (Err(_), _) => Some(&mut held.unsent),
+            (Ok(()), Some(kept)) => Some(kept),
+            (Ok(()), None) => None,
+        };
+        match keep {
+            Some(into) => self.restore_into(message, &rest, into),
+            None => self.conns.clear(), // Sent: this process's descriptors close.
+        }
+        sent?;
         for part in rest.chunks(MESSAGE_BYTES_MAX - MESSAGE_HEADER_BYTES) {
             channel.send(&Message::ConnInput(part.to_vec()))?;
         }
         Ok(n)
+    }
+
+    /// Puts the batch's connections, whole again (bytes, state), into `into`.
+    fn restore_into(&mut self, message: Message, rest: &[u8], into: &mut Vec<MovedConn>) {
+        let Message::Conns(entries) = message else {
+            unreachable!("built as Conns")
+        };
+        for (entry, mut conn) in entries.into_iter().zip(self.conns.drain(..)) {
+            conn.input = entry.input;
+            conn.state = entry.state;
+            into.push(conn);
+        }
+        if let Some(last) = into.last_mut() {
+            last.input.extend_from_slice(rest);
+        }
     }
 }
 
