@@ -17,7 +17,9 @@ passes its listening sockets over its `--upgrade-socket`, stops accepting and ex
 Pass criteria (exit status 1 when broken): every leg completed work; no leg sees an error at
 all, takeovers included: at each takeover the old server moves every established connection
 (between two requests, with the bytes it read and not yet handled) and kv's cache to the new
-one; every old server exits 0 reporting "lost at close 0".
+one; every old server exits 0 reporting "lost at close 0". Also recorded: kv's hit ratio (from
+its `stats`, every second) in the last second before and the first second after each of its
+takeovers: a cache that moved keeps it.
 
 usage: bench/soak.py [--duration S] [--period S] [--out DIR] [--name NAME] [--bin PATH]
 Writes OUT/NAME.json, OUT/NAME.md and OUT/NAME-rss.csv.
@@ -244,6 +246,57 @@ def misbehave(port, end, tally):
                 tally["errors"].get(type(e).__name__ + ":" + str(e.errno), 0) + 1
 
 
+def kv_stats(port):
+    """(pid, get_hits, get_misses) from kv's `stats`, or None."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=2) as s:
+            s.sendall(b"stats\r\n")
+            data = b""
+            while not data.endswith(b"END\r\n"):
+                chunk = s.recv(65536)
+                if not chunk:
+                    return None
+                data += chunk
+    except OSError:
+        return None
+    stats = dict(line.split(" ", 2)[1:] for line in data.decode().split("\r\n")
+                 if line.startswith("STAT ") and line.count(" ") >= 2)
+    try:
+        return int(stats["pid"]), int(stats["get_hits"]), int(stats["get_misses"])
+    except (KeyError, ValueError):
+        return None
+
+
+def probe_kv(port, end, samples):
+    """Samples kv's counters every second until `end`: (unix time, pid, hits, misses)."""
+    while time.time() < end:
+        got = kv_stats(port)
+        if got:
+            samples.append((time.time(),) + got)
+        time.sleep(SAMPLE_S)
+
+
+def hit_ratios(samples, takeovers):
+    """kv's hit ratio over the last interval before each kv takeover and the first interval
+    after the new process answered `stats` (counters restart with each process)."""
+    out = []
+    for t in (t for t in takeovers if t["server"] == "kv"):
+        before = [s for s in samples if s[0] <= t["unix"]][-2:]
+        after = [s for s in samples if s[0] > t["unix"]]
+        pid_before = before[-1][1] if before else None
+        new = [s for s in after if s[1] != pid_before][:2]
+        out.append({"t_s": t["t_s"], "before": interval_ratio(before),
+                    "after": interval_ratio(new) if len(new) == 2 else None})
+    return out
+
+
+def interval_ratio(pair):
+    if len(pair) != 2 or pair[0][1] != pair[1][1]:
+        return None
+    hits, misses = pair[1][2] - pair[0][2], pair[1][3] - pair[0][3]
+    return round(hits / (hits + misses), 4) if hits + misses else None
+
+
 def load(path):
     try:
         with open(path) as f:
@@ -293,6 +346,9 @@ def run(a):
     bad = {name: {"garbage": 0, "slow": 0, "errors": {}} for name in servers}
     threads = [threading.Thread(target=misbehave, args=(servers[n].port, end, bad[n]), daemon=True)
                for n in servers]
+    kv_samples = []
+    threads.append(threading.Thread(target=probe_kv, args=(servers["kv"].port, end, kv_samples),
+                                    daemon=True))
     for t in threads:
         t.start()
     rss_rows, takeovers, start = [], [], time.time()
@@ -310,7 +366,8 @@ def run(a):
         t.join(timeout=STOP_TIMEOUT_S)
     for s in servers.values():
         s.stop()
-    code = write_results(a, tmp, servers, legs, bad, rss_rows, takeovers, order)
+    code = write_results(a, tmp, servers, legs, bad, rss_rows, takeovers, order,
+                         hit_ratios(kv_samples, takeovers))
     if code == 0:
         shutil.rmtree(tmp, ignore_errors=True)  # the results are in --out
     else:
@@ -318,7 +375,7 @@ def run(a):
     return code
 
 
-def write_results(a, tmp, servers, legs, bad, rss_rows, takeovers, order):
+def write_results(a, tmp, servers, legs, bad, rss_rows, takeovers, order, kv_hits):
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, a.name + "-rss.csv"), "w", newline="") as f:
         w = csv.writer(f)
@@ -337,7 +394,7 @@ def write_results(a, tmp, servers, legs, bad, rss_rows, takeovers, order):
     res = {"duration_s": a.duration, "period_s": a.period, "takeovers": takeovers,
            "legs": {n: leg_summary(n, load(os.path.join(tmp, n + ".json")), takeovers)
                     for n in legs},
-           "servers": per_server}
+           "servers": per_server, "kv_hit_ratio_at_takeovers": kv_hits}
     res["pass"] = (all(l["ok"] for l in res["legs"].values())
                    and all(s["lost_at_close"] == 0 and all(c == 0 for c in s["exit_codes"])
                            and not s["failed_takeovers"]
@@ -380,6 +437,12 @@ def markdown(a, res):
             lines.append(f"- **{n}: failed takeover** ({f['form']}): new pid {f['new_pid']} exited "
                          f"{f['exit']}; old pid {f['old_pid']} kept serving (its state: "
                          f"{a.name}.json)")
+    hits = res.get("kv_hit_ratio_at_takeovers") or []
+    if hits:
+        fmt = lambda r: "-" if r is None else f"{r:.3f}"
+        lines += ["", "kv hit ratio in the second before / after each kv takeover: "
+                  + ", ".join(f"{h['t_s']:.0f} s: {fmt(h['before'])} / {fmt(h['after'])}"
+                              for h in hits) + "."]
     lines += ["", f"RSS per second: {a.name}-rss.csv.", ""]
     return "\n".join(lines)
 
