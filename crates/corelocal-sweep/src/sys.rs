@@ -1,9 +1,10 @@
 //! The system calls `sweep` needs beyond std: joining a network namespace from one thread,
 //! a private sysfs for that thread, the thread id, and a stop flag set by SIGINT/SIGTERM.
 //! Also pinning another thread, the ethtool GRO switch and `sendmmsg` for the forwarding
-//! generator. The calls go through `rustix`; what it does not cover (a signal handler that
-//! only sets a flag, without `SA_RESTART`; the ethtool ioctl; leaving this thread's mount
-//! namespace) is hand-written here, and every `unsafe` block of the crate is here.
+//! generator. The calls go through `rustix`; the signal handler that only sets a flag (without
+//! `SA_RESTART`) is `corelocal::sys::signal`'s. What neither covers (the ethtool ioctl; leaving
+//! this thread's mount namespace) is hand-written here, and every `unsafe` block of the crate
+//! is here.
 
 use rustix::net::SocketAddrAny;
 use std::fs::File;
@@ -12,7 +13,7 @@ use std::os::fd::{AsFd, AsRawFd};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-/// Set by SIGINT / SIGTERM once [`install_stop_handler`] ran.
+/// Set by [`request_stop`] (a signal sets its own flag in `corelocal::sys::signal`).
 static STOP: AtomicBool = AtomicBool::new(false);
 
 fn check(rc: libc::c_int) -> io::Result<()> {
@@ -54,30 +55,18 @@ pub fn gettid() -> u32 {
     rustix::thread::gettid().as_raw_nonzero().get() as u32
 }
 
-extern "C" fn on_stop_signal(_sig: libc::c_int) {
-    STOP.store(true, Ordering::SeqCst);
-}
+/// SIGINT and SIGTERM: a stop request.
+const STOP_SIGNALS: [i32; 2] = [libc::SIGINT, libc::SIGTERM];
 
 /// Makes SIGINT and SIGTERM set the stop flag instead of killing the process, so the guards
 /// that delete network namespaces and restore IRQ affinity still run.
 pub fn install_stop_handler() -> io::Result<()> {
-    // Not rustix (no sigaction) nor signal-hook (which installs with SA_RESTART): no flags.
-    for sig in [libc::SIGINT, libc::SIGTERM] {
-        // SAFETY: sigaction is plain old data, so all-zero is a valid empty mask and no flags;
-        // `act` is initialised before the call and the handler only stores to an atomic
-        // (async-signal-safe); the old action is not needed.
-        check(unsafe {
-            let mut act: libc::sigaction = std::mem::zeroed();
-            act.sa_sigaction = on_stop_signal as *const () as libc::sighandler_t;
-            libc::sigaction(sig, &act, std::ptr::null_mut())
-        })?;
-    }
-    Ok(())
+    corelocal::sys::signal::flag_on(&STOP_SIGNALS)
 }
 
 /// Whether a stop was requested (signal, or [`request_stop`]).
 pub fn stop_requested() -> bool {
-    STOP.load(Ordering::SeqCst)
+    STOP.load(Ordering::SeqCst) || corelocal::sys::signal::raised(&STOP_SIGNALS)
 }
 
 /// Requests a stop, as a signal would.
