@@ -1,8 +1,8 @@
 //! Terminal control for the live view: raw input mode (termios) restored on drop, on panic
 //! and on SIGTERM/SIGHUP (which only set a flag), waiting for a key with a timeout, and the
-//! window size. The calls go through `rustix`; the signal handler that only sets a flag
-//! (without `SA_RESTART`) is `corelocal::sys::signal`'s. Leaving this thread's mount namespace
-//! is the crate's one `unsafe` block.
+//! window size. The calls go through `rustix`; what it does not cover safely is
+//! `corelocal::sys`'s (the signal handler that only sets a flag, without `SA_RESTART`; leaving
+//! this thread's mount namespace), so the crate has no `unsafe` block.
 
 use rustix::termios::{LocalModes, OptionalActions, SpecialCodeIndex, Termios};
 use std::io;
@@ -127,12 +127,10 @@ pub fn stop_requested() -> bool {
 /// namespace can go away when its owner deletes it.
 pub fn enter_netns_with_sysfs(name: &str) -> io::Result<()> {
     use rustix::mount::{MountFlags, MountPropagationFlags};
-    use rustix::thread::{LinkNameSpaceType, UnshareFlags};
+    use rustix::thread::LinkNameSpaceType;
     let file = std::fs::File::open(std::path::Path::new("/run/netns").join(name))?;
     rustix::thread::move_into_link_name_space(file.as_fd(), Some(LinkNameSpaceType::Network))?;
-    // SAFETY: only NEWNS (which implies FS) is unshared, never FILES, so no thread can see a
-    // descriptor table other than the one its descriptors came from.
-    unsafe { rustix::thread::unshare_unsafe(UnshareFlags::NEWNS) }?;
+    corelocal::sys::process::unshare_mount_namespace()?;
     rustix::mount::mount_change(
         "/",
         MountPropagationFlags::REC | MountPropagationFlags::DOWNSTREAM,
