@@ -49,12 +49,3 @@ pub(crate) fn cvt(rc: libc::c_int) -> std::io::Result<libc::c_int> {
         Ok(rc)
     }
 }
-
-/// [`cvt`] for calls returning a byte count.
-pub(crate) fn cvt_size(rc: libc::ssize_t) -> std::io::Result<usize> {
-    if rc < 0 {
-        Err(std::io::Error::last_os_error())
-    } else {
-        Ok(rc as usize)
-    }
-}
