@@ -11,7 +11,7 @@
 //!
 //! Layout: [`placement`] is pure (topology → relations, order, recommendation); [`netns`],
 //! [`place`], [`transfer`] and [`cell`] do the I/O; [`report`] renders; [`sys`] holds the
-//! unsafe calls (setns, unshare, mount, signals).
+//! system calls (setns, unshare, mount, signals, ethtool), on `rustix` and `corelocal::sys`.
 
 pub mod cell;
 pub mod forward;

@@ -1,27 +1,19 @@
 //! The system calls `sweep` needs beyond std: joining a network namespace from one thread,
 //! a private sysfs for that thread, the thread id, and a stop flag set by SIGINT/SIGTERM.
 //! Also pinning another thread, the ethtool GRO switch and `sendmmsg` for the forwarding
-//! generator. The calls go through `rustix`; what it does not cover (a signal handler that
-//! only sets a flag, without `SA_RESTART`; the ethtool ioctl; leaving this thread's mount
-//! namespace) is hand-written here, and every `unsafe` block of the crate is here.
+//! generator. The calls go through `rustix`; what it does not cover safely is
+//! `corelocal::sys`'s (the signal handler that only sets a flag, without `SA_RESTART`; the
+//! ethtool ioctl; leaving this thread's mount namespace), so the crate has no `unsafe` block.
 
 use rustix::net::SocketAddrAny;
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::AsFd;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-/// Set by SIGINT / SIGTERM once [`install_stop_handler`] ran.
+/// Set by [`request_stop`] (a signal sets its own flag in `corelocal::sys::signal`).
 static STOP: AtomicBool = AtomicBool::new(false);
-
-fn check(rc: libc::c_int) -> io::Result<()> {
-    if rc == -1 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
-}
 
 /// Moves the calling thread (only) into the network namespace bound at `/run/netns/NAME`.
 pub fn enter_netns(name: &str) -> io::Result<()> {
@@ -38,9 +30,7 @@ pub fn enter_netns(name: &str) -> io::Result<()> {
 /// the thread's network namespace. The mounts vanish when the thread exits.
 pub fn private_sysfs() -> io::Result<()> {
     use rustix::mount::{MountFlags, MountPropagationFlags};
-    // SAFETY: only NEWNS (which implies FS) is unshared, never FILES, so no thread can see a
-    // descriptor table other than the one its descriptors came from.
-    unsafe { rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWNS) }?;
+    corelocal::sys::process::unshare_mount_namespace()?;
     rustix::mount::mount_change(
         "/",
         MountPropagationFlags::REC | MountPropagationFlags::DOWNSTREAM,
@@ -54,30 +44,18 @@ pub fn gettid() -> u32 {
     rustix::thread::gettid().as_raw_nonzero().get() as u32
 }
 
-extern "C" fn on_stop_signal(_sig: libc::c_int) {
-    STOP.store(true, Ordering::SeqCst);
-}
+/// SIGINT and SIGTERM: a stop request.
+const STOP_SIGNALS: [i32; 2] = [libc::SIGINT, libc::SIGTERM];
 
 /// Makes SIGINT and SIGTERM set the stop flag instead of killing the process, so the guards
 /// that delete network namespaces and restore IRQ affinity still run.
 pub fn install_stop_handler() -> io::Result<()> {
-    // Not rustix (no sigaction) nor signal-hook (which installs with SA_RESTART): no flags.
-    for sig in [libc::SIGINT, libc::SIGTERM] {
-        // SAFETY: sigaction is plain old data, so all-zero is a valid empty mask and no flags;
-        // `act` is initialised before the call and the handler only stores to an atomic
-        // (async-signal-safe); the old action is not needed.
-        check(unsafe {
-            let mut act: libc::sigaction = std::mem::zeroed();
-            act.sa_sigaction = on_stop_signal as *const () as libc::sighandler_t;
-            libc::sigaction(sig, &act, std::ptr::null_mut())
-        })?;
-    }
-    Ok(())
+    corelocal::sys::signal::flag_on(&STOP_SIGNALS)
 }
 
 /// Whether a stop was requested (signal, or [`request_stop`]).
 pub fn stop_requested() -> bool {
-    STOP.load(Ordering::SeqCst)
+    STOP.load(Ordering::SeqCst) || corelocal::sys::signal::raised(&STOP_SIGNALS)
 }
 
 /// Requests a stop, as a signal would.
@@ -104,66 +82,19 @@ pub fn set_affinity(pid: u32, cpus: &corelocal::cpu::CpuSet) -> io::Result<()> {
     Ok(())
 }
 
-const SIOCETHTOOL: libc::c_ulong = 0x8946;
-const ETHTOOL_STSO: u32 = 0x1f;
-const ETHTOOL_GGRO: u32 = 0x2b;
-const ETHTOOL_SGRO: u32 = 0x2c;
-
-/// `struct ethtool_value`.
-#[repr(C)]
-struct EthtoolValue {
-    cmd: u32,
-    data: u32,
-}
-
-/// `struct ifreq` with the `ifr_data` member.
-#[repr(C)]
-struct IfreqData {
-    name: [libc::c_char; libc::IFNAMSIZ],
-    data: *mut libc::c_void,
-    _pad: [u8; 16],
-}
-
-fn ethtool_value(ifname: &str, cmd: u32, data: u32) -> io::Result<u32> {
-    if ifname.is_empty() || ifname.len() >= libc::IFNAMSIZ || ifname.contains('\0') {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("bad interface name {ifname:?}"),
-        ));
-    }
-    let sock = std::net::UdpSocket::bind("0.0.0.0:0").or_else(|_| {
-        // A namespace with only `lo` down still has AF_INET sockets; binding may fail only
-        // when no address family works, which the ioctl below would report anyway.
-        std::net::UdpSocket::bind("127.0.0.1:0")
-    })?;
-    let mut value = EthtoolValue { cmd, data };
-    let mut req = IfreqData {
-        name: [0; libc::IFNAMSIZ],
-        data: (&mut value as *mut EthtoolValue).cast(),
-        _pad: [0; 16],
-    };
-    for (d, s) in req.name.iter_mut().zip(ifname.bytes()) {
-        *d = s as libc::c_char;
-    }
-    // SAFETY: `req` is a valid ifreq whose data pointer refers to `value`, which outlives the
-    // call; SIOCETHTOOL with GGRO/SGRO reads or writes only that struct ethtool_value.
-    check(unsafe { libc::ioctl(sock.as_raw_fd(), SIOCETHTOOL as _, &mut req) })?;
-    Ok(value.data)
-}
-
 /// Whether GRO is on for `ifname` in the calling thread's network namespace.
 pub fn gro(ifname: &str) -> io::Result<bool> {
-    ethtool_value(ifname, ETHTOOL_GGRO, 0).map(|v| v != 0)
+    corelocal::sys::ethtool::gro(ifname)
 }
 
 /// Turns GRO on or off for `ifname` (on a veth it also switches the receive side to NAPI).
 pub fn set_gro(ifname: &str, on: bool) -> io::Result<()> {
-    ethtool_value(ifname, ETHTOOL_SGRO, u32::from(on)).map(|_| ())
+    corelocal::sys::ethtool::set_gro(ifname, on)
 }
 
 /// Turns every TSO feature of `ifname` on or off.
 pub fn set_tso(ifname: &str, on: bool) -> io::Result<()> {
-    ethtool_value(ifname, ETHTOOL_STSO, u32::from(on)).map(|_| ())
+    corelocal::sys::ethtool::set_tso(ifname, on)
 }
 
 /// Sends `dsts.len()` (at most 1024) UDP datagrams of `payload` on `sock`, datagram i to

@@ -7,7 +7,7 @@
 //!
 //! Layout: [`corelocal::procfs`] and [`server`] parse (pure); [`sample`] reads a root and
 //! computes rates; [`render`] lays out 80 columns; [`sys`] holds the terminal calls and the
-//! namespace join (the only `unsafe`).
+//! namespace join (no `unsafe`: what `rustix` lacks is `corelocal::sys`'s).
 
 pub mod render;
 pub mod sample;

@@ -1,20 +1,17 @@
 //! Terminal control for the live view: raw input mode (termios) restored on drop, on panic
 //! and on SIGTERM/SIGHUP (which only set a flag), waiting for a key with a timeout, and the
-//! window size. The calls go through `rustix`; what it does not cover (a signal handler that
-//! only sets a flag, without `SA_RESTART`; leaving this thread's mount namespace) is
-//! hand-written here, and every `unsafe` block of the crate is here.
+//! window size. The calls go through `rustix`; what it does not cover safely is
+//! `corelocal::sys`'s (the signal handler that only sets a flag, without `SA_RESTART`; leaving
+//! this thread's mount namespace), so the crate has no `unsafe` block.
 
 use rustix::termios::{LocalModes, OptionalActions, SpecialCodeIndex, Termios};
 use std::io;
 use std::os::fd::AsFd;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
 /// The terminal settings to restore (also used by the panic hook).
 static SAVED: Mutex<Option<Termios>> = Mutex::new(None);
-/// Set by SIGTERM / SIGHUP.
-static STOP: AtomicBool = AtomicBool::new(false);
 
 /// Leaves the alternate screen and shows the cursor.
 pub const LEAVE_SCREEN: &str = "\x1b[?25h\x1b[?1049l";
@@ -109,33 +106,18 @@ pub fn read_key(timeout: Duration) -> io::Result<Vec<u8>> {
     Ok(buf[..r].to_vec())
 }
 
-extern "C" fn on_stop(_sig: libc::c_int) {
-    STOP.store(true, Ordering::SeqCst);
-}
+/// SIGTERM, SIGHUP and SIGINT: a stop request.
+const STOP_SIGNALS: [i32; 3] = [libc::SIGTERM, libc::SIGHUP, libc::SIGINT];
 
 /// SIGTERM and SIGHUP set a flag (checked by the loop) instead of killing the process with
-/// the terminal still raw.
+/// the terminal still raw. The handler has no `SA_RESTART`, so `poll` returns `EINTR`.
 pub fn install_stop_handler() -> io::Result<()> {
-    // Not rustix (no sigaction) nor signal-hook (which installs with SA_RESTART): no flags.
-    for sig in [libc::SIGTERM, libc::SIGHUP, libc::SIGINT] {
-        // SAFETY: sigaction is plain old data, so all-zero is an empty mask and no flags (so
-        // poll returns EINTR); `act` is initialised before the call, and the handler only
-        // stores to an atomic (async-signal-safe); the old action is not needed.
-        let rc = unsafe {
-            let mut act: libc::sigaction = std::mem::zeroed();
-            act.sa_sigaction = on_stop as *const () as libc::sighandler_t;
-            libc::sigaction(sig, &act, std::ptr::null_mut())
-        };
-        if rc != 0 {
-            return Err(io::Error::last_os_error());
-        }
-    }
-    Ok(())
+    corelocal::sys::signal::flag_on(&STOP_SIGNALS)
 }
 
 /// Whether SIGTERM/SIGHUP/SIGINT arrived.
 pub fn stop_requested() -> bool {
-    STOP.load(Ordering::SeqCst)
+    corelocal::sys::signal::raised(&STOP_SIGNALS)
 }
 
 /// Moves the calling thread (only) into the network namespace bound at `/run/netns/NAME`,
@@ -145,12 +127,10 @@ pub fn stop_requested() -> bool {
 /// namespace can go away when its owner deletes it.
 pub fn enter_netns_with_sysfs(name: &str) -> io::Result<()> {
     use rustix::mount::{MountFlags, MountPropagationFlags};
-    use rustix::thread::{LinkNameSpaceType, UnshareFlags};
+    use rustix::thread::LinkNameSpaceType;
     let file = std::fs::File::open(std::path::Path::new("/run/netns").join(name))?;
     rustix::thread::move_into_link_name_space(file.as_fd(), Some(LinkNameSpaceType::Network))?;
-    // SAFETY: only NEWNS (which implies FS) is unshared, never FILES, so no thread can see a
-    // descriptor table other than the one its descriptors came from.
-    unsafe { rustix::thread::unshare_unsafe(UnshareFlags::NEWNS) }?;
+    corelocal::sys::process::unshare_mount_namespace()?;
     rustix::mount::mount_change(
         "/",
         MountPropagationFlags::REC | MountPropagationFlags::DOWNSTREAM,

@@ -182,8 +182,7 @@ impl Memcached {
             .port();
         let mut cmd = Command::new(bin);
         cmd.args(["-U", "0", "-l", "127.0.0.1", "-p", &port.to_string()]);
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } == 0 {
+        if corelocal::sys::process::is_root() {
             // memcached refuses to run as root without -u.
             cmd.args(["-u", "root"]);
         }

@@ -1,14 +1,14 @@
 //! Every syscall and `unsafe` block of the load generator: sockets, epoll, io_uring, limits.
-//! The calls go through `rustix` (and the `io-uring` crate for the ring); hand-written are
-//! only what neither covers: `IP_BIND_ADDRESS_NO_PORT`, and closing or shutting down the raw
-//! descriptors the io_uring backend refers to by number while requests are in flight.
+//! The calls go through `rustix` (and the `io-uring` crate for the ring); what neither covers
+//! (`IP_BIND_ADDRESS_NO_PORT`) is `corelocal::sys`'s. The one `unsafe` block is the io_uring
+//! backend's push of submission entries, which point into buffers the backend owns.
 
 pub mod epoll;
 pub mod uring;
 
 use rustix::io::Errno;
 use std::net::{Ipv4Addr, SocketAddrV4};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 
 /// The errno of a failed call.
 fn errno(e: Errno) -> i32 {
@@ -24,28 +24,6 @@ pub fn sockaddr(a: SocketAddrV4) -> libc::sockaddr_in {
             s_addr: u32::from(*a.ip()).to_be(),
         },
         sin_zero: [0; 8],
-    }
-}
-
-/// Sets IP_BIND_ADDRESS_NO_PORT (covered by neither rustix nor socket2).
-fn set_bind_address_no_port(fd: BorrowedFd<'_>) -> Result<(), i32> {
-    let v: i32 = 1;
-    // SAFETY: `v` is a live i32 and its size is passed; `fd` is a borrowed, open descriptor.
-    let r = unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            libc::IPPROTO_IP,
-            libc::IP_BIND_ADDRESS_NO_PORT,
-            &v as *const i32 as *const libc::c_void,
-            std::mem::size_of::<i32>() as u32,
-        )
-    };
-    if r < 0 {
-        Err(std::io::Error::last_os_error()
-            .raw_os_error()
-            .unwrap_or(libc::EIO))
-    } else {
-        Ok(())
     }
 }
 
@@ -79,7 +57,8 @@ pub fn client_socket(
         set_linger0(&fd)?;
     }
     if let Some(ip) = src {
-        set_bind_address_no_port(fd.as_fd())?;
+        corelocal::sys::socket::set_bind_address_no_port(&fd)
+            .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
         rustix::net::bind(&fd, &SocketAddrV4::new(ip, 0)).map_err(errno)?;
     }
     Ok(fd)
@@ -109,22 +88,6 @@ pub fn read(fd: impl AsFd, buf: &mut [u8]) -> Result<usize, i32> {
 /// Sends `buf` without SIGPIPE: Ok(n), Err(errno).
 pub fn send(fd: impl AsFd, buf: &[u8]) -> Result<usize, i32> {
     rustix::net::send(fd, buf, rustix::net::SendFlags::NOSIGNAL).map_err(errno)
-}
-
-/// Closes a raw descriptor the io_uring backend owns (it holds descriptors by number while
-/// requests refer to them).
-pub fn close(fd: i32) {
-    // SAFETY: the caller owns `fd` (from `client_socket(...).into_raw_fd()`), closes it once
-    // and forgets the number afterwards.
-    drop(unsafe { OwnedFd::from_raw_fd(fd) });
-}
-
-/// shutdown(SHUT_RDWR) of a raw descriptor the io_uring backend owns: wakes whatever waits on
-/// the socket.
-pub fn shutdown(fd: i32) {
-    // SAFETY: the caller owns `fd` and has not closed it; the borrow lasts only for the call.
-    let fd = unsafe { BorrowedFd::borrow_raw(fd) };
-    let _ = rustix::net::shutdown(fd, rustix::net::Shutdown::Both);
 }
 
 /// Raises RLIMIT_NOFILE's soft limit to the hard limit; returns the new soft limit.

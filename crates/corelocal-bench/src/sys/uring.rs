@@ -11,13 +11,13 @@
 //! struct, which outlives every operation: a slot is reused only after all its operations
 //! completed (`pending == 0`), and `Drop` cancels and reaps everything before freeing.
 
-use super::{client_socket, close, shutdown, sockaddr};
+use super::{client_socket, sockaddr};
 use crate::engine::{Backend, ConnBuf, Event, SockOpts};
 use crate::stats::ErrKind;
 use io_uring::{opcode, squeue, types, IoUring};
 use std::io;
 use std::net::Ipv4Addr;
-use std::os::fd::IntoRawFd;
+use std::os::fd::{AsRawFd, IntoRawFd, OwnedFd};
 
 const OP_CONNECT: u64 = 1;
 const OP_SEND: u64 = 2;
@@ -58,6 +58,9 @@ pub struct Uring {
     flags: &'static str,
     direct: bool,
     srcs: Box<[libc::sockaddr_in]>,
+    /// Each slot's socket without direct descriptors (`SlotIo::fd` is its number), until the
+    /// ring's close request takes it over (or `Drop` closes it).
+    owned: Vec<Option<OwnedFd>>,
 }
 
 /// Runs `$body` with `$f` bound to the slot's descriptor: a fixed-file index in direct mode,
@@ -131,6 +134,7 @@ impl Uring {
             direct: false,
             srcs: vec![sockaddr(std::net::SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0)); slots]
                 .into_boxed_slice(),
+            owned: (0..slots).map(|_| None).collect(),
         };
         if direct {
             u.direct = u.try_direct(&probe, slots);
@@ -184,11 +188,9 @@ impl Uring {
             .user_data(2),
             opcode::Close::new(types::Fixed(0)).build().user_data(3),
         ];
-        for e in &trial {
-            // SAFETY: the entries point only at the static `ONE`.
-            if unsafe { self.ring.submission().push(e) }.is_err() {
-                return false;
-            }
+        // The entries point only at the static `ONE`; the queue is empty, with room for them.
+        for e in trial {
+            self.push(e);
         }
         if self.ring.submit_and_wait(3).is_err() {
             return false;
@@ -214,8 +216,9 @@ impl Uring {
     }
 
     fn push(&mut self, e: squeue::Entry) {
-        // Entries point only into `self.dst` / `self.bufs[slot]`: heap memory owned by `self`,
-        // SAFETY: neither freed nor moved while that slot has requests pending (module comment).
+        // SAFETY: entries point only into `self.dst` / `self.srcs` / `self.bufs[slot]` (heap
+        // memory owned by `self`, neither freed nor moved while that slot has requests pending:
+        // module comment) or at the statics `ONE` / `LINGER0`.
         while unsafe { self.ring.submission().push(&e) }.is_err() {
             let _ = self.ring.submit();
         }
@@ -340,6 +343,10 @@ impl Uring {
                 .flags(squeue::Flags::SKIP_SUCCESS)
                 .user_data(ud(slot, OP_UNTRACKED));
             self.push(e);
+            // The close request owns the socket now.
+            if let Some(fd) = self.owned[slot].take() {
+                let _ = fd.into_raw_fd();
+            }
             self.io[slot] = SlotIo {
                 fd: -1,
                 ..Default::default()
@@ -415,7 +422,9 @@ impl Backend for Uring {
         if self.direct {
             return self.open_direct(slot, src);
         }
-        let fd = client_socket(false, src, self.opts.linger0, self.opts.nodelay)?.into_raw_fd();
+        let sock = client_socket(false, src, self.opts.linger0, self.opts.nodelay)?;
+        let fd = sock.as_raw_fd();
+        self.owned[slot] = Some(sock);
         self.io[slot] = SlotIo {
             fd,
             pending: 3,
@@ -486,8 +495,8 @@ impl Backend for Uring {
                     .build()
                     .user_data(ud(slot, OP_UNTRACKED));
                 self.push(sh);
-            } else {
-                shutdown(s.fd);
+            } else if let Some(fd) = &self.owned[slot] {
+                let _ = rustix::net::shutdown(fd, rustix::net::Shutdown::Both);
             }
             let cancel = with_fd!(self, slot, |f| opcode::AsyncCancel2::new(
                 types::CancelBuilder::fd(f).all()
@@ -559,13 +568,8 @@ impl Drop for Uring {
             sink.clear();
         }
         let _ = self.ring.submit();
-        if !self.direct {
-            for s in &self.io {
-                if s.fd >= 0 {
-                    close(s.fd);
-                }
-            }
-        }
+        // Closes the sockets no close request took over.
+        self.owned.clear();
         if self.inflight > 0 {
             // Operations still hold pointers into our buffers: leak them rather than free.
             std::mem::forget(std::mem::take(&mut self.bufs));

@@ -12,7 +12,6 @@
 
 use std::io::{self, BufRead, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream};
-use std::os::fd::FromRawFd;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -21,52 +20,11 @@ const SOURCES: u32 = 200;
 /// Hard cap on connections per process (the fd limit is 20,000 here).
 const COUNT_MAX: usize = 19_000;
 
-fn connect_from(src: Ipv4Addr, dst: SocketAddrV4) -> io::Result<TcpStream> {
-    // SAFETY: plain socket(2); the result is checked and owned by the TcpStream below.
-    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `fd` is a fresh socket nobody else owns.
-    let stream = unsafe { TcpStream::from_raw_fd(fd) };
-    let one: libc::c_int = 1;
-    // SAFETY: a live int option value of the size passed.
-    unsafe {
-        libc::setsockopt(
-            fd,
-            libc::IPPROTO_IP,
-            libc::IP_BIND_ADDRESS_NO_PORT,
-            &one as *const libc::c_int as *const libc::c_void,
-            4,
-        )
-    };
-    let sin = |a: Ipv4Addr, port: u16| libc::sockaddr_in {
-        sin_family: libc::AF_INET as libc::sa_family_t,
-        sin_port: port.to_be(),
-        sin_addr: libc::in_addr {
-            s_addr: u32::from_ne_bytes(a.octets()),
-        },
-        sin_zero: [0; 8],
-    };
-    let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
-    let local = sin(src, 0);
-    // SAFETY: `local` is a valid sockaddr_in of `len` bytes.
-    if unsafe { libc::bind(fd, &local as *const _ as *const libc::sockaddr, len) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let remote = sin(*dst.ip(), dst.port());
-    // SAFETY: `remote` is a valid sockaddr_in of `len` bytes.
-    if unsafe { libc::connect(fd, &remote as *const _ as *const libc::sockaddr, len) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(stream)
-}
-
 fn run(dst: SocketAddrV4, count: usize, request: &[u8], hold: Duration) -> io::Result<()> {
     let mut conns = Vec::with_capacity(count);
     for i in 0..count {
         let src = Ipv4Addr::from(u32::from(Ipv4Addr::new(127, 0, 0, 2)) + (i as u32 % SOURCES));
-        conns.push(connect_from(src, dst)?);
+        conns.push(corelocal::sys::socket::connect_from(src, dst)?);
     }
     println!("connected {}", conns.len());
     for c in &mut conns {

@@ -12,9 +12,9 @@
 //! without it.
 
 use corelocal::bpf::insn::{self, Cond, EbpfInsn, Size, R0, R1, R10, R2, R3, R6, R7, R8, R9};
+use corelocal::sys::bpf::{Link, ProgType, Program, ATTACH_TRACE_ITER};
 use std::collections::BTreeMap;
 use std::io::Read;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 /// Most records read from one iteration (one per listening socket of the namespace).
 pub const RECORDS_MAX: usize = 1 << 20;
@@ -253,69 +253,32 @@ fn program(o: &Offsets) -> Vec<EbpfInsn> {
     p
 }
 
-fn sys_bpf(cmd: libc::c_long, attr: &mut [u64]) -> std::io::Result<RawFd> {
-    // SAFETY: `attr` is a live, zero-padded bpf_attr of `attr.len() * 8` bytes; every pointer
-    // inside it refers to a buffer the caller keeps alive for the call.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            cmd,
-            attr.as_mut_ptr() as *mut libc::c_void,
-            std::mem::size_of_val(attr) as libc::c_uint,
-        )
-    };
-    if rc < 0 {
-        Err(std::io::Error::last_os_error())
-    } else {
-        Ok(rc as RawFd)
-    }
-}
-
-fn owned(fd: RawFd) -> OwnedFd {
-    // SAFETY: the kernel just returned this new descriptor, which nothing else owns.
-    unsafe { OwnedFd::from_raw_fd(fd) }
-}
-
-const BPF_PROG_LOAD: libc::c_long = 5;
-const BPF_LINK_CREATE: libc::c_long = 28;
-const BPF_ITER_CREATE: libc::c_long = 33;
-const BPF_PROG_TYPE_TRACING: u64 = 26;
-const BPF_TRACE_ITER: u64 = 28;
-
 /// Loads the iterator, runs it once and parses its records.
 pub fn listener_progs() -> Result<Vec<ListenerProg>, String> {
     let data = std::fs::read("/sys/kernel/btf/vmlinux").map_err(|e| format!("kernel BTF: {e}"))?;
     let o = offsets(&Btf::parse(&data)?)?;
     let insns = program(&o);
-    let license = b"GPL\0";
-    let mut log = vec![0u8; 64 * 1024];
-    let name = b"cl_rp_iter\0\0\0\0\0\0";
-    // union bpf_attr, BPF_PROG_LOAD (18 × 8 bytes: up to log_true_size).
-    let mut attr = [0u64; 18];
-    attr[0] = BPF_PROG_TYPE_TRACING | ((insns.len() as u64) << 32);
-    attr[1] = insns.as_ptr() as u64;
-    attr[2] = license.as_ptr() as u64;
-    attr[3] = 1 | ((log.len() as u64) << 32); // log_level, log_size
-    attr[4] = log.as_mut_ptr() as u64;
-    attr[6] = u64::from_le_bytes(name[0..8].try_into().expect("8 bytes"));
-    attr[7] = u64::from_le_bytes(name[8..16].try_into().expect("8 bytes"));
-    attr[8] = BPF_TRACE_ITER << 32; // prog_ifindex, expected_attach_type
-    attr[13] = u64::from(o.attach_btf_id) << 32; // line_info_cnt, attach_btf_id
-    let prog = sys_bpf(BPF_PROG_LOAD, &mut attr).map_err(|e| {
-        let end = log.iter().position(|&b| b == 0).unwrap_or(0);
-        let tail = String::from_utf8_lossy(&log[..end]);
-        let tail: Vec<&str> = tail.lines().rev().take(3).collect();
-        format!("loading the reuseport iterator: {e} ({})", tail.join(" / "))
+    let prog = Program::load_btf(
+        ProgType::Tracing,
+        ATTACH_TRACE_ITER,
+        o.attach_btf_id,
+        &insns,
+        "cl_rp_iter",
+    )
+    .map_err(|e| {
+        let tail: Vec<&str> = e.log.lines().rev().take(3).collect();
+        format!(
+            "loading the reuseport iterator: {} ({})",
+            e.source,
+            tail.join(" / ")
+        )
     })?;
-    let prog = owned(prog);
-    // BPF_LINK_CREATE: prog_fd, target_fd, attach_type, flags; no iter_info for iter/tcp.
-    let mut attr = [0u64; 6];
-    attr[0] = prog.as_raw_fd() as u64;
-    attr[1] = BPF_TRACE_ITER;
-    let link = owned(sys_bpf(BPF_LINK_CREATE, &mut attr).map_err(|e| format!("iter link: {e}"))?);
-    let mut attr = [0u64; 1];
-    attr[0] = link.as_raw_fd() as u64;
-    let iter = owned(sys_bpf(BPF_ITER_CREATE, &mut attr).map_err(|e| format!("iter create: {e}"))?);
+    // No iter_info for iter/tcp.
+    let link = Link::create(&prog, 0, ATTACH_TRACE_ITER, 0)
+        .map_err(|e| format!("iter link: {}", e.source))?;
+    let iter = link
+        .iter_create()
+        .map_err(|e| format!("iter create: {}", e.source))?;
     let mut file = std::fs::File::from(iter);
     let mut buf = Vec::new();
     let mut chunk = vec![0u8; 64 * 1024];

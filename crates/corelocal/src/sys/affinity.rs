@@ -1,10 +1,12 @@
-//! Thread affinity: `sched_setaffinity`, `sched_getaffinity`, `sched_getcpu`.
+//! Thread affinity: `sched_setaffinity` and `sched_getaffinity` on `rustix`; `sched_getcpu`
+//! through libc, which reads the CPU from rseq or the vDSO where `rustix` makes the
+//! `getcpu` syscall.
 
 use crate::cpu::CpuSet;
 use std::io;
 
-/// Largest CPU id that fits the fixed-size `cpu_set_t` libc passes (1024 CPUs).
-const CPU_SETSIZE: usize = libc::CPU_SETSIZE as usize;
+/// Largest CPU id that fits the fixed-size set passed to the kernel (1024 CPUs).
+const CPU_SETSIZE: usize = rustix::thread::CpuSet::MAX_CPU;
 
 /// Pins the calling thread to `cpus`.
 pub fn set_current(cpus: &CpuSet) -> io::Result<()> {
@@ -20,34 +22,19 @@ pub fn set_current(cpus: &CpuSet) -> io::Result<()> {
             format!("CPU ids must be below {CPU_SETSIZE}"),
         ));
     }
-    // SAFETY: cpu_set_t is plain old data; all-zero is the empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    let mut set = rustix::thread::CpuSet::new();
     for cpu in cpus.iter() {
-        // SAFETY: cpu < CPU_SETSIZE was checked above.
-        unsafe { libc::CPU_SET(cpu, &mut set) };
+        set.set(cpu);
     }
-    // SAFETY: pid 0 = calling thread; `set` is a valid cpu_set_t of the size passed.
-    let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    // None: the calling thread (pid 0).
+    rustix::thread::sched_setaffinity(None, &set)?;
     Ok(())
 }
 
 /// The CPUs the calling thread may run on.
 pub fn get_current() -> io::Result<CpuSet> {
-    // SAFETY: cpu_set_t is plain old data; all-zero is the empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: pid 0 = calling thread; `set` is writable and of the size passed.
-    let rc =
-        unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `set` was filled by the kernel; CPU_ISSET only reads it.
-    Ok((0..CPU_SETSIZE)
-        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
-        .collect())
+    let set = rustix::thread::sched_getaffinity(None)?;
+    Ok((0..CPU_SETSIZE).filter(|&c| set.is_set(c)).collect())
 }
 
 /// The CPU the calling thread runs on now.

@@ -13,6 +13,7 @@ const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
 const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
 const BPF_PROG_LOAD: libc::c_long = 5;
 const BPF_LINK_CREATE: libc::c_long = 28;
+const BPF_ITER_CREATE: libc::c_long = 33;
 const BPF_PROG_GET_NEXT_ID: libc::c_long = 11;
 const BPF_PROG_GET_FD_BY_ID: libc::c_long = 13;
 const BPF_MAP_GET_FD_BY_ID: libc::c_long = 14;
@@ -44,12 +45,16 @@ pub enum ProgType {
     Xdp = 6,
     /// `BPF_PROG_TYPE_SK_REUSEPORT`.
     SkReuseport = 21,
+    /// `BPF_PROG_TYPE_TRACING` (e.g. a BPF iterator, with [`ATTACH_TRACE_ITER`]).
+    Tracing = 26,
 }
 
 /// `BPF_SK_REUSEPORT_SELECT`: expected attach type of a plain select program.
 pub const ATTACH_SK_REUSEPORT_SELECT: u32 = 39;
 /// `BPF_SK_REUSEPORT_SELECT_OR_MIGRATE`.
 pub const ATTACH_SK_REUSEPORT_SELECT_OR_MIGRATE: u32 = 40;
+/// `BPF_TRACE_ITER`: expected attach type of an iterator program, and its link's attach type.
+pub const ATTACH_TRACE_ITER: u32 = 28;
 /// `BPF_XDP`: link attach type of an XDP program on a network interface.
 pub const ATTACH_XDP: u32 = 37;
 /// `XDP_FLAGS_SKB_MODE`: generic XDP (any interface; runs on the skb after allocation).
@@ -147,9 +152,36 @@ struct LinkCreateAttr {
     _rest: [u64; 4],
 }
 
+/// `BPF_PROG_LOAD`'s attributes up to `log_true_size` (144 bytes), for a program that names
+/// the kernel function or type it attaches to by BTF id (a tracing program, an iterator).
+#[repr(C)]
+#[derive(Default)]
+struct ProgLoadBtfAttr {
+    base: ProgLoadAttr,
+    prog_btf_fd: u32,
+    func_info_rec_size: u32,
+    func_info: u64,
+    func_info_cnt: u32,
+    line_info_rec_size: u32,
+    line_info: u64,
+    line_info_cnt: u32,
+    attach_btf_id: u32,
+    /// attach_prog_fd, core_relo_cnt, fd_array, core_relos, core_relo_rec_size,
+    /// log_true_size: zero.
+    _rest: [u64; 4],
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct IterCreateAttr {
+    link_fd: u32,
+    flags: u32,
+}
+
 fn sys_bpf<T>(cmd: libc::c_long, attr: &mut T) -> io::Result<libc::c_long> {
-    // `attr` is a live #[repr(C)] bpf_attr prefix; the kernel reads at most size_of::<T>() bytes.
-    // SAFETY: and every pointer inside it refers to a buffer the caller keeps alive for the call.
+    // SAFETY: `attr` is a live #[repr(C)] bpf_attr prefix; the kernel reads at most
+    // size_of::<T>() bytes, and every pointer inside it refers to a buffer the caller keeps
+    // alive for the call.
     let rc = unsafe {
         libc::syscall(
             libc::SYS_bpf,
@@ -319,19 +351,46 @@ impl Program {
     ) -> Result<Program, BpfError> {
         let license = CString::new("GPL").expect("static string");
         let mut log = vec![0u8; VERIFIER_LOG_BYTES];
-        let mut attr = ProgLoadAttr {
-            prog_type: prog_type as u32,
-            insn_cnt: insns.len() as u32,
-            insns: insns.as_ptr() as u64,
-            license: license.as_ptr() as u64,
-            log_level: 1,
-            log_size: log.len() as u32,
-            log_buf: log.as_mut_ptr() as u64,
-            prog_name: name16(name),
+        let mut attr = prog_load_attr(
+            prog_type,
             expected_attach_type,
+            insns,
+            name,
+            &license,
+            &mut log,
+        );
+        Self::loaded(sys_bpf(BPF_PROG_LOAD, &mut attr), &log)
+    }
+
+    /// Loads a program that attaches to the kernel object of BTF id `attach_btf_id` (a
+    /// tracing program: for an iterator, `bpf_iter_NAME`'s id with [`ATTACH_TRACE_ITER`]); on
+    /// rejection the error carries the verifier log.
+    pub fn load_btf(
+        prog_type: ProgType,
+        expected_attach_type: u32,
+        attach_btf_id: u32,
+        insns: &[EbpfInsn],
+        name: &str,
+    ) -> Result<Program, BpfError> {
+        let license = CString::new("GPL").expect("static string");
+        let mut log = vec![0u8; VERIFIER_LOG_BYTES];
+        let mut attr = ProgLoadBtfAttr {
+            base: prog_load_attr(
+                prog_type,
+                expected_attach_type,
+                insns,
+                name,
+                &license,
+                &mut log,
+            ),
+            attach_btf_id,
             ..Default::default()
         };
-        match sys_bpf(BPF_PROG_LOAD, &mut attr) {
+        Self::loaded(sys_bpf(BPF_PROG_LOAD, &mut attr), &log)
+    }
+
+    fn loaded(rc: io::Result<libc::c_long>, log: &[u8]) -> Result<Program, BpfError> {
+        match rc {
             Ok(fd) => Ok(Program { fd: owned(fd) }),
             Err(source) => {
                 let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
@@ -347,6 +406,29 @@ impl Program {
     /// The program's descriptor.
     pub fn raw_fd(&self) -> RawFd {
         self.fd.as_raw_fd()
+    }
+}
+
+/// `BPF_PROG_LOAD`'s attributes for `insns`, with the verifier log (level 1) into `log`.
+fn prog_load_attr(
+    prog_type: ProgType,
+    expected_attach_type: u32,
+    insns: &[EbpfInsn],
+    name: &str,
+    license: &CString,
+    log: &mut [u8],
+) -> ProgLoadAttr {
+    ProgLoadAttr {
+        prog_type: prog_type as u32,
+        insn_cnt: insns.len() as u32,
+        insns: insns.as_ptr() as u64,
+        license: license.as_ptr() as u64,
+        log_level: 1,
+        log_size: log.len() as u32,
+        log_buf: log.as_mut_ptr() as u64,
+        prog_name: name16(name),
+        expected_attach_type,
+        ..Default::default()
     }
 }
 
@@ -379,6 +461,17 @@ impl Link {
             log: String::new(),
         })?;
         Ok(Link { fd: owned(fd) })
+    }
+
+    /// Opens a new run of the iterator this link attaches (`BPF_ITER_CREATE`): reading the
+    /// returned descriptor to its end runs the program over every object once.
+    pub fn iter_create(&self) -> Result<OwnedFd, BpfError> {
+        let mut attr = IterCreateAttr {
+            link_fd: self.raw_fd() as u32,
+            flags: 0,
+        };
+        let fd = sys_bpf(BPF_ITER_CREATE, &mut attr).map_err(bpf_err("iter create"))?;
+        Ok(owned(fd))
     }
 
     /// The link's descriptor.
@@ -593,4 +686,20 @@ fn map_info(fd: RawFd) -> Result<MapInfo, BpfError> {
         max_entries: u32_at(&buf, 16),
         name: c_name(&bytes_at(&buf, 24, 16)),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::{offset_of, size_of};
+
+    #[test]
+    fn attributes_have_the_kernel_layout() {
+        assert_eq!(size_of::<ProgLoadAttr>(), 72);
+        assert_eq!(offset_of!(ProgLoadAttr, expected_attach_type), 68);
+        assert_eq!(size_of::<ProgLoadBtfAttr>(), 144);
+        assert_eq!(offset_of!(ProgLoadBtfAttr, attach_btf_id), 108);
+        assert_eq!(size_of::<LinkCreateAttr>(), 48);
+        assert_eq!(size_of::<IterCreateAttr>(), 8);
+    }
 }

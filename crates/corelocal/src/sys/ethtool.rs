@@ -1,18 +1,24 @@
-//! Network-device ioctls: interface index by name and the ethtool ioctl (`SIOCETHTOOL`) for
-//! the driver name, channel counts, the RSS hash key and the RSS indirection table (read and
-//! write). `corelocal-tune`'s read-only probe uses the readers.
+//! Network-device ioctls: interface index by name (`SIOCGIFINDEX`, on `rustix`) and the
+//! ethtool ioctl (`SIOCETHTOOL`, hand-written: `rustix` has no ethtool commands) for the driver
+//! name, channel counts, the RSS hash key and the RSS indirection table (read and write), and
+//! the GRO and TSO switches. `corelocal-tune`'s read-only probe uses the readers;
+//! `corelocal-sweep` the switches.
 //!
-//! Commands (values from `linux/ethtool.h`): `ETHTOOL_GDRVINFO` 0x03, `ETHTOOL_GRXFHINDIR`
-//! 0x38 / `ETHTOOL_SRXFHINDIR` 0x39 (table only), `ETHTOOL_GCHANNELS` 0x3c, `ETHTOOL_GRSSH`
-//! 0x46 (table and key). A driver without the operation answers `EOPNOTSUPP`.
+//! Commands (values from `linux/ethtool.h`): `ETHTOOL_GDRVINFO` 0x03, `ETHTOOL_STSO` 0x1f,
+//! `ETHTOOL_GGRO` 0x2b / `ETHTOOL_SGRO` 0x2c, `ETHTOOL_GRXFHINDIR` 0x38 /
+//! `ETHTOOL_SRXFHINDIR` 0x39 (table only), `ETHTOOL_GCHANNELS` 0x3c, `ETHTOOL_GRSSH` 0x46
+//! (table and key). A driver without the operation answers `EOPNOTSUPP`.
 
+use rustix::net::{AddressFamily, SocketFlags, SocketType};
 use serde::Serialize;
-use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 
 const SIOCETHTOOL: libc::c_ulong = 0x8946;
 const ETHTOOL_GDRVINFO: u32 = 0x03;
+const ETHTOOL_STSO: u32 = 0x1f;
+const ETHTOOL_GGRO: u32 = 0x2b;
+const ETHTOOL_SGRO: u32 = 0x2c;
 const ETHTOOL_GRXFHINDIR: u32 = 0x38;
 const ETHTOOL_SRXFHINDIR: u32 = 0x39;
 const ETHTOOL_GCHANNELS: u32 = 0x3c;
@@ -45,26 +51,21 @@ fn check_name(nic: &str) -> io::Result<()> {
     Ok(())
 }
 
-/// The interface index of `nic` in this network namespace (`if_nametoindex`).
+/// The interface index of `nic` in this network namespace (`SIOCGIFINDEX`, what
+/// `if_nametoindex` does).
 pub fn ifindex(nic: &str) -> io::Result<u32> {
     check_name(nic)?;
-    let name = CString::new(nic).map_err(|_| io::ErrorKind::InvalidInput)?;
-    // SAFETY: `name` is a valid NUL-terminated string that outlives the call.
-    let index = unsafe { libc::if_nametoindex(name.as_ptr()) };
-    if index == 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(index)
+    Ok(rustix::net::netdevice::name_to_index(socket()?, nic)?)
 }
 
+/// The socket the device ioctls go through: any AF_INET datagram socket, unbound.
 fn socket() -> io::Result<OwnedFd> {
-    // SAFETY: socket(2) takes no pointers; the result is checked before use.
-    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `fd` is a fresh descriptor owned by nobody else.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    Ok(rustix::net::socket_with(
+        AddressFamily::INET,
+        SocketType::DGRAM,
+        SocketFlags::CLOEXEC,
+        None,
+    )?)
 }
 
 /// Issues `SIOCETHTOOL` on `nic` with `buf` as the command buffer; `buf` starts with the
@@ -80,13 +81,37 @@ fn ethtool(nic: &str, buf: &mut [u32]) -> io::Result<()> {
         *dst = *src as libc::c_char;
     }
     let sock = socket()?;
-    // `req` is a NUL-terminated ifreq whose data points to `buf`, sized for the command from the
-    // SAFETY: kernel's own reported lengths (checked against limits) and alive during the call.
+    // SAFETY: `req` is a NUL-terminated ifreq whose data points to `buf`, sized for the command
+    // from the kernel's own reported lengths (checked against limits) and alive during the call.
     let rc = unsafe { libc::ioctl(sock.as_raw_fd(), SIOCETHTOOL as _, &mut req as *mut IfReq) };
     if rc < 0 {
         return Err(io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// A `struct ethtool_value` command (`cmd`, `data`): the value the kernel answers.
+fn value(nic: &str, cmd: u32, data: u32) -> io::Result<u32> {
+    debug_assert!(matches!(cmd, ETHTOOL_STSO | ETHTOOL_GGRO | ETHTOOL_SGRO));
+    let mut buf = [cmd, data];
+    ethtool(nic, &mut buf)?;
+    Ok(buf[1])
+}
+
+/// Whether GRO is on for `nic` (`ETHTOOL_GGRO`).
+pub fn gro(nic: &str) -> io::Result<bool> {
+    value(nic, ETHTOOL_GGRO, 0).map(|v| v != 0)
+}
+
+/// Turns GRO on or off for `nic` (`ETHTOOL_SGRO`; on a veth it also switches the receive side
+/// to NAPI).
+pub fn set_gro(nic: &str, on: bool) -> io::Result<()> {
+    value(nic, ETHTOOL_SGRO, u32::from(on)).map(|_| ())
+}
+
+/// Turns every TSO feature of `nic` on or off (`ETHTOOL_STSO`).
+pub fn set_tso(nic: &str, on: bool) -> io::Result<()> {
+    value(nic, ETHTOOL_STSO, u32::from(on)).map(|_| ())
 }
 
 /// The driver's name (`ETHTOOL_GDRVINFO`), e.g. `virtio_net`, `veth`, `mlx5_core`.
@@ -287,6 +312,9 @@ mod tests {
         assert!(rxfh("nosuchif0").is_err());
         assert!(rxfh_indir("nosuchif0").is_err());
         assert!(channels("").is_err());
+        assert!(gro("nosuchif0").is_err());
+        assert!(set_tso("", false).is_err());
         assert!(ifindex("lo").unwrap() >= 1);
+        assert!(gro("lo").is_ok());
     }
 }

@@ -4,7 +4,7 @@
 use crate::backend::Wake;
 use rustix::event::EventfdFlags;
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 
 /// Wakes a worker through a non-blocking eventfd.
 #[derive(Debug)]
@@ -22,6 +22,11 @@ impl EventFdWaker {
     /// The descriptor, for the epoll set or the io_uring read.
     pub(crate) fn fd(&self) -> RawFd {
         self.fd.as_raw_fd()
+    }
+
+    /// The descriptor, borrowed (to drain the counter).
+    pub(crate) fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
     }
 }
 

@@ -1,19 +1,46 @@
 //! All operating-system code of the library lives here (mio's rule): every `unsafe` block, every
 //! syscall. The rest of the crate is either pure (policy, protocols, encoders) or calls these
-//! safe wrappers. Where `rustix` covers a call (sockets and their options, descriptor passing,
-//! pidfds, eventfd, poll, rlimits) these modules are thin typed layers over it; what it does not
-//! cover (the `bpf(2)` commands, the reuseport BPF attach, `TCP_INFO`, the ethtool ioctl,
-//! sock_diag, signals, io_uring details) stays hand-written with a `// SAFETY:` line per block.
+//! safe wrappers, and so do the workspace's tools (`corelocal-cli`, `-steer`, `-sweep`, `-top`,
+//! `-bench`) for what `rustix` does not cover safely: apart from the load generator's io_uring
+//! submission push (`corelocal-bench`) and test code, the workspace has no `unsafe` block
+//! outside this module.
+//!
+//! Where `rustix` covers a call these modules are thin typed layers over it: sockets and their
+//! options, descriptor passing, sock_diag's netlink socket, pidfds, eventfd, epoll, poll,
+//! thread affinity, the interface index (`SIOCGIFINDEX`), `kill`, `PR_SET_NO_NEW_PRIVS`,
+//! rlimits. What it does not cover stays hand-written, with a `// SAFETY:` line per block:
+//!
+//! - the `bpf(2)` commands (maps, program load with the verifier log, links, iterators);
+//! - the socket options `rustix` has no setter or getter for, through one generic
+//!   `setsockopt` (reuseport BPF attach and detach, `TCP_DEFER_ACCEPT`,
+//!   `IP_BIND_ADDRESS_NO_PORT`) and the first bytes of `TCP_INFO`; the borrow of the raw
+//!   descriptor numbers the callers pass;
+//! - the ethtool ioctl (`SIOCETHTOOL`);
+//! - signals: the mask, `sigtimedwait` and `sigaction` (`rustix` has them only as unsafe
+//!   functions of its unstable runtime module);
+//! - `sched_getcpu` (libc reads it from rseq or the vDSO; `rustix` makes the `getcpu`
+//!   syscall);
+//! - `unshare(CLONE_NEWNS)` (`rustix`'s `unshare_unsafe`: safe for NEWNS alone) and the
+//!   seccomp filter (`PR_SET_SECCOMP` with a pointer);
+//! - io_uring details the `io-uring` crate leaves unsafe: submission pushes, the provided-buffer
+//!   ring's memory, raw SQE fields, `io_uring_enter` with no argument, a direct descriptor
+//!   handed back as an fd.
+//!
+//! Modules:
 //!
 //! - [`affinity`]: pin threads, read the current CPU.
 //! - [`socket`]: socket creation and the options corelocal needs (SO_REUSEPORT,
-//!   SO_INCOMING_CPU, reuseport BPF attach, TCP_INFO on listeners, accept4).
-//! - [`bpf`]: the `bpf(2)` syscall (program load with verifier log, map operations, links).
-//! - [`ethtool`]: interface index by name; the ethtool ioctl (driver, RX queues, RSS table).
+//!   SO_INCOMING_CPU, reuseport BPF attach, TCP_INFO on listeners, accept4), and a client
+//!   socket bound to a source address without a port (`IP_BIND_ADDRESS_NO_PORT`).
+//! - [`bpf`]: the `bpf(2)` syscall (program load with verifier log, map operations, links,
+//!   BPF iterators).
+//! - [`ethtool`]: interface index by name; the ethtool ioctl (driver, RX queues, RSS table,
+//!   the GRO and TSO switches).
 //! - [`sockdiag`]: listening TCP sockets via `NETLINK_SOCK_DIAG` (cheap, unlike
 //!   `/proc/net/tcp`).
-//! - [`signal`]: SIGINT/SIGTERM blocked everywhere and awaited in one place.
-//! - [`process`]: uid and resource limits.
+//! - [`signal`]: SIGINT/SIGTERM blocked everywhere and awaited in one place; a handler that
+//!   only sets a flag, for the tools that clean up before they exit.
+//! - [`process`]: uid, resource limits, a seccomp filter, a thread's own mount namespace.
 //! - [`pidfd`]: another process's descriptors (`pidfd_getfd`) and CPU affinity, for
 //!   `corelocal steer`.
 //! - [`scm`]: unix `SOCK_SEQPACKET` sockets and descriptor passing (`SCM_RIGHTS`) for handing
@@ -47,14 +74,5 @@ pub(crate) fn cvt(rc: libc::c_int) -> std::io::Result<libc::c_int> {
         Err(std::io::Error::last_os_error())
     } else {
         Ok(rc)
-    }
-}
-
-/// [`cvt`] for calls returning a byte count.
-pub(crate) fn cvt_size(rc: libc::ssize_t) -> std::io::Result<usize> {
-    if rc < 0 {
-        Err(std::io::Error::last_os_error())
-    } else {
-        Ok(rc as usize)
     }
 }

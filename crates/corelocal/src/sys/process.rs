@@ -1,4 +1,5 @@
-//! Process-level facts: effective uid, resource limits.
+//! Process-level facts and switches: effective uid, resource limits, the seccomp filter, a
+//! thread's own mount namespace.
 
 use std::io;
 
@@ -24,10 +25,7 @@ pub fn deny_syscall(nr: u32, errno: u32) -> io::Result<()> {
         len: prog.len() as libc::c_ushort,
         filter: prog.as_ptr() as *mut libc::sock_filter,
     };
-    // SAFETY: plain prctl with integer arguments.
-    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    rustix::thread::set_no_new_privs(true)?;
     // SAFETY: `fprog` points to `prog`, which outlives the call; the kernel copies the filter.
     let rc = unsafe {
         libc::prctl(
@@ -46,3 +44,13 @@ pub fn deny_syscall(nr: u32, errno: u32) -> io::Result<()> {
 
 /// Syscall number of `io_uring_setup`.
 pub const SYS_IO_URING_SETUP: u32 = libc::SYS_io_uring_setup as u32;
+
+/// Gives the calling thread (only) its own mount namespace, a copy of the one it was in
+/// (`unshare(CLONE_NEWNS)`, which implies `CLONE_FS`): mounts made afterwards (a fresh sysfs
+/// on `/sys` after joining a network namespace) are its own and vanish when it exits.
+pub fn unshare_mount_namespace() -> io::Result<()> {
+    // SAFETY: only NEWNS (which implies FS) is unshared, never FILES, so no thread can see a
+    // descriptor table other than the one its descriptors came from.
+    unsafe { rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWNS) }?;
+    Ok(())
+}

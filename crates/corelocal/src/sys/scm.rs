@@ -219,7 +219,7 @@ pub fn is_socket_file(path: &Path) -> io::Result<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::fd::{AsRawFd, FromRawFd};
+    use std::os::fd::AsRawFd;
     use std::os::unix::fs::MetadataExt;
 
     fn same_file(a: RawFd, b: RawFd) -> bool {
@@ -234,14 +234,10 @@ mod tests {
     fn pipes(n: usize) -> Vec<OwnedFd> {
         (0..n)
             .map(|_| {
-                let mut fds = [0; 2];
-                // SAFETY: `fds` has room for two descriptors.
-                assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
-                // SAFETY: new descriptors owned by nobody else; the write end is closed at once.
-                unsafe {
-                    drop(OwnedFd::from_raw_fd(fds[1]));
-                    OwnedFd::from_raw_fd(fds[0])
-                }
+                // The write end is closed at once.
+                let (read, _write) =
+                    rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).expect("pipe2");
+                read
             })
             .collect()
     }

@@ -1,7 +1,12 @@
 //! Termination signals handled synchronously: block SIGINT/SIGTERM in every thread (workers
-//! inherit the mask), then wait for them with `sigtimedwait` in one place.
+//! inherit the mask), then wait for them with `sigtimedwait` in one place. Also a handler that
+//! only sets a flag ([`flag_on`]), for the tools that clean up before they exit, and `kill`.
+//!
+//! `kill` is `rustix`'s; the mask, `sigtimedwait` and `sigaction` are hand-written: `rustix`
+//! has them only in its unstable runtime module, as unsafe functions.
 
 use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 fn termination_set() -> libc::sigset_t {
@@ -49,15 +54,17 @@ pub fn wait_termination_from(timeout: Duration) -> Option<Termination> {
         tv_sec: timeout.as_secs() as libc::time_t,
         tv_nsec: timeout.subsec_nanos() as libc::c_long,
     };
-    // SAFETY: siginfo_t is plain old data; all-zero is valid.
-    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `set`, `info` and `ts` are initialised and live for the call.
-    let sig = unsafe { libc::sigtimedwait(&set, &mut info, &ts) };
+    // SAFETY: siginfo_t is plain old data, so all-zero is valid; `set`, `info` and `ts` are
+    // initialised and live for the call; si_pid is read only when sigtimedwait returned a
+    // signal, for which it filled `info` (sent by kill(2)/pidfd_send_signal, or 0).
+    let (sig, sender) = unsafe {
+        let mut info: libc::siginfo_t = std::mem::zeroed();
+        let sig = libc::sigtimedwait(&set, &mut info, &ts);
+        (sig, if sig > 0 { info.si_pid() } else { 0 })
+    };
     if sig <= 0 {
         return None;
     }
-    // SAFETY: sigtimedwait filled `info` for a signal sent by kill(2)/pidfd_send_signal.
-    let sender = unsafe { info.si_pid() };
     Some(Termination {
         signal: sig,
         sender,
@@ -73,9 +80,89 @@ pub fn terminate(pid: i32) -> io::Result<()> {
             format!("refusing to signal pid {pid}"),
         ));
     }
-    // SAFETY: kill(2) with a positive pid only sends a signal; no memory is involved.
-    if unsafe { libc::kill(pid, libc::SIGTERM) } != 0 {
-        return Err(io::Error::last_os_error());
+    let pid = rustix::process::Pid::from_raw(pid).expect("pid > 1");
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM)?;
+    Ok(())
+}
+
+/// Signal numbers [`flag_on`] takes: 1 to 64 (`SIGRTMAX`).
+const SIGNALS_MAX: usize = 64;
+
+/// One flag per signal number, set by [`raise_flag`].
+static RAISED: [AtomicBool; SIGNALS_MAX + 1] = [const { AtomicBool::new(false) }; SIGNALS_MAX + 1];
+
+/// The handler [`flag_on`] installs: only an atomic store (async-signal-safe).
+extern "C" fn raise_flag(sig: libc::c_int) {
+    if let Some(flag) = usize::try_from(sig).ok().and_then(|s| RAISED.get(s)) {
+        flag.store(true, Ordering::SeqCst);
+    }
+}
+
+/// Makes each of `signals` set a flag ([`raised`]) instead of its default action, so a tool
+/// that must clean up first (delete network namespaces, restore IRQ affinity or the terminal)
+/// sees a SIGINT/SIGTERM as a stop request. The handler is installed with an empty mask and no
+/// flags: no `SA_RESTART` (unlike signal-hook), so a blocking call it interrupts (`poll`)
+/// returns `EINTR` and the loop checks the flag.
+pub fn flag_on(signals: &[i32]) -> io::Result<()> {
+    for &sig in signals {
+        if !(1..=SIGNALS_MAX as i32).contains(&sig) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("no signal {sig}"),
+            ));
+        }
+        // SAFETY: sigaction is plain old data, so all-zero is an empty mask and no flags;
+        // `act` is initialised before the call, and the handler only stores to an atomic
+        // (async-signal-safe); the old action is not needed.
+        let rc = unsafe {
+            let mut act: libc::sigaction = std::mem::zeroed();
+            act.sa_sigaction = raise_flag as *const () as libc::sighandler_t;
+            libc::sigaction(sig, &act, std::ptr::null_mut())
+        };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
     }
     Ok(())
+}
+
+/// Whether one of `signals` arrived since [`flag_on`] installed its handler.
+pub fn raised(signals: &[i32]) -> bool {
+    signals.iter().any(|&sig| {
+        usize::try_from(sig)
+            .ok()
+            .and_then(|s| RAISED.get(s))
+            .is_some_and(|flag| flag.load(Ordering::SeqCst))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_flagged_signal_sets_its_flag_and_no_other() {
+        flag_on(&[libc::SIGUSR2]).unwrap();
+        assert!(!raised(&[libc::SIGUSR2]));
+        let me = rustix::process::getpid();
+        rustix::process::kill_process(me, rustix::process::Signal::USR2).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while !raised(&[libc::SIGUSR2]) && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(raised(&[libc::SIGUSR1, libc::SIGUSR2]));
+        assert!(!raised(&[libc::SIGUSR1]));
+        assert!(!raised(&[0, -1, 1000]));
+    }
+
+    #[test]
+    fn only_signal_numbers_are_taken() {
+        for sig in [0, -1, 65] {
+            assert_eq!(
+                flag_on(&[sig]).unwrap_err().kind(),
+                io::ErrorKind::InvalidInput
+            );
+        }
+        assert!(terminate(1).is_err() && terminate(0).is_err());
+    }
 }

@@ -3,10 +3,9 @@
 //! `/proc/net/tcp` walks the whole established hash (on this machine kind 262,144 buckets,
 //! ~18 ms per pass), so this is the cheap way to re-scan listeners often.
 
-use super::{cvt, cvt_size};
+use rustix::net::{netlink, AddressFamily, RecvFlags, SendFlags, SocketFlags, SocketType};
 use std::io;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 const SOCK_DIAG_BY_FAMILY: u16 = 20;
 const NLM_F_REQUEST: u16 = 1;
@@ -42,16 +41,12 @@ pub fn tcp_listeners() -> io::Result<Vec<DiagListener>> {
 }
 
 fn dump(family: u8, out: &mut Vec<DiagListener>) -> io::Result<()> {
-    // SAFETY: plain socket(2) call; the result is checked before use.
-    let raw = cvt(unsafe {
-        libc::socket(
-            libc::AF_NETLINK,
-            libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
-            libc::NETLINK_SOCK_DIAG,
-        )
-    })?;
-    // SAFETY: a new descriptor owned by nobody else.
-    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    let fd = rustix::net::socket_with(
+        AddressFamily::NETLINK,
+        SocketType::DGRAM,
+        SocketFlags::CLOEXEC,
+        Some(netlink::SOCK_DIAG),
+    )?;
     let mut req = [0u8; NLMSG_HDR_BYTES + 56];
     let len = req.len() as u32;
     req[0..4].copy_from_slice(&len.to_ne_bytes());
@@ -62,26 +57,11 @@ fn dump(family: u8, out: &mut Vec<DiagListener>) -> io::Result<()> {
     req[16] = family;
     req[17] = libc::IPPROTO_TCP as u8;
     req[20..24].copy_from_slice(&(1u32 << TCP_LISTEN).to_ne_bytes());
-    // SAFETY: `req` is readable for its length; a NULL address sends to the kernel.
-    cvt_size(unsafe {
-        libc::send(
-            fd.as_raw_fd(),
-            req.as_ptr() as *const libc::c_void,
-            req.len(),
-            0,
-        )
-    } as libc::ssize_t)?;
+    // Unconnected and unbound: a plain send goes to the kernel.
+    rustix::net::send(&fd, &req, SendFlags::empty())?;
     let mut buf = vec![0u8; 64 * 1024];
     loop {
-        // SAFETY: `buf` is writable for its length.
-        let n = cvt_size(unsafe {
-            libc::recv(
-                fd.as_raw_fd(),
-                buf.as_mut_ptr() as *mut libc::c_void,
-                buf.len(),
-                0,
-            )
-        })?;
+        let (n, _) = rustix::net::recv(&fd, &mut buf[..], RecvFlags::empty())?;
         if n == 0 {
             return Ok(());
         }
@@ -147,6 +127,7 @@ pub fn parse_diag_msg(m: &[u8]) -> Option<DiagListener> {
 mod tests {
     use super::*;
     use crate::sys::socket::{self, ListenOptions};
+    use std::os::fd::AsRawFd;
 
     #[test]
     fn finds_our_listener_with_its_inode_and_cookie() {

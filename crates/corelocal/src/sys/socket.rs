@@ -8,8 +8,8 @@ use crate::bpf::insn::CbpfInsn;
 use rustix::net::{self, sockopt, AddressFamily, SendFlags, SocketFlags, SocketType};
 use std::io;
 use std::mem::size_of;
-use std::net::SocketAddr;
-use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 
 /// The descriptor numbers the callers of `sys` pass, as the borrowed descriptors `rustix`
 /// takes.
@@ -255,8 +255,36 @@ pub fn set_linger_zero(fd: RawFd) -> io::Result<()> {
 }
 
 /// Sets `TCP_NODELAY`.
-pub fn set_nodelay(fd: &impl std::os::fd::AsFd) -> io::Result<()> {
+pub fn set_nodelay(fd: &impl AsFd) -> io::Result<()> {
     Ok(sockopt::set_tcp_nodelay(fd, true)?)
+}
+
+/// Sets `IP_BIND_ADDRESS_NO_PORT` (`rustix` has no setter): a later `bind` to port 0 leaves
+/// the port to `connect`, so a client gets the ephemeral ports per destination, not per
+/// source address.
+pub fn set_bind_address_no_port(fd: &impl AsFd) -> io::Result<()> {
+    let one: libc::c_int = 1;
+    setsockopt(
+        fd.as_fd().as_raw_fd(),
+        libc::IPPROTO_IP,
+        libc::IP_BIND_ADDRESS_NO_PORT,
+        &one,
+    )
+}
+
+/// A blocking TCP connection from `src` to `dst`, its port chosen at connect time
+/// (`IP_BIND_ADDRESS_NO_PORT`, where the kernel has it: else the bind picks one).
+pub fn connect_from(src: Ipv4Addr, dst: SocketAddrV4) -> io::Result<TcpStream> {
+    let fd = net::socket_with(
+        AddressFamily::INET,
+        SocketType::STREAM,
+        SocketFlags::CLOEXEC,
+        None,
+    )?;
+    let _ = set_bind_address_no_port(&fd);
+    net::bind(&fd, &SocketAddrV4::new(src, 0))?;
+    net::connect(&fd, &dst)?;
+    Ok(TcpStream::from(fd))
 }
 
 /// The running kernel's (major, minor) version from `uname`.

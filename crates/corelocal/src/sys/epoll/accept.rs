@@ -1,6 +1,7 @@
 //! Accepting: a listener's registration while it accepts with budget left, a batch of
 //! accepts per readiness event, and one accept (also a steal from another worker's listener).
 
+use super::interest::Ctl;
 use super::{would_block, ConnIo, EpollBackend, TOKEN_LISTENER};
 use crate::backend::{Completion, ConnId, Origin};
 use std::io;
@@ -18,9 +19,9 @@ impl EpollBackend {
         let want = l.active && l.budget != Some(0);
         if want != l.registered {
             let (op, events) = if want {
-                (libc::EPOLL_CTL_ADD, l.events)
+                (Ctl::Add, l.events)
             } else {
-                (libc::EPOLL_CTL_DEL, 0)
+                (Ctl::Delete, 0)
             };
             self.ctl(op, l.fd, events, TOKEN_LISTENER | listener as u64)?;
             if let Some(Some(state)) = self.listeners.get_mut(listener as usize) {

@@ -3,22 +3,37 @@
 
 use super::{EpollBackend, TOKEN_CONN};
 use crate::backend::ConnId;
-use crate::sys::cvt;
+use crate::sys::socket::borrow;
+use rustix::event::epoll::{self, EventData, EventFlags};
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 
+/// An `epoll_ctl` operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Ctl {
+    /// `EPOLL_CTL_ADD`.
+    Add,
+    /// `EPOLL_CTL_MOD`.
+    Modify,
+    /// `EPOLL_CTL_DEL` (events and token unused).
+    Delete,
+}
+
 impl EpollBackend {
-    pub(super) fn ctl(
-        &self,
-        op: libc::c_int,
-        fd: RawFd,
-        events: u32,
-        token: u64,
-    ) -> io::Result<()> {
+    /// `epoll_ctl` on `fd`, a descriptor the backend holds open (the waker, a listener of the
+    /// worker's group, a connection of the table), with the `EPOLL*` bits `events`.
+    pub(super) fn ctl(&self, op: Ctl, fd: RawFd, events: u32, token: u64) -> io::Result<()> {
         self.ctl_calls.set(self.ctl_calls.get() + 1);
-        let mut ev = libc::epoll_event { events, u64: token };
-        // SAFETY: `ev` is a live epoll_event; both descriptors are open.
-        cvt(unsafe { libc::epoll_ctl(self.epfd.as_raw_fd(), op, fd, &mut ev) }).map(|_| ())
+        let (data, flags) = (
+            EventData::new_u64(token),
+            EventFlags::from_bits_retain(events),
+        );
+        match op {
+            Ctl::Add => epoll::add(&self.epfd, borrow(fd), data, flags)?,
+            Ctl::Modify => epoll::modify(&self.epfd, borrow(fd), data, flags)?,
+            Ctl::Delete => epoll::delete(&self.epfd, borrow(fd))?,
+        }
+        Ok(())
     }
 
     /// Marks the connection's interest for registration before the next `epoll_wait`.
@@ -61,11 +76,7 @@ impl EpollBackend {
         if c.registered && want == c.interest {
             return Ok(());
         }
-        let op = if c.registered {
-            libc::EPOLL_CTL_MOD
-        } else {
-            libc::EPOLL_CTL_ADD
-        };
+        let op = if c.registered { Ctl::Modify } else { Ctl::Add };
         c.registered = true;
         c.interest = want;
         let fd = c.fd.as_raw_fd();

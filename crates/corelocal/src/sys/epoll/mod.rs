@@ -15,13 +15,15 @@ mod interest;
 mod recv;
 mod send;
 
-use super::cvt;
 use crate::backend::{Backend, BufId, Completion, ConnId, Op, Origin, Wake};
 use crate::sys::eventfd::EventFdWaker;
+use interest::Ctl;
+use rustix::event::{epoll, Timespec};
+use rustix::io::Errno;
 use send::PendingSend;
 use std::collections::VecDeque;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -78,12 +80,21 @@ pub struct EpollBackend {
     /// See [`EpollBackend::ctl_calls`].
     ctl_calls: std::cell::Cell<u64>,
     ready: VecDeque<Completion>,
-    events: Vec<libc::epoll_event>,
+    events: Events,
     listeners: Vec<Option<ListenerIo>>,
     conns: Vec<Option<ConnIo>>,
     pool: Vec<u8>,
     pool_free: Vec<BufId>,
     buf_bytes: usize,
+}
+
+/// The `epoll_wait` output buffer (EVENTS_MAX entries of capacity; `Debug` shows the count).
+struct Events(Vec<epoll::Event>);
+
+impl std::fmt::Debug for Events {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} events", self.0.len())
+    }
 }
 
 fn would_block(e: &io::Error) -> bool {
@@ -94,10 +105,7 @@ impl EpollBackend {
     /// Creates the epoll instance, its waker and the receive pool.
     pub fn new(pool: PoolConfig) -> io::Result<EpollBackend> {
         assert!(pool.bufs > 0 && pool.buf_bytes > 0, "empty receive pool");
-        // SAFETY: plain epoll_create1; the result is checked.
-        let epfd = cvt(unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) })?;
-        // SAFETY: a new descriptor owned by nobody else.
-        let epfd = unsafe { OwnedFd::from_raw_fd(epfd) };
+        let epfd = epoll::create(epoll::CreateFlags::CLOEXEC)?;
         let waker = Arc::new(EventFdWaker::new()?);
         let backend = EpollBackend {
             epfd,
@@ -105,7 +113,7 @@ impl EpollBackend {
             queued: Vec::new(),
             interest_dirty: Vec::new(),
             ready: VecDeque::new(),
-            events: Vec::with_capacity(EVENTS_MAX),
+            events: Events(Vec::with_capacity(EVENTS_MAX)),
             listeners: Vec::new(),
             conns: Vec::new(),
             pool: vec![0; pool.bufs as usize * pool.buf_bytes],
@@ -114,7 +122,7 @@ impl EpollBackend {
             ctl_calls: std::cell::Cell::new(0),
         };
         backend.ctl(
-            libc::EPOLL_CTL_ADD,
+            Ctl::Add,
             backend.waker.fd(),
             libc::EPOLLIN as u32,
             TOKEN_WAKER,
@@ -229,8 +237,7 @@ impl EpollBackend {
         };
         debug_assert!(c.pending.is_none(), "detached with a send in flight");
         let fd = if c.registered {
-            self.ctl(libc::EPOLL_CTL_DEL, c.fd.as_raw_fd(), 0, 0)
-                .map(|()| c.fd)
+            self.ctl(Ctl::Delete, c.fd.as_raw_fd(), 0, 0).map(|()| c.fd)
         } else {
             Ok(c.fd)
         };
@@ -238,15 +245,9 @@ impl EpollBackend {
     }
 
     fn drain_waker(&self) {
-        let mut value: u64 = 0;
-        // SAFETY: reads 8 bytes into a live u64 from our non-blocking eventfd.
-        let _ = unsafe {
-            libc::read(
-                self.waker.fd(),
-                &mut value as *mut u64 as *mut libc::c_void,
-                8,
-            )
-        };
+        // Reads the 8-byte counter back to 0 (EAGAIN: nothing pending); the value is unused.
+        let mut value = [0u8; 8];
+        let _ = rustix::io::read(self.waker.as_fd(), &mut value);
     }
 
     fn dispatch(&mut self, token: u64, events: u32) -> io::Result<()> {
@@ -295,29 +296,28 @@ impl Backend for EpollBackend {
                 t.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32
             })
         };
-        self.events.clear();
-        // SAFETY: `events` has capacity EVENTS_MAX and the kernel writes at most that many.
-        let n = unsafe {
-            libc::epoll_wait(
-                self.epfd.as_raw_fd(),
-                self.events.as_mut_ptr(),
-                EVENTS_MAX as libc::c_int,
-                timeout_ms,
-            )
-        };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            return if e.kind() == io::ErrorKind::Interrupted {
-                Ok(())
-            } else {
-                Err(e)
-            };
+        // Whole milliseconds, so rustix passes exactly `timeout_ms` to epoll_pwait (null
+        // sigmask: epoll_wait).
+        let timeout = (timeout_ms >= 0).then(|| Timespec {
+            tv_sec: (timeout_ms / 1000).into(),
+            tv_nsec: ((timeout_ms % 1000) * 1_000_000).into(),
+        });
+        self.events.0.clear();
+        debug_assert_eq!(self.events.0.capacity(), EVENTS_MAX);
+        // The kernel fills at most the spare capacity (EVENTS_MAX) and the length follows.
+        match epoll::wait(
+            &self.epfd,
+            rustix::buffer::spare_capacity(&mut self.events.0),
+            timeout.as_ref(),
+        ) {
+            Ok(_) => {}
+            Err(Errno::INTR) => return Ok(()),
+            Err(e) => return Err(e.into()),
         }
-        // SAFETY: the kernel initialised the first `n` entries.
-        unsafe { self.events.set_len(n as usize) };
-        for i in 0..n as usize {
-            let ev = self.events[i];
-            self.dispatch(ev.u64, ev.events)?;
+        for i in 0..self.events.0.len() {
+            // Copied out of the packed struct, field by field.
+            let (data, flags) = (self.events.0[i].data, self.events.0[i].flags);
+            self.dispatch(data.u64(), flags.bits())?;
         }
         Ok(())
     }
