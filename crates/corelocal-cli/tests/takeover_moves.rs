@@ -461,9 +461,27 @@ fn check_cache(addr: &str, items: usize) -> Result<(), String> {
 /// on with every item and every connection (kv's successor reads none before the cache is in,
 /// so those it was sent come back too), new clients are answered, and it still stops cleanly.
 fn a_successor_killed_while_moving_leaves_the_old_server_serving(backend: &str, by_pid: bool) {
+    a_failed_successor_leaves_the_old_server_serving(backend, by_pid, KILLED);
+}
+
+/// How a successor fails mid-move in [`a_failed_successor_leaves_the_old_server_serving`].
+const KILLED: bool = true;
+const STALLED: bool = false;
+
+/// A successor stopped once the move began (SIGSTOP), then killed (`KILLED`) or left stopped
+/// (`STALLED`: the old server's sends time out after its `--takeover-timeout`, and it kills
+/// the successor itself, so that exactly one process serves).
+fn a_failed_successor_leaves_the_old_server_serving(backend: &str, by_pid: bool, killed: bool) {
     let dir = TempDir::new("killed-mid-move");
     let (sock0, sock1) = (dir.0.join("up-0.sock"), dir.0.join("up-1.sock"));
-    let extra = ["--upgrade-socket", path_str(&sock0), "--memory-mb", "128"];
+    let extra = [
+        "--upgrade-socket",
+        path_str(&sock0),
+        "--memory-mb",
+        "128",
+        "--takeover-timeout",
+        "2s",
+    ];
     let mut old = Served::spawn(server("kv", "127.0.0.1:0", backend, &extra), false);
     let addr = old.hostport();
     fill_cache(&addr, KILLED_ITEMS);
@@ -501,12 +519,29 @@ fn a_successor_killed_while_moving_leaves_the_old_server_serving(backend: &str, 
     let pid = next.pid() as i32;
     // SAFETY: kill(2) on our own child, not reaped yet (`next` owns it).
     unsafe { libc::kill(pid, libc::SIGSTOP) };
-    std::thread::sleep(Duration::from_millis(300));
-    // SAFETY: as above.
-    unsafe { libc::kill(pid, libc::SIGKILL) };
-    let _ = next.child.wait();
+    if killed {
+        std::thread::sleep(Duration::from_millis(300));
+        // SAFETY: as above.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
     let log = old.wait_line("serving again on the same sockets", Duration::from_secs(30));
     assert!(log.contains("failed while moving"), "{log}");
+    let until = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        match next.child.try_wait().unwrap() {
+            Some(status) => break status,
+            None if Instant::now() > until => panic!("the failed successor still runs: {log}"),
+            None => std::thread::sleep(Duration::from_millis(20)),
+        }
+    };
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        Some(libc::SIGKILL),
+        "the successor is gone, killed: {log}"
+    );
+    if !killed {
+        assert!(log.contains("still running: stopped it"), "{log}");
+    }
     // New clients are answered, every item is there.
     for i in 0..50 {
         let mut c = connect(&addr);
@@ -678,4 +713,16 @@ fn memccapable_passes_across_takeovers_uring() {
 #[test]
 fn memccapable_passes_across_takeovers_epoll() {
     memccapable_passes_across_takeovers("epoll");
+}
+
+#[test]
+fn a_successor_stalled_while_moving_is_stopped_and_the_old_server_serves_on_uring() {
+    a_failed_successor_leaves_the_old_server_serving("uring", false, STALLED);
+}
+
+#[test]
+fn a_successor_stalled_while_moving_by_pid_is_stopped_and_the_old_server_serves_on_epoll() {
+    if can_steer_with_ebpf() {
+        a_failed_successor_leaves_the_old_server_serving("epoll", true, STALLED);
+    }
 }

@@ -17,7 +17,7 @@ use crate::listen::handover::{
 };
 use crate::listen::transfer::{self, Channel, HandoverError, UpgradeListener};
 use crate::sys::scm;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -191,12 +191,14 @@ fn finish(
 ) -> Result<MoveReport, MoveFailure> {
     server.release_moving();
     drop(listener);
+    let successor = successor_pidfd(channel);
     if let Err(error) = channel.send(&Message::Done) {
         eprintln!("corelocal: upgrade: telling pid {pid} we are done: {error}");
         return Err(MoveFailure {
             error,
             held: Vec::new(),
             lost: 0,
+            successor,
         });
     }
     eprintln!("corelocal: upgrade: listening sockets handed to pid {pid}; moving connections");
@@ -256,6 +258,9 @@ pub struct MoveFailure {
     pub held: Vec<MovedConn>,
     /// Connections that went with the successor (it may have read from them).
     pub lost: u64,
+    /// The successor's process (a pidfd taken while the move began, so the number cannot
+    /// have been reused), which [`resume`] stops.
+    pub successor: Option<OwnedFd>,
 }
 
 impl std::fmt::Display for MoveFailure {
@@ -291,6 +296,7 @@ struct Held {
 /// bytes and state, until the end, so a successor that dies on the way loses none of them.
 pub fn send_moving(channel: &Channel, outbox: &Outbox) -> Result<MoveReport, MoveFailure> {
     let mut report = MoveReport::default();
+    let successor = successor_pidfd(channel);
     let mut held = Held {
         unsent: Vec::new(),
         sent: outbox.keeps_sent().then(Vec::new),
@@ -306,6 +312,7 @@ pub fn send_moving(channel: &Channel, outbox: &Outbox) -> Result<MoveReport, Mov
                 error,
                 held: back,
                 lost,
+                successor,
             })
         }
     }
@@ -379,14 +386,20 @@ fn send_moving_inner(
 /// service's state never left this process), takes the group's steering back (SYNs reach
 /// these sockets again), and gives the new workers the connections the move did not send:
 /// the failure's, then each one the old workers still detach, until they exit. Connections
-/// sent before the failure went with the successor. Returns the new server and how the old
-/// one stopped; on an error what is left closes, as a stop without a successor does.
+/// sent before the failure went with the successor. A successor that is still there (it
+/// stopped answering rather than died) is killed first: it may have started serving, and
+/// exactly one process may serve the connections and hold the state. Returns the new server
+/// and how the old one stopped; on an error what is left closes, as a stop without a
+/// successor does.
 pub fn resume<S: Service>(
     old: Server,
     config: ServerConfig,
     service: Arc<S>,
     failure: MoveFailure,
 ) -> Result<(Server, ShutdownReport), ServerError> {
+    if let Some(pidfd) = &failure.successor {
+        stop_successor(pidfd);
+    }
     let group = old.listeners().clone();
     let mut config = config;
     config.gated = true;
@@ -417,6 +430,32 @@ pub fn resume<S: Service>(
     new.finish_taking();
     let (_, report) = old.join_report();
     Ok((new, report))
+}
+
+/// How long [`stop_successor`] waits for the killed successor to be gone (its descriptors
+/// closed), so its copies of the connections taken back cannot be read any more.
+const SUCCESSOR_EXIT_WAIT: Duration = Duration::from_secs(2);
+
+/// The process at the other end of `channel`, as a pidfd (`None` if it is gone already).
+fn successor_pidfd(channel: &Channel) -> Option<OwnedFd> {
+    let pid = channel.peer().ok()?.pid;
+    crate::sys::pidfd::pidfd_open(u32::try_from(pid).ok()?).ok()
+}
+
+/// Kills a successor whose move failed (SIGKILL) and waits, bounded, for it to be gone.
+fn stop_successor(pidfd: &OwnedFd) {
+    if crate::sys::pidfd::has_exited(pidfd) {
+        return;
+    }
+    if let Err(e) = crate::sys::pidfd::pidfd_send_signal(pidfd, libc::SIGKILL) {
+        eprintln!("corelocal: upgrade: stopping the failed successor: {e}");
+        return;
+    }
+    let until = Instant::now() + SUCCESSOR_EXIT_WAIT;
+    while !crate::sys::pidfd::has_exited(pidfd) && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    eprintln!("corelocal: upgrade: the failed successor was still running: stopped it");
 }
 
 /// A progress line at most every [`PROGRESS_INTERVAL`] while a move runs long.
