@@ -264,12 +264,31 @@ impl UdpSockets {
     /// Binds one socket per CPU of `cpus` on each address of `ips`, all on `port` (0: one
     /// the kernel picks for the first, then the same for all), with `SO_REUSEPORT` (an IPv6
     /// address binds IPv6 only, so that `::` and `0.0.0.0` can be given together).
-    pub fn bind(ips: &[IpAddr], port: u16, cpus: &[usize]) -> io::Result<UdpSockets> {
+    ///
+    /// `SO_REUSEPORT` would let these sockets join another process's on the same port (same
+    /// user, `SO_REUSEPORT` too: another server started by mistake) and share its datagrams,
+    /// so a port already bound in this network namespace (`/proc/net/udp`, `udp6`) is
+    /// refused as `EADDRINUSE`, unless `shared` (a successor taking over from the server
+    /// that holds it).
+    pub fn bind(ips: &[IpAddr], port: u16, cpus: &[usize], shared: bool) -> io::Result<UdpSockets> {
         if ips.is_empty() || cpus.is_empty() {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 "UDP needs an address and a CPU",
             ));
+        }
+        if port != 0 && !shared {
+            for ip in ips {
+                if port_in_use(*ip, port) {
+                    return Err(io::Error::new(
+                        io::ErrorKind::AddrInUse,
+                        format!(
+                            "UDP port {port} on {ip} is in use by another socket \
+                             (`ss -ulnp 'sport = :{port}'` shows who has it)"
+                        ),
+                    ));
+                }
+            }
         }
         let mut sockets = Vec::with_capacity(ips.len() * cpus.len());
         let mut port = port;
@@ -310,6 +329,55 @@ impl UdpSockets {
         }
         out
     }
+}
+
+/// Whether a UDP socket of this network namespace is bound to `port` on `ip`, or on the
+/// wildcard address when `ip` is a specific one, or on any address when `ip` is the wildcard.
+fn port_in_use(ip: IpAddr, port: u16) -> bool {
+    let table = if ip.is_ipv6() {
+        "/proc/net/udp6"
+    } else {
+        "/proc/net/udp"
+    };
+    let Ok(text) = std::fs::read_to_string(table) else {
+        return false;
+    };
+    bound_udp(&text).iter().any(|a| {
+        a.port() == port && (a.ip() == ip || a.ip().is_unspecified() || ip.is_unspecified())
+    })
+}
+
+/// The local addresses in a `/proc/net/udp` or `udp6` table (addresses as the kernel prints
+/// them: each 32-bit word in host order, in hex; the port in hex).
+fn bound_udp(table: &str) -> Vec<SocketAddr> {
+    let word = |hex: &str| u32::from_str_radix(hex, 16).ok().map(u32::from_be);
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let local = line.split_whitespace().nth(1)?;
+            let (addr, port) = local.split_once(':')?;
+            let port = u16::from_str_radix(port, 16).ok()?;
+            let ip: IpAddr = match addr.len() {
+                8 => std::net::Ipv4Addr::from(word(addr)?.to_be_bytes()).into(),
+                32 => {
+                    let mut bytes = [0u8; 16];
+                    for i in 0..4 {
+                        bytes[4 * i..4 * i + 4]
+                            .copy_from_slice(&word(&addr[8 * i..8 * i + 8])?.to_be_bytes());
+                    }
+                    std::net::Ipv6Addr::from(bytes).into()
+                }
+                _ => return None,
+            };
+            Some(SocketAddr::new(ip, port))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+pub(super) fn bound_udp_for_tests(table: &str) -> Vec<SocketAddr> {
+    bound_udp(table)
 }
 
 fn bind_reuseport(addr: SocketAddr) -> io::Result<UdpSocket> {

@@ -299,7 +299,7 @@ fn udp_sockets_are_listed_and_counted_as_memcached_does() {
 #[test]
 fn served_sockets_answer_framed_requests_and_stop() {
     let (svc, _) = service(KvConfig::default());
-    let sockets = UdpSockets::bind(&[Ipv4Addr::LOCALHOST.into()], 0, &[0, 0]).unwrap();
+    let sockets = UdpSockets::bind(&[Ipv4Addr::LOCALHOST.into()], 0, &[0, 0], false).unwrap();
     let port = sockets.port();
     assert_ne!(port, 0);
     assert_eq!(sockets.addrs().len(), 2);
@@ -352,4 +352,46 @@ fn served_sockets_answer_framed_requests_and_stop() {
     assert_eq!(totals.requests, 2);
     assert_eq!(totals.dropped, 2);
     assert_eq!(totals.sent, 4);
+}
+
+#[test]
+fn a_port_another_socket_holds_is_refused_unless_shared() {
+    let (svc, _) = service(KvConfig::default());
+    let first = UdpSockets::bind(&[Ipv4Addr::LOCALHOST.into()], 0, &[0], false).unwrap();
+    let port = first.port();
+    let ips = [Ipv4Addr::LOCALHOST.into()];
+    let e = UdpSockets::bind(&ips, port, &[0], false).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::AddrInUse, "{e}");
+    assert!(
+        e.to_string()
+            .contains(&format!("UDP port {port} on 127.0.0.1")),
+        "{e}"
+    );
+    // The wildcard address overlaps it too.
+    let any = [Ipv4Addr::UNSPECIFIED.into()];
+    assert!(UdpSockets::bind(&any, port, &[0], false).is_err());
+    // A successor taking over joins the port (SO_REUSEPORT on both).
+    let second = UdpSockets::bind(&ips, port, &[0], true).unwrap();
+    assert_eq!(second.port(), port);
+    drop((first, second, svc));
+}
+
+#[test]
+fn proc_net_udp_tables_are_read() {
+    let v4 = "   sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode ref pointer drops\n\
+              \x20 12: 0100007F:2BCB 00000000:0000 07 00000000:00000000 00:00000000 00000000  1000        0 4242 2 0000000000000000 0\n\
+              \x20 13: 00000000:0035 00000000:0000 07 00000000:00000000 00:00000000 00000000     0        0 4243 2 0000000000000000 0\n";
+    assert_eq!(
+        super::udp::bound_udp_for_tests(v4),
+        [
+            "127.0.0.1:11211".parse::<SocketAddr>().unwrap(),
+            "0.0.0.0:53".parse().unwrap()
+        ]
+    );
+    let v6 = "  sl  local_address                         remote_address                        st\n\
+              \x20  1: 00000000000000000000000001000000:2BCB 00000000000000000000000000000000:0000 07\n";
+    assert_eq!(
+        super::udp::bound_udp_for_tests(v6),
+        ["[::1]:11211".parse::<SocketAddr>().unwrap()]
+    );
 }

@@ -175,9 +175,11 @@ fn bind_udp(args: &KvArgs) -> Result<Option<UdpSockets>, String> {
             .map(|set| set.iter().collect())
             .unwrap_or_else(|_| vec![0]),
     };
-    UdpSockets::bind(&ips, port, &cpus).map(Some).map_err(|e| {
-        format!("--udp-port {port}: {e} (another process on the port? give another or `any`)")
-    })
+    // A successor shares the port with the server it takes over from.
+    let shared = common.takeover.is_some();
+    UdpSockets::bind(&ips, port, &cpus, shared)
+        .map(Some)
+        .map_err(|e| format!("--udp-port {port}: {e}; give another port or `any`"))
 }
 
 /// `--no-tcp`: UDP only (or nothing, as memcached with `-p 0 -U 0`) until SIGINT/SIGTERM.
