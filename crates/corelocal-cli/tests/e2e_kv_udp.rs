@@ -41,7 +41,7 @@ fn ask_udp(c: &UdpSocket, id: u16, body: &[u8]) -> (Vec<u8>, usize) {
     loop {
         let n = c.recv(&mut buf).expect("a reply datagram");
         let d = &buf[..n];
-        assert!(n >= 8 && n <= 1400, "datagram of {n} bytes");
+        assert!((8..=1400).contains(&n), "datagram of {n} bytes");
         assert_eq!(field(d, 0), id, "the request's id");
         assert_eq!(field(d, 3), 0, "reserved");
         let (seq, total) = (field(d, 1) as usize, field(d, 2) as usize);
