@@ -267,3 +267,54 @@ fn udp_with_ascii_authentication_is_refused_as_memcached_refuses_it() {
     assert!(err.contains(&format!("--udp-port {port}")), "{err}");
     let _: SocketAddr = taken.local_addr().unwrap();
 }
+
+/// A takeover does not move UDP sockets: the successor (`--takeover PID`) binds its own on the
+/// same port, the old server's close when it exits, and the successor answers from the store
+/// it imported.
+#[test]
+fn a_takeover_successor_serves_the_udp_port_with_the_moved_store() {
+    for backend in BACKENDS {
+        let dir = TempDir::new("kv-udp-takeover");
+        let port_file = dir.0.join("ports");
+        let old = Served::start(
+            "kv",
+            &[
+                "--backend",
+                backend,
+                "--udp-port",
+                "any",
+                "--port-file",
+                port_file.to_str().unwrap(),
+            ],
+        );
+        let udp_port = ports(&port_file)[1].1;
+        let u = client(udp_port);
+        assert_eq!(ask_udp(&u, 1, b"set k 0 0 3\r\nold\r\n").0, b"STORED\r\n");
+        let (pid, port) = (old.pid().to_string(), udp_port.to_string());
+        let new = Served::start_at(
+            "kv",
+            &old.addr.to_string(),
+            &[
+                "--backend",
+                backend,
+                "--udp-port",
+                &port,
+                "--takeover",
+                &pid,
+            ],
+        );
+        let (code, rest) = old.wait_exit(Duration::from_secs(20));
+        assert_eq!(code, 0, "--backend {backend}: {rest}");
+        assert!(rest.contains("UDP stopped | requests 1 |"), "{rest}");
+        for id in 2..6 {
+            assert_eq!(
+                ask_udp(&u, id, b"get k\r\n").0,
+                b"VALUE k 0 3\r\nold\r\nEND\r\n",
+                "--backend {backend}"
+            );
+        }
+        let (code, rest) = new.terminate();
+        assert_eq!(code, 0, "--backend {backend}: {rest}");
+        assert!(rest.contains("UDP stopped | requests 4 |"), "{rest}");
+    }
+}
