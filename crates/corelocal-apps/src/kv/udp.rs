@@ -533,28 +533,42 @@ fn run(socket: &UdpSocket, mut engine: UdpEngine, stop: &AtomicBool, counters: &
         counters.requests.fetch_add(1, Ordering::Relaxed);
         let to = SocketAddrAny::from(peer);
         engine.request(body, Instant::now(), |reply| {
-            let (sent, failed) = sender.send(socket, &to, id, reply);
+            let (sent, failed) = sender.send(socket, (peer, &to), id, reply);
             counters.sent.fetch_add(sent, Ordering::Relaxed);
             counters.send_errors.fetch_add(failed, Ordering::Relaxed);
         });
     }
 }
 
-/// Sends replies with `sendmmsg`, [`SEND_BATCH`] datagrams at a time.
+/// Sends replies: one datagram with `sendto` from a reused buffer, more with `sendmmsg`,
+/// [`SEND_BATCH`] datagrams at a time (header and payload as two slices, no copy).
 #[derive(Default)]
 struct Sender {
+    one: Vec<u8>,
     headers: Vec<[u8; HEADER_BYTES]>,
 }
 
 impl Sender {
-    /// Sends `reply`'s datagrams to `to`; returns (sent, failed).
+    /// Sends `reply`'s datagrams to `to` (as std and as rustix address it); returns (sent,
+    /// failed).
     fn send(
         &mut self,
         socket: &UdpSocket,
-        to: &SocketAddrAny,
+        (peer, to): (SocketAddr, &SocketAddrAny),
         id: u16,
         reply: &[u8],
     ) -> (u64, u64) {
+        if reply.len() <= PAYLOAD_BYTES_MAX {
+            self.one.clear();
+            for (header, payload) in datagrams(id, reply) {
+                self.one.extend_from_slice(&header);
+                self.one.extend_from_slice(payload);
+            }
+            return match socket.send_to(&self.one, peer) {
+                Ok(_) => (1, 0),
+                Err(_) => (0, 1),
+            };
+        }
         let parts: Vec<&[u8]> = datagrams(id, reply)
             .map(|(h, p)| {
                 self.headers.push(h);
