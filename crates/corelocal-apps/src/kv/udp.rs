@@ -53,9 +53,10 @@ pub const RECEIVE_BYTES: usize = 65_536;
 pub const SEND_BATCH: usize = 64;
 /// The most a reply to one request may be: its datagrams must be numbered in 16 bits.
 pub const RESPONSE_BYTES_LIMIT: usize = PAYLOAD_BYTES_MAX * u16::MAX as usize;
-/// How long a socket's thread waits for a datagram before it looks whether it should stop
-/// (a stop also wakes it at once: [`UdpServer::stop`]).
-const STOP_POLL: Duration = Duration::from_millis(200);
+/// How long a socket's thread waits for a datagram before it looks whether it should stop: a
+/// backstop (and one wakeup a second when idle), since a stop wakes it at once
+/// ([`UdpServer::stop`]).
+const STOP_POLL: Duration = Duration::from_secs(1);
 
 /// memcached's reply when a reply would be over [`UdpLimits::response_bytes_max`].
 const TOO_LARGE: &[u8] = b"SERVER_ERROR out of memory writing get response\r\n";

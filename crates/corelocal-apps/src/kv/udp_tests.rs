@@ -345,9 +345,11 @@ fn served_sockets_answer_framed_requests_and_stop() {
     );
     let started = Instant::now();
     let totals = server.stop();
+    // Woken at once by the shutdown of the sockets, not by the 1 s poll.
     assert!(
-        started.elapsed() < Duration::from_secs(1),
-        "the stop waited for the poll"
+        started.elapsed() < Duration::from_millis(500),
+        "the stop waited for the poll: {:?}",
+        started.elapsed()
     );
     assert_eq!(totals.requests, 2);
     assert_eq!(totals.dropped, 2);
