@@ -101,6 +101,9 @@ pub struct KvConn {
     registration: Registration,
     /// When input last came (for counting idle kicks).
     last_input: Instant,
+    /// A UDP endpoint's: each call runs one command, so that each command's reply goes out in
+    /// its own message as memcached sends them (`udp`).
+    one_command: bool,
 }
 
 impl KvConn {
@@ -123,7 +126,43 @@ impl KvConn {
             rejected,
             registration,
             last_input: info.now,
+            one_command: false,
         }
+    }
+
+    /// The engine of a UDP socket (`udp`): counted in `curr_connections` and listed in `stats
+    /// conns` as memcached counts and lists its UDP connections, never refused, no
+    /// authentication (UDP is refused with it), one command per [`Handler::on_input`].
+    pub(super) fn udp(inner: Arc<Inner>, worker: usize, registration: Registration) -> KvConn {
+        inner.curr_connections.fetch_add(1, Ordering::Relaxed);
+        inner.total_connections.fetch_add(1, Ordering::Relaxed);
+        KvConn {
+            inner,
+            state: State::Line,
+            worker,
+            auth: Auth::Done,
+            rejected: false,
+            registration,
+            last_input: Instant::now(),
+            one_command: true,
+        }
+    }
+
+    /// The end of a UDP request: a request is one datagram, so a storage command whose data
+    /// did not all come in it is answered `CLIENT_ERROR bad data chunk` (unless `noreply`)
+    /// and the discarding of a refused value ends; the next datagram starts with a command.
+    pub(super) fn end_of_request(&mut self, out: &mut Output) {
+        match std::mem::replace(&mut self.state, State::Line) {
+            State::Data(p) => answer_store(
+                out,
+                ChunkResult::BadChunk,
+                &p.key,
+                p.noreply,
+                p.meta.as_ref(),
+            ),
+            State::Line | State::Swallow(_) => {}
+        }
+        self.registration.set(ConnState::Read, None);
     }
 
     fn now(&self, now: Instant) -> Now {
@@ -630,6 +669,9 @@ impl KvConn {
                     self.inner.lru_crawler(c, out.bytes_mut(), now, pipelined);
                 }
                 Ok(cmd) => self.execute(cmd, out, now),
+            }
+            if self.one_command {
+                return Step::read(consumed, requests);
             }
         }
     }

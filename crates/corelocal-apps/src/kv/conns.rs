@@ -3,8 +3,10 @@
 //! address, the address it was accepted on, its state and the seconds since its last command.
 //!
 //! memcached numbers the entries by file descriptor; the runtime owns the sockets, so ours
-//! are the service's own numbers: the listeners 1…n, then connections from 17 (or n + 1,
-//! when more than 16 addresses are configured) in the order they came (never reused while the process lives, so the newest connection is listed last).
+//! are the service's own numbers: the listeners 1…n, then the UDP sockets (memcached lists
+//! each as a connection in `conn_read`, marked `UDP`), then connections from 17 (or past the
+//! listeners and UDP sockets, when there are more than 16) in the order they came (never
+//! reused while the process lives, so the newest connection is listed last).
 //! Each worker registers its connections in its own shard (a lock taken at connect and at
 //! close, by that worker only, and by `stats conns`); a connection updates its entry's state
 //! and command time with relaxed stores on its own entry.
@@ -67,7 +69,10 @@ impl ConnState {
 #[derive(Debug)]
 struct Entry {
     id: u64,
+    /// The client's address; a UDP socket's own.
     peer: Option<SocketAddr>,
+    /// A UDP socket (listed as memcached lists its UDP connections).
+    udp: bool,
     state: AtomicU8,
     /// Unix seconds (the service's clock) of the last command line.
     last_cmd: AtomicU64,
@@ -85,6 +90,8 @@ pub(super) struct Registry {
     /// The listening addresses: as configured, then as bound ([`Registry::set_listen`]).
     listen: Mutex<Vec<SocketAddr>>,
     next_id: AtomicU64,
+    /// The next UDP socket's number (after the listeners').
+    next_udp_id: AtomicU64,
     started_unix: u64,
 }
 
@@ -121,13 +128,20 @@ fn addr_text(proto: &str, addr: &SocketAddr) -> String {
 }
 
 impl Registry {
-    /// A registry for `workers` workers of a server listening on `listen`, started at
-    /// `started_unix`.
-    pub(super) fn new(workers: usize, listen: Vec<SocketAddr>, started_unix: u64) -> Registry {
+    /// A registry for `workers` workers of a server listening on `listen` and with
+    /// `udp_sockets` UDP sockets, started at `started_unix`.
+    pub(super) fn new(
+        workers: usize,
+        listen: Vec<SocketAddr>,
+        udp_sockets: usize,
+        started_unix: u64,
+    ) -> Registry {
         let n = workers.clamp(1, SHARDS_MAX);
+        let below = (listen.len() + udp_sockets).max(LISTENERS_NUMBERED);
         Registry {
             shards: (0..n).map(|_| Mutex::new(Shard::default())).collect(),
-            next_id: AtomicU64::new(listen.len().max(LISTENERS_NUMBERED) as u64 + 1),
+            next_id: AtomicU64::new(below as u64 + 1),
+            next_udp_id: AtomicU64::new(listen.len() as u64 + 1),
             listen: Mutex::new(listen),
             started_unix,
         }
@@ -149,10 +163,31 @@ impl Registry {
 
     /// Registers a new connection of `worker` from `peer`, at unix second `now`.
     pub(super) fn add(&self, worker: usize, peer: Option<SocketAddr>, now: u64) -> Registration {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        self.insert(worker, id, peer, false, ConnState::New, now)
+    }
+
+    /// Registers a UDP socket bound to `local`, served by `worker`, at unix second `now`
+    /// (numbered after the listeners, in the order registered).
+    pub(super) fn add_udp(&self, worker: usize, local: SocketAddr, now: u64) -> Registration {
+        let id = self.next_udp_id.fetch_add(1, Ordering::Relaxed);
+        self.insert(worker, id, Some(local), true, ConnState::Read, now)
+    }
+
+    fn insert(
+        &self,
+        worker: usize,
+        id: u64,
+        peer: Option<SocketAddr>,
+        udp: bool,
+        state: ConnState,
+        now: u64,
+    ) -> Registration {
         let entry = Arc::new(Entry {
-            id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            id,
             peer,
-            state: AtomicU8::new(ConnState::New as u8),
+            udp,
+            state: AtomicU8::new(state as u8),
             last_cmd: AtomicU64::new(now),
         });
         let shard = worker % self.shards.len();
@@ -224,10 +259,16 @@ impl Registry {
         };
         for e in live.iter().rev().take(LISTED_MAX).rev() {
             let id = e.id;
-            if let Some(peer) = &e.peer {
+            if e.udp {
+                // memcached's lines for a UDP connection: its socket's address, no listener.
+                let _ = write!(out, "STAT {id}:UDP UDP\r\n");
+                if let Some(local) = &e.peer {
+                    let _ = write!(out, "STAT {id}:addr {}\r\n", addr_text("udp", local));
+                }
+            } else if let Some(peer) = &e.peer {
                 let _ = write!(out, "STAT {id}:addr {}\r\n", addr_text("tcp", peer));
             }
-            if let Some(listen) = &listen {
+            if let (Some(listen), false) = (&listen, e.udp) {
                 let _ = write!(out, "STAT {id}:listen_addr {listen}\r\n");
             }
             let state = ConnState::from_u8(e.state.load(Ordering::Relaxed));
@@ -254,7 +295,7 @@ mod tests {
     #[test]
     fn lists_listeners_then_connections_in_arrival_order() {
         let listen: SocketAddr = "127.0.0.1:11211".parse().unwrap();
-        let r = Registry::new(2, vec![listen], 100);
+        let r = Registry::new(2, vec![listen], 0, 100);
         let a = r.add(1, Some("127.0.0.1:5000".parse().unwrap()), 101);
         let b = r.add(0, Some("[::1]:6000".parse().unwrap()), 102);
         a.set(ConnState::Nread, Some(103));
@@ -285,6 +326,34 @@ mod tests {
     }
 
     #[test]
+    fn udp_sockets_are_listed_after_the_listeners_as_memcached_lists_them() {
+        let listen: SocketAddr = "0.0.0.0:11211".parse().unwrap();
+        let udp: SocketAddr = "0.0.0.0:11222".parse().unwrap();
+        let r = Registry::new(2, vec![listen], 2, 100);
+        let client = r.add(0, Some("127.0.0.1:5000".parse().unwrap()), 100);
+        let u0 = r.add_udp(0, udp, 100);
+        let u1 = r.add_udp(1, udp, 100);
+        assert_eq!(
+            text(&r, 101),
+            "STAT 1:addr tcp:0.0.0.0:11211\r\nSTAT 1:state conn_listening\r\n\
+             STAT 1:secs_since_last_cmd 1\r\n\
+             STAT 2:UDP UDP\r\nSTAT 2:addr udp:0.0.0.0:11222\r\nSTAT 2:state conn_read\r\n\
+             STAT 2:secs_since_last_cmd 1\r\n\
+             STAT 3:UDP UDP\r\nSTAT 3:addr udp:0.0.0.0:11222\r\nSTAT 3:state conn_read\r\n\
+             STAT 3:secs_since_last_cmd 1\r\n\
+             STAT 17:addr tcp:127.0.0.1:5000\r\nSTAT 17:listen_addr tcp:0.0.0.0:11211\r\n\
+             STAT 17:state conn_new_cmd\r\nSTAT 17:secs_since_last_cmd 1\r\n"
+        );
+        // Many UDP sockets push the connections' numbers up.
+        let many = Registry::new(1, vec![listen], 20, 0);
+        assert_eq!(many.add(0, None, 0).id(), 22);
+        for r_ in [&client, &u0, &u1] {
+            r.remove(r_);
+        }
+        assert_eq!(r.len(), 0);
+    }
+
+    #[test]
     fn several_listeners_leave_listen_addr_out() {
         let r = Registry::new(
             1,
@@ -292,6 +361,7 @@ mod tests {
                 "127.0.0.1:1".parse().unwrap(),
                 "127.0.0.1:2".parse().unwrap(),
             ],
+            0,
             0,
         );
         let a = r.add(0, Some("127.0.0.1:3".parse().unwrap()), 0);
@@ -304,7 +374,7 @@ mod tests {
 
     #[test]
     fn bound_addresses_replace_the_configured_ones_once_each() {
-        let r = Registry::new(1, vec!["127.0.0.1:0".parse().unwrap()], 0);
+        let r = Registry::new(1, vec!["127.0.0.1:0".parse().unwrap()], 0, 0);
         let bound: SocketAddr = "127.0.0.1:40000".parse().unwrap();
         // Per-CPU listeners report the same address once each.
         r.set_listen(&[bound, bound]);

@@ -24,6 +24,9 @@ mod takeover;
 mod takeover_tests;
 #[cfg(test)]
 mod tests;
+pub mod udp;
+#[cfg(test)]
+mod udp_tests;
 
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -117,6 +120,11 @@ pub struct Report {
     pub reqs_per_event: u32,
     /// The listening addresses (`stats conns`).
     pub listen: Vec<std::net::SocketAddr>,
+    /// The UDP port (`udpport`; 0: no UDP).
+    pub udp_port: u16,
+    /// Each UDP socket's bound address, one entry per socket ([`udp::UdpSockets::addrs`]):
+    /// `stats conns` lists them and [`udp::serve`] registers them in this order.
+    pub udp: Vec<std::net::SocketAddr>,
 }
 
 impl Default for Report {
@@ -130,6 +138,8 @@ impl Default for Report {
             idle_timeout_secs: 0,
             reqs_per_event: 20,
             listen: Vec::new(),
+            udp_port: 0,
+            udp: Vec::new(),
         }
     }
 }
@@ -264,6 +274,7 @@ impl KvService {
         let registry = conns::Registry::new(
             config.report.threads as usize,
             config.report.listen.clone(),
+            config.report.udp.len(),
             wall_since_epoch.as_secs(),
         );
         let store = Store::new(

@@ -359,7 +359,7 @@ impl Inner {
             ("maxbytes", self.store.memory_bytes_max().to_string()),
             ("maxconns", max_connections.to_string()),
             ("tcpport", r.tcp_port.to_string()),
-            ("udpport", "0".into()),
+            ("udpport", r.udp_port.to_string()),
             (
                 "inter",
                 r.interface.clone().unwrap_or_else(|| "NULL".into()),

@@ -1,15 +1,17 @@
 //! Per-app launch: [`run`] gives each app its default address, turns its arguments into its
 //! service's config and serves it.
 
-use super::args::{App, Command, HttpArgs, KvArgs};
+use super::args::{App, Command, HttpArgs, KvArgs, UdpPort};
 use super::common::CommonArgs;
 use super::{fail, serve, serve_with};
 use crate::check;
 use corelocal_apps::http::{AccessLog, HttpConfig, HttpService};
+use corelocal_apps::kv::udp::{self, UdpLimits, UdpSockets};
 use corelocal_apps::kv::{KvConfig, KvService, Report, ShutdownHook};
 use corelocal_apps::rpc::{RpcConfig, RpcService};
 use corelocal_apps::sockperf::{SockperfConfig, SockperfService};
 use corelocal_proto::memcache;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -52,30 +54,7 @@ pub fn run(cmd: Command) -> ExitCode {
                 Err(e) => fail(&format!("http: {e}")),
             }
         }
-        App::Kv(mut args) => {
-            default_listen(&mut args.common, "127.0.0.1:11211");
-            let input_limit = *args
-                .common
-                .input_limit
-                .get_or_insert(KV_INPUT_LIMIT_DEFAULT);
-            // One byte under the runtime's limit, so that kv sees an over-long multiget (and
-            // answers it) before the runtime closes the connection silently.
-            let get_line_bytes_max =
-                usize::try_from(input_limit.saturating_sub(1).max(1)).unwrap_or(usize::MAX);
-            let config = match kv_config(&mut args, get_line_bytes_max) {
-                Ok(c) => c,
-                Err(e) => return fail(&format!("kv: {e}")),
-            };
-            match KvService::new(config) {
-                Ok(service) => {
-                    let shared = service.clone();
-                    serve_with(&args.common, Arc::new(service), move |addrs| {
-                        shared.set_listening(addrs)
-                    })
-                }
-                Err(e) => fail(&format!("kv: {e}")),
-            }
-        }
+        App::Kv(args) => run_kv(args),
         App::Rpc(mut args) => {
             default_listen(&mut args.common, "127.0.0.1:7000");
             let config = RpcConfig {
@@ -99,6 +78,162 @@ pub fn run(cmd: Command) -> ExitCode {
             }
         }
     }
+}
+
+/// `serve kv`: TCP through the runtime ([`serve_with`]) unless `--no-tcp`, UDP alongside with
+/// `--udp-port` (stopped once the TCP server has stopped).
+fn run_kv(mut args: KvArgs) -> ExitCode {
+    default_listen(&mut args.common, "127.0.0.1:11211");
+    let input_limit = *args
+        .common
+        .input_limit
+        .get_or_insert(KV_INPUT_LIMIT_DEFAULT);
+    // One byte under the runtime's limit, so that kv sees an over-long multiget (and
+    // answers it) before the runtime closes the connection silently.
+    let get_line_bytes_max =
+        usize::try_from(input_limit.saturating_sub(1).max(1)).unwrap_or(usize::MAX);
+    let mut config = match kv_config(&mut args, get_line_bytes_max) {
+        Ok(c) => c,
+        Err(e) => return fail(&format!("kv: {e}")),
+    };
+    let udp = match bind_udp(&args) {
+        Ok(u) => u,
+        Err(e) => return fail(&format!("kv: {e}")),
+    };
+    if let Some(sockets) = &udp {
+        config.report.udp_port = sockets.port();
+        config.report.udp = sockets.addrs();
+    }
+    if args.no_tcp {
+        config.report.listen.clear();
+        config.report.tcp_port = 0;
+    }
+    let service = match KvService::new(config) {
+        Ok(s) => s,
+        Err(e) => return fail(&format!("kv: {e}")),
+    };
+    let udp_bound = udp.as_ref().map(UdpSockets::bound).unwrap_or_default();
+    let limits = UdpLimits::for_items(args.item_max);
+    let udp_server = match udp.map(|s| udp::serve(&service, s, limits)).transpose() {
+        Ok(s) => s,
+        Err(e) => return fail(&format!("kv: starting UDP: {e}")),
+    };
+    let port_file = args.port_file.clone();
+    let code = if args.no_tcp {
+        serve_without_tcp(port_file.as_deref(), &udp_bound)
+    } else {
+        let shared = service.clone();
+        serve_with(&args.common, Arc::new(service), move |addrs| {
+            shared.set_listening(addrs);
+            if let Some(path) = &port_file {
+                write_port_file(path, addrs, &udp_bound);
+            }
+        })
+    };
+    if let Some(server) = udp_server {
+        let t = server.stop();
+        eprintln!(
+            "corelocal serve kv: UDP stopped | requests {} | dropped {} | datagrams sent {} | \
+             send errors {}",
+            t.requests, t.dropped, t.sent, t.send_errors
+        );
+    }
+    code
+}
+
+/// The UDP sockets `--udp-port` asks for: one per worker CPU on each `--listen` address's IP.
+fn bind_udp(args: &KvArgs) -> Result<Option<UdpSockets>, String> {
+    let common = &args.common;
+    if args.no_tcp && (common.takeover.is_some() || common.upgrade_socket.is_some()) {
+        return Err(
+            "--no-tcp has no listening sockets to hand over: drop --takeover/--upgrade-socket"
+                .into(),
+        );
+    }
+    let port = match args.udp_port {
+        UdpPort::Off => return Ok(None),
+        UdpPort::Port(p) => p,
+        UdpPort::Any => 0,
+    };
+    if args.auth_file.is_some() {
+        // memcached's refusal: a datagram cannot carry the authentication exchange.
+        return Err(
+            "--udp-port with --auth-file: UDP cannot be used with ASCII authentication \
+             (memcached refuses it too); drop --udp-port or give --udp-port 0"
+                .into(),
+        );
+    }
+    let mut ips: Vec<std::net::IpAddr> = Vec::new();
+    for a in &common.listen {
+        if !ips.contains(&a.ip()) {
+            ips.push(a.ip());
+        }
+    }
+    let cpus: Vec<usize> = match &common.cpus {
+        Some(set) => set.iter().collect(),
+        None => corelocal::cpu::current_affinity()
+            .map(|set| set.iter().collect())
+            .unwrap_or_else(|_| vec![0]),
+    };
+    // A successor shares the port with the server it takes over from.
+    let shared = common.takeover.is_some();
+    UdpSockets::bind(&ips, port, &cpus, shared)
+        .map(Some)
+        .map_err(|e| format!("--udp-port {port}: {e}; give another port or `any`"))
+}
+
+/// `--no-tcp`: UDP only (or nothing, as memcached with `-p 0 -U 0`) until SIGINT/SIGTERM.
+fn serve_without_tcp(port_file: Option<&std::path::Path>, udp: &[SocketAddr]) -> ExitCode {
+    if let Some(path) = port_file {
+        write_port_file(path, &[], udp);
+    }
+    let what = if udp.is_empty() {
+        "nothing (--no-tcp without --udp-port)".to_string()
+    } else {
+        let addrs: Vec<String> = udp.iter().map(|a| format!("udp {a}")).collect();
+        addrs.join(", ")
+    };
+    eprintln!("corelocal serve kv: listening on {what} | no TCP (--no-tcp)");
+    loop {
+        if let Some(signal) = corelocal::sys::signal::wait_termination(Duration::from_secs(1)) {
+            eprintln!("corelocal serve kv: signal {signal}, stopping");
+            return ExitCode::SUCCESS;
+        }
+    }
+}
+
+/// memcached's port file (`MEMCACHED_PORT_FILENAME`): a `TCP INET: PORT` line per TCP
+/// address, then a `UDP INET: PORT` line per UDP address (INET6 for IPv6), written to
+/// `PATH.lck` and renamed into place, so that a reader never sees half of it. A failure is
+/// reported and the server goes on.
+fn write_port_file(path: &std::path::Path, tcp: &[SocketAddr], udp: &[SocketAddr]) {
+    let text = port_file_text(tcp, udp);
+    let mut aside = path.as_os_str().to_owned();
+    aside.push(".lck");
+    let written = std::fs::write(&aside, text).and_then(|()| std::fs::rename(&aside, path));
+    if let Err(e) = written {
+        eprintln!(
+            "corelocal serve kv: --port-file {}: {e}; serving on",
+            path.display()
+        );
+    }
+}
+
+fn port_file_text(tcp: &[SocketAddr], udp: &[SocketAddr]) -> String {
+    let mut text = String::new();
+    let mut seen: Vec<(&str, SocketAddr)> = Vec::new();
+    for (proto, addrs) in [("TCP", tcp), ("UDP", udp)] {
+        for a in addrs {
+            // Per-CPU sockets share their address: one line each.
+            if seen.contains(&(proto, *a)) {
+                continue;
+            }
+            seen.push((proto, *a));
+            let family = if a.is_ipv6() { "INET6" } else { "INET" };
+            text.push_str(&format!("{proto} {family}: {}\n", a.port()));
+        }
+    }
+    text
 }
 
 /// Checks `serve http`'s own flags before anything starts.
@@ -210,5 +345,27 @@ fn kv_config(args: &mut KvArgs, get_line_bytes_max: usize) -> Result<KvConfig, S
 fn default_listen(common: &mut CommonArgs, addr: &str) {
     if common.listen.is_empty() {
         common.listen.push(addr.parse().expect("static address"));
+    }
+}
+
+#[cfg(test)]
+mod port_file_tests {
+    use super::port_file_text;
+
+    #[test]
+    fn lines_as_memcached_writes_them() {
+        let tcp = [
+            "127.0.0.1:11211".parse().unwrap(),
+            "127.0.0.1:11211".parse().unwrap(),
+        ];
+        let udp = [
+            "127.0.0.1:11222".parse().unwrap(),
+            "[::1]:11222".parse().unwrap(),
+        ];
+        assert_eq!(
+            port_file_text(&tcp, &udp),
+            "TCP INET: 11211\nUDP INET: 11222\nUDP INET6: 11222\n"
+        );
+        assert_eq!(port_file_text(&[], &[]), "");
     }
 }

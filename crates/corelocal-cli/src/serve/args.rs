@@ -125,10 +125,49 @@ pub(super) struct KvArgs {
     /// (memcached -D).
     #[arg(long, value_name = "CHAR")]
     pub(super) detail_delimiter: Option<char>,
+    /// memcached's UDP protocol on this port of each --listen address (memcached -U): 0 = off
+    /// (memcached 1.6's default), `any` = one the kernel picks. One socket per worker CPU
+    /// and address (SO_REUSEPORT), each served by a thread on that CPU.
+    #[arg(long, default_value = "0", value_name = "PORT|any", value_parser = parse_udp_port)]
+    pub(super) udp_port: UdpPort,
+    /// Open no TCP listener (memcached -p 0): serve UDP only (--udp-port) on the --listen
+    /// addresses' IPs, or, without UDP, nothing at all, as memcached does.
+    #[arg(long)]
+    pub(super) no_tcp: bool,
+    /// Once listening, write the bound ports here as memcached does with
+    /// MEMCACHED_PORT_FILENAME: `TCP INET: PORT` and `UDP INET: PORT` lines (INET6 for IPv6),
+    /// written aside and renamed into place.
+    #[arg(long, value_name = "PATH")]
+    pub(super) port_file: Option<PathBuf>,
     /// Accept `debugtime <seconds>`, which moves the cache's clock forward (memcached's debug
     /// build has it for its tests; never for a shared cache: any client could expire items).
     #[arg(long, hide = true)]
     pub(super) debug_time: bool,
+}
+
+/// `serve kv --udp-port`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum UdpPort {
+    /// No UDP (0).
+    Off,
+    /// This port.
+    Port(u16),
+    /// One the kernel picks (`any`; memcached's `-U -1`).
+    Any,
+}
+
+pub(super) fn parse_udp_port(text: &str) -> Result<UdpPort, String> {
+    match text {
+        "any" => Ok(UdpPort::Any),
+        "0" => Ok(UdpPort::Off),
+        _ => match text.parse::<u16>() {
+            Ok(port) => Ok(UdpPort::Port(port)),
+            Err(_) => Err(format!(
+                "{text:?} is not a UDP port: 1 to 65535, 0 for no UDP, or `any` for one the \
+                 kernel picks"
+            )),
+        },
+    }
 }
 
 #[derive(Debug, Args)]
