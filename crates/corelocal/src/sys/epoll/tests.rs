@@ -122,3 +122,49 @@ fn the_last_send_takes_the_close_with_it() {
     };
     assert_eq!(len, 10);
 }
+
+/// `Accepted` completions over `turns` turns.
+fn accepted_in(b: &mut EpollBackend, turns: usize) -> usize {
+    let mut out = Vec::new();
+    for _ in 0..turns {
+        b.submit().unwrap();
+        b.wait(Some(Duration::from_millis(10))).unwrap();
+        b.reap(&mut out, 64);
+    }
+    out.iter()
+        .filter(|c| matches!(c, Completion::Accepted { .. }))
+        .count()
+}
+
+/// A budget is exact (the accept policy): of five queued connections `Some(2)` takes two,
+/// `Some(0)` nothing more, `Some(1)` one, and `None` the rest; a pause settles.
+#[test]
+fn a_budget_accepts_exactly_as_many_as_allowed() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let _clients: Vec<TcpStream> = (0..5).map(|_| TcpStream::connect(addr).unwrap()).collect();
+    let fd = listener.as_raw_fd();
+    let accept = |budget| Op::Accept {
+        listener: 0,
+        fd,
+        exclusive: false,
+        budget,
+    };
+    let mut b = EpollBackend::new(PoolConfig {
+        bufs: 4,
+        buf_bytes: 4096,
+    })
+    .unwrap();
+    b.push(accept(Some(2)));
+    assert_eq!(accepted_in(&mut b, 10), 2);
+    b.push(accept(Some(0)));
+    assert_eq!(accepted_in(&mut b, 5), 0);
+    b.push(accept(Some(1)));
+    assert_eq!(accepted_in(&mut b, 10), 1);
+    b.push(accept(None));
+    assert_eq!(accepted_in(&mut b, 10), 2);
+    b.push(Op::AcceptPause { listener: 0, fd });
+    accepted_in(&mut b, 2);
+    assert!(b.accepts_settled());
+}

@@ -237,3 +237,48 @@ fn a_full_submission_queue_waits_instead_of_spinning() {
     assert_eq!(failed, STEALS);
     assert!(b.accepts_settled());
 }
+
+/// `Accepted` completions over `turns` turns (received buffers released).
+fn accepted_in(b: &mut UringBackend, turns: usize) -> usize {
+    let mut n = 0;
+    for _ in 0..turns {
+        let (_, out) = turn(b);
+        for c in out {
+            match c {
+                Completion::Accepted { .. } => n += 1,
+                Completion::Recv { buf, .. } => b.release(buf),
+                _ => {}
+            }
+        }
+    }
+    n
+}
+
+/// A budget is exact (the one-shot accepts of the accept policy): of five queued connections
+/// `Some(2)` takes two, `Some(0)` nothing more, `Some(1)` one, and `None` (multishot) the rest;
+/// a pause stops the multishot accept and settles.
+#[test]
+fn a_budget_accepts_exactly_as_many_as_allowed() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let _clients: Vec<TcpStream> = (0..5).map(|_| TcpStream::connect(addr).unwrap()).collect();
+    let fd = listener.as_raw_fd();
+    let accept = |budget| Op::Accept {
+        listener: 0,
+        fd,
+        exclusive: false,
+        budget,
+    };
+    let mut b = backend();
+    b.push(accept(Some(2)));
+    assert_eq!(accepted_in(&mut b, 10), 2);
+    b.push(accept(Some(0)));
+    assert_eq!(accepted_in(&mut b, 5), 0);
+    b.push(accept(Some(1)));
+    assert_eq!(accepted_in(&mut b, 10), 1);
+    b.push(accept(None));
+    assert_eq!(accepted_in(&mut b, 10), 2);
+    b.push(Op::AcceptPause { listener: 0, fd });
+    accepted_in(&mut b, 5);
+    assert!(b.accepts_settled());
+}
