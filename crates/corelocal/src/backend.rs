@@ -11,6 +11,11 @@
 //! Buffers: received bytes live in the backend's pool until [`release`](Backend::release)d
 //! (io_uring's provided-buffer ring; epoll's fixed pool); send buffers are owned by the backend
 //! until their completion returns them.
+//!
+//! [`accept`] holds the accept policy both sides follow: the worker's allowances, and per
+//! listener the backend's choice of how many to take and how (multishot or one-shot).
+
+pub mod accept;
 
 use std::fs::File;
 use std::io;

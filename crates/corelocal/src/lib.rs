@@ -12,7 +12,7 @@
 //! - [`steer`]: packet-level flow-group migration — XDP + CPUMAP (software, any interface)
 //!   and the NIC's RSS indirection table (ethtool), with detection.
 //! - [`backend`]: the operations and completions between the runtime's worker and the
-//!   backends (a leaf both import).
+//!   backends, and the accept policy both follow (a pure leaf both import).
 //! - [`runtime`]: one pinned worker per CPU, the sans-IO [`runtime::Handler`] API, stats, and
 //!   the backends behind one submit / reap / wait interface.
 //! - [`procfs`]: pure parsers for `/proc` files (`stat`, `net/*`, `PID/stat`, `schedstat`),

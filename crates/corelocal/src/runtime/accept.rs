@@ -5,7 +5,8 @@
 //! Allowances: per listener, the connections the backend was allowed to accept that the
 //! worker has not seen yet. `open` + allowances + a steal in flight never exceed the
 //! connection limit, so the backend stops by itself at the limit and the rest wait in the
-//! kernel's accept queue (io_uring: the direct-descriptor table can never overflow).
+//! kernel's accept queue (io_uring: the direct-descriptor table can never overflow). The
+//! arithmetic is the accept policy's ([`Refill`]), which the backends follow too.
 //!
 //! Pacing: without the balancer, the allowance is simply the room below the connection limit.
 //! With the balancer, connections must stay in the kernel queue until the worker can take them
@@ -16,6 +17,7 @@
 //! its connections do (silent, idle, slow) plays no part: a worker accepts up to the
 //! connection limit whatever they do; silent clients are the idle timeout's business.
 
+use super::backend::accept::Refill;
 use super::backend::{Backend, Op, Origin};
 use super::Limits;
 use std::os::fd::RawFd;
@@ -127,46 +129,37 @@ impl AcceptPath {
         }
     }
 
-    /// How many connections may be outstanding (allowed, not yet seen): the room below the
-    /// connection limit, and with pacing at most `accept_batch_max`.
-    fn target(&self, open: usize) -> usize {
-        let taken = open + usize::from(self.steal_pending);
-        let room = self.limits.conns_per_worker_max.saturating_sub(taken);
-        if self.paced {
-            room.min(self.limits.accept_batch_max)
-        } else {
-            room
+    /// The allowance arithmetic (see [`Refill`]).
+    fn refill_policy(&self) -> Refill {
+        Refill {
+            conns_max: self.limits.conns_per_worker_max,
+            batch_max: self.limits.accept_batch_max,
+            paced: self.paced,
         }
     }
 
     /// Tops the allowances up to the target once they ran below a quarter of it (half, when
     /// paced: a turn's batch), or at once on `resume` (which also re-arms every listener after
-    /// a pause).
+    /// a pause). See [`Refill`].
     fn refill<B: Backend>(&mut self, backend: &mut B, open: usize, resume: bool) {
         if !self.accepting {
             return;
         }
-        let target = self.target(open);
-        let outstanding = self.outstanding();
-        let low_mark = if self.paced { target / 2 } else { target / 4 };
-        let low = outstanding == 0 || outstanding < low_mark;
-        let extra = if resume || low {
-            target.saturating_sub(outstanding)
-        } else {
-            0
-        };
+        let policy = self.refill_policy();
+        let target = policy.target(open + usize::from(self.steal_pending));
+        let extra = policy.extra(target, self.outstanding(), resume);
         let n = self.allowance.len();
         for (i, &fd) in self.listeners.iter().enumerate() {
-            let share = (extra / n + usize::from(i < extra % n)).min(u32::MAX as usize);
+            let share = Refill::share(extra, n, i);
             if share == 0 && !resume {
                 continue;
             }
-            self.allowance[i] += share;
+            self.allowance[i] += share as usize;
             backend.push(Op::Accept {
                 listener: i as u32,
                 fd,
                 exclusive: self.shared,
-                budget: Some(share as u32),
+                budget: Some(share),
             });
         }
     }

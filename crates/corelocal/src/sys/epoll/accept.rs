@@ -1,5 +1,5 @@
 //! Accepting: a listener's registration while it accepts with budget left, a batch of
-//! accepts per readiness event, and one accept (also a steal from another worker's listener).
+//! accepts per readiness event (both as the accept policy, `ListenerAccept`, decides), and one accept (also a steal from another worker's listener).
 
 use super::interest::Ctl;
 use super::{would_block, ConnIo, EpollBackend, TOKEN_LISTENER};
@@ -16,7 +16,7 @@ impl EpollBackend {
         let Some(Some(l)) = self.listeners.get(listener as usize).copied() else {
             return Ok(());
         };
-        let want = l.active && l.budget != Some(0);
+        let want = l.policy.wants_readiness();
         if want != l.registered {
             let (op, events) = if want {
                 (Ctl::Add, l.events)
@@ -35,12 +35,9 @@ impl EpollBackend {
         let Some(Some(l)) = self.listeners.get(listener as usize).copied() else {
             return Ok(());
         };
-        if !l.active {
+        let Some(limit) = l.policy.batch(ACCEPT_BATCH_MAX) else {
             return Ok(());
-        }
-        let limit = l
-            .budget
-            .map_or(ACCEPT_BATCH_MAX, |b| (b as usize).min(ACCEPT_BATCH_MAX));
+        };
         let mut accepted = 0;
         let mut failure = None;
         while accepted < limit {
@@ -58,9 +55,7 @@ impl EpollBackend {
                 .push_back(Completion::AcceptFailed { listener, error });
         }
         if let Some(Some(state)) = self.listeners.get_mut(listener as usize) {
-            if let Some(b) = state.budget.as_mut() {
-                *b -= accepted as u32;
-            }
+            state.policy.took(accepted as u32);
         }
         self.sync_listener(listener)
     }

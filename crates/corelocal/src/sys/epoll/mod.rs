@@ -15,6 +15,7 @@ mod interest;
 mod recv;
 mod send;
 
+use crate::backend::accept::{ListenerAccept, MULTISHOT_ALLOWANCE_MIN_DEFAULT};
 use crate::backend::{Backend, BufId, Completion, ConnId, Op, Origin, Wake};
 use crate::sys::eventfd::EventFdWaker;
 use interest::Ctl;
@@ -48,10 +49,8 @@ struct ListenerIo {
     fd: RawFd,
     events: u32,
     registered: bool,
-    /// Connections still allowed (`None`: no limit); kept across pauses.
-    budget: Option<u32>,
-    /// Accepting (not paused).
-    active: bool,
+    /// The accept policy's state: accepting or paused, the allowance left.
+    policy: ListenerAccept,
 }
 
 #[derive(Debug)]
@@ -159,11 +158,10 @@ impl EpollBackend {
                     fd,
                     events,
                     registered: false,
-                    budget: None,
-                    active: false,
+                    // Readiness-based: no multishot accept, the threshold is unused.
+                    policy: ListenerAccept::new(MULTISHOT_ALLOWANCE_MIN_DEFAULT),
                 });
-                state.active = true;
-                state.budget = budget.map(|k| state.budget.unwrap_or(0).saturating_add(k));
+                state.policy.allow(budget);
                 self.sync_listener(listener)?;
             }
             Op::Steal { victim, fd } => {
@@ -174,7 +172,7 @@ impl EpollBackend {
             }
             Op::AcceptPause { listener, .. } => {
                 if let Some(Some(state)) = self.listeners.get_mut(listener as usize) {
-                    state.active = false;
+                    state.policy.pause();
                     self.sync_listener(listener)?;
                 }
             }

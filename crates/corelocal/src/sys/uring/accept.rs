@@ -1,47 +1,28 @@
-//! Accepting: each listener's multishot or budgeted one-shot accepts, steals from other
-//! workers' listeners, and a new direct descriptor's setup (its SO_INCOMING_CPU query and
-//! first receive) up to its `Accepted` report.
+//! Accepting: each listener's multishot or budgeted one-shot accepts (the accept policy,
+//! [`ListenerAccept`], decides which and when; this file submits and completes them), steals
+//! from other workers' listeners, and a new direct descriptor's setup (its SO_INCOMING_CPU
+//! query and first receive) up to its `Accepted` report.
 
 use super::sqe::{as_getsockopt, with_ioprio};
 use super::state::{
     user_data, RecvState, KIND_ACCEPT, KIND_ACCEPT_ONE, KIND_RECV, KIND_SOCKOPT, KIND_STEAL,
 };
 use super::{UringBackend, BUF_GROUP};
+use crate::backend::accept::ListenerAccept;
 use crate::backend::{Completion, ConnId, Origin};
 use io_uring::{cqueue, opcode, squeue, types};
 use std::io;
 use std::os::fd::RawFd;
 
-/// One-shot accepts kept in flight per listener when accepting with a budget.
-const ONESHOT_INFLIGHT_MAX: u32 = 4;
-/// A listener whose backlog cannot be read accepts multishot only with this much allowance.
-const MULTISHOT_ALLOWANCE_MIN_DEFAULT: u32 = 8192;
 /// `IORING_ACCEPT_DONTWAIT`: fail with EAGAIN instead of waiting for a connection.
 const IORING_ACCEPT_DONTWAIT: u16 = 2;
 
-/// A listener's multishot accept.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Multishot {
-    Off,
-    Armed,
-    /// Cancelled; its last completion has not arrived yet.
-    Cancelling,
-}
-
-/// How a listener is being accepted from: multishot while the allowance is unlimited or large,
-/// else up to `remaining` more connections through at most [`ONESHOT_INFLIGHT_MAX`] one-shot
-/// accepts (exact: the table never receives more than allowed).
+/// A listener's accept: its socket and the policy's state ([`ListenerAccept`] decides
+/// multishot or budgeted one-shot accepts, and when to arm and cancel them).
 #[derive(Debug, Clone, Copy)]
 pub(super) struct ListenerState {
     fd: RawFd,
-    active: bool,
-    pub(super) multishot: Multishot,
-    /// Connections still allowed (`None`: no limit); kept across pauses.
-    remaining: Option<u32>,
-    pub(super) inflight: u32,
-    /// Multishot only with at least this allowance: more than one pass of the kernel's
-    /// accept loop can take (twice the backlog, plus margin), so it is cancelled in time.
-    multishot_min: u32,
+    pub(super) policy: ListenerAccept,
 }
 
 impl UringBackend {
@@ -60,88 +41,48 @@ impl UringBackend {
         }
         let state = self.listeners[slot].get_or_insert_with(|| ListenerState {
             fd,
-            active: false,
-            multishot: Multishot::Off,
-            remaining: None,
-            inflight: 0,
-            multishot_min: crate::sys::socket::listen_queue(fd)
-                .map_or(MULTISHOT_ALLOWANCE_MIN_DEFAULT, |q| {
-                    q.cap.saturating_mul(2).saturating_add(64)
-                }),
+            policy: ListenerAccept::new(ListenerAccept::multishot_min(
+                crate::sys::socket::listen_queue(fd).ok().map(|q| q.cap),
+            )),
         });
-        state.active = true;
-        state.remaining = budget.map(|k| state.remaining.unwrap_or(0).saturating_add(k));
+        state.policy.allow(budget);
         self.arrange_accepts(listener);
     }
 
-    /// Multishot while the allowance is unlimited or large; else cancels it and keeps
-    /// min(remaining, ONESHOT_INFLIGHT_MAX) one-shot accepts in flight.
-    fn arrange_accepts(&mut self, listener: u32) {
-        let Some(Some(state)) = self.listeners.get(listener as usize).copied() else {
-            return;
+    /// Submits what the policy decides for the listener (see [`ListenerAccept::arrange`]);
+    /// returns whether a multishot accept was armed.
+    fn arrange_accepts(&mut self, listener: u32) -> bool {
+        let Some(Some(state)) = self.listeners.get_mut(listener as usize) else {
+            return false;
         };
-        if !state.active {
-            return;
+        let fd = state.fd;
+        let arrange = state.policy.arrange();
+        if arrange.arm_multishot {
+            self.arm_accept(listener, fd);
         }
-        let wide = state.remaining.is_none_or(|r| r >= state.multishot_min);
-        let multishot = match (wide, state.multishot) {
-            (true, Multishot::Off) => {
-                self.arm_accept(listener, state.fd);
-                Multishot::Armed
-            }
-            (false, Multishot::Armed) => {
-                self.cancel(user_data(KIND_ACCEPT, 0, listener));
-                Multishot::Cancelling
-            }
-            (_, m) => m,
-        };
-        if let Some(Some(s)) = self.listeners.get_mut(listener as usize) {
-            s.multishot = multishot;
+        if arrange.cancel_multishot {
+            self.cancel(user_data(KIND_ACCEPT, 0, listener));
         }
-        if !wide {
-            self.top_up_accepts(listener);
-        }
-    }
-
-    /// Keeps min(remaining, ONESHOT_INFLIGHT_MAX) one-shot accepts in flight.
-    fn top_up_accepts(&mut self, listener: u32) {
-        let Some(Some(state)) = self.listeners.get(listener as usize).copied() else {
-            return;
-        };
-        let Some(remaining) = state.remaining.filter(|_| state.active) else {
-            return;
-        };
-        let want = remaining.min(ONESHOT_INFLIGHT_MAX);
-        for _ in state.inflight..want {
-            let entry = opcode::Accept::new(
-                types::Fd(state.fd),
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-            )
-            .file_index(Some(types::DestinationSlot::auto_target()))
-            .build()
-            .user_data(user_data(KIND_ACCEPT_ONE, 0, listener));
+        for _ in 0..arrange.oneshots {
+            let entry =
+                opcode::Accept::new(types::Fd(fd), std::ptr::null_mut(), std::ptr::null_mut())
+                    .file_index(Some(types::DestinationSlot::auto_target()))
+                    .build()
+                    .user_data(user_data(KIND_ACCEPT_ONE, 0, listener));
             self.sqe(entry);
         }
-        if let Some(Some(s)) = self.listeners.get_mut(listener as usize) {
-            s.inflight = s.inflight.max(want);
-        }
+        arrange.arm_multishot
     }
 
     pub(super) fn stop_accepting(&mut self, listener: u32) {
         let Some(Some(state)) = self.listeners.get_mut(listener as usize) else {
             return;
         };
-        if !state.active {
-            return;
-        }
-        state.active = false;
-        let (multishot, inflight) = (state.multishot, state.inflight);
-        if multishot == Multishot::Armed {
-            state.multishot = Multishot::Cancelling;
+        let pause = state.policy.pause();
+        if pause.cancel_multishot {
             self.cancel(user_data(KIND_ACCEPT, 0, listener));
         }
-        if inflight > 0 {
+        if pause.cancel_oneshots {
             // One cancel per request would not do: the one-shot accepts share a user_data, and
             // a cancel only marks the request it finds (it leaves the hash in task work), so
             // every cancel of a batch finds the same one and the others keep accepting.
@@ -179,33 +120,30 @@ impl UringBackend {
         let Some(Some(state)) = self.listeners.get_mut(listener as usize) else {
             return;
         };
-        state.inflight = state.inflight.saturating_sub(1);
-        if res >= 0 {
-            if let Some(r) = state.remaining.as_mut() {
-                *r = r.saturating_sub(1);
-            }
-            self.new_conn(res as u32, Origin::Local(listener));
-        } else if res != -libc::ECANCELED {
-            self.ready.push_back(Completion::AcceptFailed {
-                listener,
-                error: io::Error::from_raw_os_error(-res),
-            });
-        }
+        state.policy.on_oneshot(res >= 0);
+        self.on_accept_result(listener, res);
         self.arrange_accepts(listener);
     }
 
     pub(super) fn on_accept(&mut self, listener: u32, res: i32, flags: u32) {
         let more = cqueue::more(flags);
         if let Some(Some(s)) = self.listeners.get_mut(listener as usize) {
-            if !more {
-                s.multishot = Multishot::Off;
-            }
-            if res >= 0 {
-                if let Some(r) = s.remaining.as_mut() {
-                    *r = r.saturating_sub(1);
-                }
-            }
+            s.policy.on_multishot(res >= 0, more);
         }
+        self.on_accept_result(listener, res);
+        if !more {
+            // Ended: re-armed if the allowance still calls for multishot (counted unless it
+            // ended by a cancel).
+            if self.arrange_accepts(listener) && res != -libc::ECANCELED {
+                self.events.rearms += 1;
+            }
+        } else if res >= 0 {
+            self.arrange_accepts(listener);
+        }
+    }
+
+    /// A new connection, or the failure to report (a cancelled accept is neither).
+    fn on_accept_result(&mut self, listener: u32, res: i32) {
         if res >= 0 {
             self.new_conn(res as u32, Origin::Local(listener));
         } else if res != -libc::ECANCELED {
@@ -213,19 +151,6 @@ impl UringBackend {
                 listener,
                 error: io::Error::from_raw_os_error(-res),
             });
-        }
-        if !more {
-            let before = self.listeners.get(listener as usize).copied().flatten();
-            self.arrange_accepts(listener);
-            let after = self.listeners.get(listener as usize).copied().flatten();
-            if res != -libc::ECANCELED
-                && after.is_some_and(|s| s.multishot == Multishot::Armed)
-                && before.is_some_and(|s| s.multishot == Multishot::Off)
-            {
-                self.events.rearms += 1;
-            }
-        } else if res >= 0 {
-            self.arrange_accepts(listener);
         }
     }
 

@@ -28,7 +28,7 @@ mod state;
 
 use crate::backend::{Backend, BackendEvents, BufId, Completion, ConnId, Op, Origin, Wake};
 use crate::sys::eventfd::EventFdWaker;
-use accept::{ListenerState, Multishot};
+use accept::ListenerState;
 use buf_ring::BufRing;
 use io_uring::{opcode, types, IoUring};
 use state::{
@@ -378,7 +378,7 @@ impl Backend for UringBackend {
             .listeners
             .iter()
             .flatten()
-            .any(|l| l.multishot != Multishot::Off || l.inflight > 0);
+            .any(|l| !l.policy.is_settled());
         let unreaped = self
             .ready
             .iter()
