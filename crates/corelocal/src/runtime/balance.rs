@@ -29,7 +29,8 @@
 use super::backend::Wake;
 use super::stats::WorkerStats;
 use crate::balance::{
-    AcceptFrom, BalanceConfig, Balancer, BusyChange, BusySet, BusyTracker, FlowGroupTable,
+    AcceptFrom, BalanceConfig, Balancer, BusyChange, BusySet, BusyTracker, ConfigError,
+    FlowGroupTable,
 };
 use crate::listen::ListenerGroup;
 use crate::steer::XdpSteering;
@@ -91,6 +92,30 @@ impl std::fmt::Debug for BalanceShared {
     }
 }
 
+/// Why the balancer cannot run over a server's listeners (a balancer error, not a listen
+/// error: the listeners are fine).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BalanceError {
+    /// XDP steering moves a flow group's packets by CPU: it needs one worker per CPU, in CPU
+    /// order.
+    XdpNeedsOneWorkerPerCpu,
+    /// The balancer's configuration was refused.
+    Config(ConfigError),
+}
+
+impl std::fmt::Display for BalanceError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BalanceError::XdpNeedsOneWorkerPerCpu => {
+                f.write_str("XDP steering needs one worker per CPU, in CPU order")
+            }
+            BalanceError::Config(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for BalanceError {}
+
 impl BalanceShared {
     /// Shared state for `group`'s workers. Migration needs eBPF steering (the override table);
     /// without it, migration is switched off and stealing still works.
@@ -101,7 +126,7 @@ impl BalanceShared {
         group: Arc<ListenerGroup>,
         xdp: Option<Arc<XdpSteering>>,
         stats: Vec<Arc<WorkerStats>>,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, BalanceError> {
         config.workers = group.workers();
         config.flow_groups = group.flow_groups();
         if xdp.is_some() {
@@ -110,12 +135,12 @@ impl BalanceShared {
             let ascending =
                 (1..group.workers()).all(|w| group.worker_cpu(w - 1) < group.worker_cpu(w));
             if cpus.len() != group.workers() || !ascending {
-                return Err("XDP steering needs one worker per CPU, in CPU order".into());
+                return Err(BalanceError::XdpNeedsOneWorkerPerCpu);
             }
         } else if !group.supports_flow_groups() {
             config.migrate_enabled = false;
         }
-        config.validate().map_err(|e| e.to_string())?;
+        config.validate().map_err(BalanceError::Config)?;
         let watches = (0..config.workers)
             .map(|w| WorkerWatch {
                 tracker: Mutex::new(BusyTracker::new(w, &config)),

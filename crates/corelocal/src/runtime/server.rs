@@ -2,7 +2,7 @@
 
 use super::backend::Backend;
 use super::backend::Wake;
-use super::balance::BalanceShared;
+use super::balance::{BalanceError, BalanceShared};
 use super::handler::Service;
 use super::handoff::{Gate, MovedConn, Outbox, StateImport};
 use super::netstat::NetSampler;
@@ -105,6 +105,8 @@ pub enum ServerError {
     Cpus(UnavailableCpus),
     /// XDP steering could not be attached.
     Xdp(crate::steer::XdpError),
+    /// The balancer cannot run over these listeners.
+    Balance(BalanceError),
     /// A worker could not start (pinning, backend creation).
     Worker {
         /// The worker.
@@ -121,6 +123,7 @@ impl fmt::Display for ServerError {
             ServerError::Limits(e) => write!(f, "{e}"),
             ServerError::Cpus(e) => write!(f, "cannot pin the workers: {e}"),
             ServerError::Xdp(e) => write!(f, "XDP steering: {e}"),
+            ServerError::Balance(e) => write!(f, "{e}"),
             ServerError::Worker { worker, source } => write!(f, "worker {worker}: {source}"),
         }
     }
@@ -329,7 +332,7 @@ impl Server {
         let balance = match &config.balance {
             Some(cfg) => Some(Arc::new(
                 BalanceShared::new(cfg.clone(), group.clone(), xdp.clone(), stats.clone())
-                    .map_err(|m| ServerError::Listen(ListenError::Config(m)))?,
+                    .map_err(ServerError::Balance)?,
             )),
             None => None,
         };
@@ -753,5 +756,23 @@ mod tests {
         assert_eq!(ring_conns_max(20_000, 100_000), 19_936);
         assert_eq!(ring_conns_max(64, 100_000), 48, "RLIMIT_NOFILE 64");
         assert_eq!(ring_conns_max(1, 5), 1);
+    }
+}
+
+#[cfg(test)]
+mod error_tests {
+    use super::*;
+    use crate::balance::ConfigError;
+
+    /// The balancer's errors are its own (not a listen error), with the words users saw.
+    #[test]
+    fn a_balancer_error_reads_as_before() {
+        let xdp = ServerError::Balance(BalanceError::XdpNeedsOneWorkerPerCpu);
+        assert_eq!(
+            xdp.to_string(),
+            "XDP steering needs one worker per CPU, in CPU order"
+        );
+        let config = ServerError::Balance(BalanceError::Config(ConfigError("workers".into())));
+        assert_eq!(config.to_string(), "invalid balancer config: workers");
     }
 }
