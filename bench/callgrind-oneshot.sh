@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Instructions per one-shot connection of the server, counted by callgrind (deterministic in
+# what it counts; this VM has no hardware counters): each binary serves one-shot HTTP
+# (`bench crr --proto http`) and one-shot kv (`bench kv --txns-per-conn 1`) on each backend
+# under `valgrind --tool=callgrind`, in a fresh network namespace. WARM connections first, then
+# `callgrind_control --dump` zeroes the counters, N connections are measured and dumped again:
+# start-up and stop are left out, and the per-connection figure is the second dump's total / N
+# (all the server's threads). Server on CPU 1, client on CPU 0, 4 connections at a time.
+# usage: bench/callgrind-oneshot.sh LABEL=BIN [LABEL=BIN ...]   (env: WARM, N, REPS)
+# prints one line per run and a markdown table.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+warm=${WARM:-200}
+n=${N:-2000}
+reps=${REPS:-2}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+mkdir -p "$tmp/www" && printf 'hello\n' >"$tmp/www/hello"
+
+# run BIN BACKEND PROTO -> Ir of the server over N connections
+run() {
+  local bin=$1 backend=$2 proto=$3 out=$tmp/cg.$RANDOM
+  unshare -n bash -euo pipefail -c '
+    ip link set lo up
+    bin=$1; backend=$2; proto=$3; warm=$4; n=$5; out=$6; www=$7
+    case $proto in
+      http) serve="serve http --root $www"
+            client="crr --target 127.0.0.1:8080 --proto http --path /hello" ;;
+      kv) serve="serve kv"
+          client="kv --target 127.0.0.1:8080 --keys 1000 --get-ratio 1 --txns-per-conn 1" ;;
+    esac
+    taskset -c 1 valgrind --tool=callgrind --callgrind-out-file="$out" \
+      "$bin" $serve --listen 127.0.0.1:8080 --cpus 1 --stats-interval 0 \
+      --backend "$backend" >/dev/null 2>&1 &
+    server=$!
+    for _ in $(seq 600); do ss -ltn | grep -q ":8080 " && break; sleep 0.1; done
+    bench() {
+      "$bin" bench $client --cpus 0 --conns 4 --requests "$1" --warmup 0 --progress never \
+        --json "$out.json" >/dev/null 2>&1
+      python3 -c "import json,sys; e=json.load(open(sys.argv[1]))[\"errors\"][\"total\"]; sys.exit(e != 0)" "$out.json"
+    }
+    bench "$warm"
+    callgrind_control --dump=warm "$server" >/dev/null
+    bench "$n"
+    callgrind_control --dump=measured "$server" >/dev/null
+    kill -KILL $server; wait $server 2>/dev/null || true
+  ' _ "$bin" "$backend" "$proto" "$warm" "$n" "$out" "$tmp/www"
+  callgrind_annotate "$out.2" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}'
+  rm -f "$out"*
+}
+
+declare -a rows
+for spec in "$@"; do
+  label=${spec%%=*}
+  bin=${spec#*=}
+  for backend in uring epoll; do
+    for proto in http kv; do
+      for rep in $(seq "$reps"); do
+        ir=$(run "$bin" $backend $proto)
+        per=$((ir / n))
+        echo "$label $backend $proto rep $rep: Ir($n conns)=$ir per-conn=$per"
+        rows+=("| $label | $backend | $proto | $rep | $ir | $per |")
+      done
+    done
+  done
+done
+echo
+echo "| build | backend | workload | rep | Ir ($n conns) | Ir per connection |"
+echo "|---|---|---|---|---:|---:|"
+printf '%s\n' "${rows[@]}"
