@@ -27,10 +27,8 @@ const CLIENTS: usize = 12;
 
 fn can_steer_with_ebpf() -> bool {
     // SAFETY: geteuid(2) has no preconditions.
-    require(
-        "root (eBPF reuseport steering for --takeover PID)",
-        unsafe { libc::geteuid() == 0 },
-    )
+    let root = unsafe { libc::geteuid() == 0 };
+    require("root (eBPF reuseport steering for --takeover PID)", root)
 }
 
 /// `corelocal serve APP --listen ADDR --backend B EXTRA`, stats off.

@@ -216,9 +216,10 @@ impl Uring {
     }
 
     fn push(&mut self, e: squeue::Entry) {
-        // SAFETY: entries point only into `self.dst` / `self.srcs` / `self.bufs[slot]` (heap
-        // memory owned by `self`, neither freed nor moved while that slot has requests pending:
-        // module comment) or at the statics `ONE` / `LINGER0`.
+        // Entries point only into `self.dst` / `self.srcs` / `self.bufs[slot]` (heap memory
+        // owned by `self`, neither freed nor moved while that slot has requests pending: module
+        // comment) or at the statics `ONE` / `LINGER0`.
+        // SAFETY: every buffer an entry points at outlives its request (above).
         while unsafe { self.ring.submission().push(&e) }.is_err() {
             let _ = self.ring.submit();
         }

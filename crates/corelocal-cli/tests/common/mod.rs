@@ -153,8 +153,9 @@ impl Served {
                 }
                 std::thread::sleep(Duration::from_millis(20));
             }
-            // SAFETY: kill(2) on our own child's pid; a reaped pid could only be reused by a
+            // Kill(2) on our own child's pid; a reaped pid could only be reused by a
             // later child of this test, which the test kills anyway.
+            // SAFETY: the conditions above hold.
             unsafe { libc::kill(pid, libc::SIGKILL) };
         });
         let stderr = self.stderr.as_mut().expect("stderr read already");

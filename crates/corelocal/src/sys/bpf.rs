@@ -179,9 +179,9 @@ struct IterCreateAttr {
 }
 
 fn sys_bpf<T>(cmd: libc::c_long, attr: &mut T) -> io::Result<libc::c_long> {
-    // SAFETY: `attr` is a live #[repr(C)] bpf_attr prefix; the kernel reads at most
-    // size_of::<T>() bytes, and every pointer inside it refers to a buffer the caller keeps
-    // alive for the call.
+    // `attr` is a live #[repr(C)] bpf_attr prefix; the kernel reads at most size_of::<T>()
+    // bytes, and every pointer inside it refers to a buffer the caller keeps alive for the call.
+    // SAFETY: `attr` and what it points at are valid for the call (above).
     let rc = unsafe {
         libc::syscall(
             libc::SYS_bpf,

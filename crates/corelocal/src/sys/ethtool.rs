@@ -81,8 +81,9 @@ fn ethtool(nic: &str, buf: &mut [u32]) -> io::Result<()> {
         *dst = *src as libc::c_char;
     }
     let sock = socket()?;
-    // SAFETY: `req` is a NUL-terminated ifreq whose data points to `buf`, sized for the command
+    // `req` is a NUL-terminated ifreq whose data points to `buf`, sized for the command
     // from the kernel's own reported lengths (checked against limits) and alive during the call.
+    // SAFETY: the conditions above hold.
     let rc = unsafe { libc::ioctl(sock.as_raw_fd(), SIOCETHTOOL as _, &mut req as *mut IfReq) };
     if rc < 0 {
         return Err(io::Error::last_os_error());

@@ -49,8 +49,9 @@ pub const SYS_IO_URING_SETUP: u32 = libc::SYS_io_uring_setup as u32;
 /// (`unshare(CLONE_NEWNS)`, which implies `CLONE_FS`): mounts made afterwards (a fresh sysfs
 /// on `/sys` after joining a network namespace) are its own and vanish when it exits.
 pub fn unshare_mount_namespace() -> io::Result<()> {
-    // SAFETY: only NEWNS (which implies FS) is unshared, never FILES, so no thread can see a
+    // Only NEWNS (which implies FS) is unshared, never FILES, so no thread can see a
     // descriptor table other than the one its descriptors came from.
+    // SAFETY: the conditions above hold.
     unsafe { rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWNS) }?;
     Ok(())
 }

@@ -54,9 +54,10 @@ pub fn wait_termination_from(timeout: Duration) -> Option<Termination> {
         tv_sec: timeout.as_secs() as libc::time_t,
         tv_nsec: timeout.subsec_nanos() as libc::c_long,
     };
-    // SAFETY: siginfo_t is plain old data, so all-zero is valid; `set`, `info` and `ts` are
-    // initialised and live for the call; si_pid is read only when sigtimedwait returned a
-    // signal, for which it filled `info` (sent by kill(2)/pidfd_send_signal, or 0).
+    // siginfo_t is plain old data, so all-zero is valid; `set`, `info` and `ts` are initialised
+    // and live for the call; si_pid is read only when sigtimedwait returned a signal, for which
+    // it filled `info` (sent by kill(2)/pidfd_send_signal, or 0).
+    // SAFETY: valid, live arguments; `info` read only as filled (above).
     let (sig, sender) = unsafe {
         let mut info: libc::siginfo_t = std::mem::zeroed();
         let sig = libc::sigtimedwait(&set, &mut info, &ts);
@@ -111,9 +112,10 @@ pub fn flag_on(signals: &[i32]) -> io::Result<()> {
                 format!("no signal {sig}"),
             ));
         }
-        // SAFETY: sigaction is plain old data, so all-zero is an empty mask and no flags;
-        // `act` is initialised before the call, and the handler only stores to an atomic
+        // sigaction is plain old data, so all-zero is an empty mask and no flags; `act` is
+        // initialised before the call, and the handler only stores to an atomic
         // (async-signal-safe); the old action is not needed.
+        // SAFETY: an initialised action whose handler is async-signal-safe (above).
         let rc = unsafe {
             let mut act: libc::sigaction = std::mem::zeroed();
             act.sa_sigaction = raise_flag as *const () as libc::sighandler_t;

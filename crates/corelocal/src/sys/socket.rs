@@ -14,9 +14,10 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 /// The descriptor numbers the callers of `sys` pass, as the borrowed descriptors `rustix`
 /// takes.
 pub(crate) fn borrow<'a>(fd: RawFd) -> BorrowedFd<'a> {
-    // SAFETY: every function here is called with a descriptor its caller holds open for the
-    // duration of the call (a listener of the group, a connection of the epoll backend, a
-    // socket received over SCM_RIGHTS); the borrow does not outlive the call.
+    // Every function here is called with a descriptor its caller holds open for the duration
+    // of the call (a listener of the group, a connection of the epoll backend, a socket
+    // received over SCM_RIGHTS); the borrow does not outlive the call.
+    // SAFETY: `fd` stays open while the borrow lives (above).
     unsafe { BorrowedFd::borrow_raw(fd) }
 }
 

@@ -46,8 +46,9 @@ impl BufRing {
     pub(super) fn push(&mut self, bid: u16) {
         let index = (self.tail & (self.entries - 1)) as usize;
         let addr = self.bufs.as_ptr() as u64 + bid as u64 * self.buf_bytes as u64;
-        // SAFETY: index < entries, so the entry lies inside the ring allocation; the kernel
+        // Index < entries, so the entry lies inside the ring allocation; the kernel
         // only reads entries between its head and the published tail, and this one is past it.
+        // SAFETY: the conditions above hold.
         let entry = unsafe { &mut *self.ring.add(index) };
         entry.set_addr(addr);
         entry.set_len(self.buf_bytes as u32);
@@ -60,8 +61,9 @@ impl BufRing {
         if self.published == self.tail {
             return false;
         }
-        // SAFETY: the tail field lives in the first ring entry, inside our allocation; the
+        // The tail field lives in the first ring entry, inside our allocation; the
         // kernel reads it concurrently, hence the atomic release store.
+        // SAFETY: the conditions above hold.
         let tail = unsafe { &*(types::BufRingEntry::tail(self.ring) as *const AtomicU16) };
         tail.store(self.tail, Ordering::Release);
         self.published = self.tail;
@@ -76,8 +78,9 @@ impl BufRing {
 
 impl Drop for BufRing {
     fn drop(&mut self) {
-        // SAFETY: allocated in `new` with this layout; the ring is unregistered (or the io_uring
+        // Allocated in `new` with this layout; the ring is unregistered (or the io_uring
         // instance dropped) before this, as UringBackend's field order guarantees.
+        // SAFETY: the conditions above hold.
         unsafe { dealloc(self.ring as *mut u8, self.layout) };
     }
 }

@@ -121,8 +121,9 @@ impl UringBackend {
             .build(config.sq_entries)?;
         ring.submitter().register_files_sparse(config.files)?;
         let bufs = BufRing::new(config.bufs, config.buf_bytes)?;
-        // SAFETY: the ring memory stays allocated and unmoved (heap, owned by `bufs`) until
+        // The ring memory stays allocated and unmoved (heap, owned by `bufs`) until
         // after the io_uring instance is dropped (field order above).
+        // SAFETY: the conditions above hold.
         unsafe {
             ring.submitter().register_buf_ring_with_flags(
                 bufs.ring as u64,

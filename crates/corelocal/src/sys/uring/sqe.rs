@@ -83,8 +83,9 @@ impl UringBackend {
         }
         let mut sq = self.ring.submission();
         for entry in group {
-            // SAFETY: every buffer or pointer an entry refers to is owned by this backend and
+            // Every buffer or pointer an entry refers to is owned by this backend and
             // outlives the request (send buffers in `slots`/`graveyard`, `wake_buf`, `cpu_vals`).
+            // SAFETY: the conditions above hold.
             unsafe { sq.push(entry) }.expect("room checked above");
         }
         drop(sq);
@@ -133,8 +134,9 @@ impl UringBackend {
 
 /// Turns a socket SETSOCKOPT uring_cmd entry into GETSOCKOPT (the crate has no builder for it).
 pub(super) fn as_getsockopt(entry: squeue::Entry) -> squeue::Entry {
-    // SAFETY: squeue::Entry is #[repr(C)] around the 64-byte kernel io_uring_sqe; `cmd_op`
+    // `squeue::Entry` is #[repr(C)] around the 64-byte kernel io_uring_sqe; `cmd_op`
     // (u32) sits at byte offset 8 in the kernel ABI. Only that field changes.
+    // SAFETY: the conditions above hold.
     unsafe {
         let mut raw: [u8; 64] = std::mem::transmute(entry);
         raw[8..12].copy_from_slice(&SOCKET_URING_OP_GETSOCKOPT.to_ne_bytes());
@@ -144,8 +146,9 @@ pub(super) fn as_getsockopt(entry: squeue::Entry) -> squeue::Entry {
 
 /// Sets an accept SQE's `ioprio` flags (the crate's one-shot Accept builder has no setter).
 pub(super) fn with_ioprio(entry: squeue::Entry, ioprio: u16) -> squeue::Entry {
-    // SAFETY: squeue::Entry is #[repr(C)] around the 64-byte kernel io_uring_sqe; `ioprio`
+    // `squeue::Entry` is #[repr(C)] around the 64-byte kernel io_uring_sqe; `ioprio`
     // (u16) sits at byte offset 2 in the kernel ABI. Only that field changes.
+    // SAFETY: the conditions above hold.
     unsafe {
         let mut raw: [u8; 64] = std::mem::transmute(entry);
         raw[2..4].copy_from_slice(&ioprio.to_ne_bytes());
