@@ -92,22 +92,29 @@ fn wait_for_file(path: &std::path::Path) {
     }
 }
 
+/// `serve kv --backend BACKEND --udp-port any --port-file DIR/ports`, in a fresh `DIR`.
+fn serve_udp(backend: &str, tag: &str) -> (TempDir, Served) {
+    let dir = TempDir::new(tag);
+    let port_file = dir.0.join("ports");
+    let served = Served::start(
+        "kv",
+        &[
+            "--backend",
+            backend,
+            "--udp-port",
+            "any",
+            "--port-file",
+            port_file.to_str().unwrap(),
+        ],
+    );
+    (dir, served)
+}
+
 #[test]
 fn udp_gets_and_sets_with_frame_headers_on_both_backends() {
     for backend in BACKENDS {
-        let dir = TempDir::new("kv-udp");
+        let (dir, s) = serve_udp(backend, "kv-udp");
         let port_file = dir.0.join("ports");
-        let s = Served::start(
-            "kv",
-            &[
-                "--backend",
-                backend,
-                "--udp-port",
-                "any",
-                "--port-file",
-                port_file.to_str().unwrap(),
-            ],
-        );
         let listed = ports(&port_file);
         assert_eq!(listed.len(), 2, "{listed:?}");
         assert_eq!(listed[0], ("TCP INET".into(), s.addr.port()));
@@ -274,19 +281,8 @@ fn udp_with_ascii_authentication_is_refused_as_memcached_refuses_it() {
 #[test]
 fn a_takeover_successor_serves_the_udp_port_with_the_moved_store() {
     for backend in BACKENDS {
-        let dir = TempDir::new("kv-udp-takeover");
+        let (dir, old) = serve_udp(backend, "kv-udp-takeover");
         let port_file = dir.0.join("ports");
-        let old = Served::start(
-            "kv",
-            &[
-                "--backend",
-                backend,
-                "--udp-port",
-                "any",
-                "--port-file",
-                port_file.to_str().unwrap(),
-            ],
-        );
         let udp_port = ports(&port_file)[1].1;
         let u = client(udp_port);
         assert_eq!(ask_udp(&u, 1, b"set k 0 0 3\r\nold\r\n").0, b"STORED\r\n");
