@@ -11,7 +11,14 @@ use corelocal_bench::runner::{run_once, Overrides};
 use std::io::Read;
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+/// The tests here run one at a time: each picks its sockperf server's port by binding port 0
+/// and letting it go, so two at once could pick the same port; the second sockperf then fails
+/// to bind, and its probe and its bench reach the first one's server (seen once in CI: a
+/// server with no count to print).
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 #[derive(Debug, clap::Parser)]
 struct Cli {
@@ -142,6 +149,7 @@ fn engines() -> Vec<&'static str> {
 
 #[test]
 fn rpc_proto_sockperf_exact_counts_against_sockperf_server() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     if !have_sockperf() {
         return;
     }
@@ -194,6 +202,7 @@ fn rpc_proto_sockperf_exact_counts_against_sockperf_server() {
 
 #[test]
 fn crr_proto_sockperf_one_message_per_connection() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     if !have_sockperf() {
         return;
     }
