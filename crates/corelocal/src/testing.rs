@@ -103,6 +103,68 @@ impl Drop for ScratchDir {
     }
 }
 
+/// Holds an io_uring's io-wq threads: at most one worker per list, each blocked (the bounded
+/// one opening a FIFO nobody writes to, the unbounded one reading an empty pipe, both forced
+/// to io-wq) until [`release`](IoWqHold::release). What the ring hands to io-wq meanwhile
+/// waits behind them: how a test makes a request the kernel runs from io-wq (a shutdown, for
+/// one) late on purpose.
+pub struct IoWqHold {
+    fifo: std::path::PathBuf,
+    pipe_write: std::os::fd::OwnedFd,
+    _pipe_read: std::os::fd::OwnedFd,
+    _path: std::ffi::CString,
+}
+
+impl IoWqHold {
+    /// Limits the ring's io-wq to one worker per list and returns the hold with the two
+    /// requests that block those workers: the caller submits them (with `user_data`, which its
+    /// completion handling must ignore) before the requests to hold back.
+    pub fn new(
+        submitter: &io_uring::Submitter<'_>,
+        user_data: u64,
+    ) -> std::io::Result<(IoWqHold, [io_uring::squeue::Entry; 2])> {
+        use io_uring::{opcode, squeue::Flags, types};
+        use std::os::fd::AsRawFd;
+        submitter.register_iowq_max_workers(&mut [1, 1])?;
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = format!("corelocal-iowq-{}-{n}", std::process::id());
+        let fifo = std::env::temp_dir().join(name);
+        let _ = std::fs::remove_file(&fifo);
+        rustix::fs::mkfifoat(rustix::fs::CWD, &fifo, rustix::fs::Mode::RWXU)?;
+        let path = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes())
+            .map_err(std::io::Error::other)?;
+        let (pipe_read, pipe_write) = rustix::pipe::pipe()?;
+        // Leaked: the read may complete after the hold is gone (8 bytes per hold, in tests).
+        let buf: &'static mut [u8; 8] = Box::leak(Box::new([0u8; 8]));
+        // Forced to io-wq (without it the open is tried non-blocking first, and succeeds).
+        let open = opcode::OpenAt::new(types::Fd(libc::AT_FDCWD), path.as_ptr())
+            .flags(libc::O_RDONLY | libc::O_CLOEXEC)
+            .build()
+            .flags(Flags::ASYNC)
+            .user_data(user_data);
+        let read = opcode::Read::new(types::Fd(pipe_read.as_raw_fd()), buf.as_mut_ptr(), 1)
+            .build()
+            .flags(Flags::ASYNC)
+            .user_data(user_data);
+        let hold = IoWqHold {
+            fifo,
+            pipe_write,
+            _pipe_read: pipe_read,
+            _path: path,
+        };
+        Ok((hold, [open, read]))
+    }
+
+    /// Lets io-wq run again: the FIFO gets a writer, the pipe a byte.
+    pub fn release(self) {
+        let writer = std::fs::OpenOptions::new().write(true).open(&self.fifo);
+        let _ = rustix::io::write(&self.pipe_write, b"x");
+        drop(writer);
+        let _ = std::fs::remove_file(&self.fifo);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::ScratchDir;

@@ -24,6 +24,8 @@ const OP_SEND: u64 = 2;
 const OP_RECV: u64 = 3;
 /// socket / setsockopt / bind in a direct chain.
 const OP_SOCKET: u64 = 4;
+/// The shutdown that wakes a closing slot's requests (direct descriptors only).
+const OP_SHUTDOWN: u64 = 5;
 
 static ONE: i32 = 1;
 static LINGER0: libc::linger = libc::linger {
@@ -492,9 +494,15 @@ impl Backend for Uring {
             // Wake what waits on the socket (recv returns 0, send fails), then cancel anything
             // still queued (a connect in progress).
             if self.direct {
+                // Tracked like any request: the kernel runs a shutdown from its io-wq threads
+                // and looks the direct descriptor up only then, so the slot (and its number)
+                // must not be closed and reused before it completed, or it would shut down
+                // the slot's next connection.
                 let sh = opcode::Shutdown::new(types::Fixed(slot as u32), libc::SHUT_RDWR)
                     .build()
-                    .user_data(ud(slot, OP_UNTRACKED));
+                    .user_data(ud(slot, OP_SHUTDOWN));
+                self.io[slot].pending += 1;
+                self.inflight += 1;
                 self.push(sh);
             } else if let Some(fd) = &self.owned[slot] {
                 let _ = rustix::net::shutdown(fd, rustix::net::Shutdown::Both);
@@ -575,5 +583,79 @@ impl Drop for Uring {
             // Operations still hold pointers into our buffers: leak them rather than free.
             std::mem::forget(std::mem::take(&mut self.bufs));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::{SocketAddrV4, TcpListener};
+
+    /// Events for a few loop turns of `ms` milliseconds each.
+    fn turns(u: &mut Uring, n: usize, ms: u64) -> Vec<Event> {
+        let mut all = Vec::new();
+        for _ in 0..n {
+            let mut out = Vec::new();
+            u.wait(ms * 1_000_000, &mut out).unwrap();
+            all.extend(out);
+        }
+        all
+    }
+
+    /// Opens slot 0 to the listener; returns the server's side of the connection.
+    fn connect(u: &mut Uring, listener: &TcpListener) -> std::net::TcpStream {
+        u.buf(0).out = b"ping".to_vec();
+        u.open(0, None).unwrap();
+        let events = turns(u, 5, 10); // submits the connect
+        let (server, _) = listener.accept().unwrap();
+        assert!(events.contains(&Event::Connected(0)), "{events:?}");
+        server
+    }
+
+    /// A slot closed with its receive in flight is woken by a shutdown, which the kernel runs
+    /// from io-wq and which finds the direct descriptor by its index only then. Held back
+    /// there, it must not reach the slot's next connection: the slot is released only once the
+    /// shutdown ran (else the next connection reads an EOF its server never sent).
+    #[test]
+    fn a_late_shutdown_never_reaches_the_slots_next_connection() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let std::net::SocketAddr::V4(target) = listener.local_addr().unwrap() else {
+            unreachable!("bound to IPv4");
+        };
+        let opts = SockOpts {
+            target: SocketAddrV4::new(*target.ip(), target.port()),
+            src: Vec::new().into(),
+            linger0: false,
+            nodelay: true,
+        };
+        let mut u = Uring::new(2, 4096, opts, true).unwrap();
+        if !u.is_direct() {
+            eprintln!("skipping: this kernel has no direct-descriptor sockets");
+            return;
+        }
+        let _first = connect(&mut u, &listener);
+        let (hold, entries) =
+            corelocal::testing::IoWqHold::new(&u.ring.submitter(), ud(0, OP_UNTRACKED)).unwrap();
+        for e in entries {
+            u.push(e);
+        }
+        turns(&mut u, 1, 10);
+        u.close(0); // its receive is armed: woken by the shutdown (held in io-wq)
+        let released_early = turns(&mut u, 5, 10).contains(&Event::Released(0));
+        let mut _next = None;
+        if released_early {
+            _next = Some(connect(&mut u, &listener));
+        }
+        hold.release();
+        let mut events = turns(&mut u, 10, 10);
+        if !released_early {
+            assert!(events.contains(&Event::Released(0)), "{events:?}");
+            _next = Some(connect(&mut u, &listener));
+        }
+        events.extend(turns(&mut u, 10, 20));
+        assert!(
+            !events.contains(&Event::Recv(0, 0)),
+            "the slot's next connection read an EOF nobody sent: {events:?}"
+        );
     }
 }

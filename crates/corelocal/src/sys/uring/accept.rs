@@ -165,6 +165,7 @@ impl UringBackend {
         slot.close_linked = false;
         slot.detaching = None;
         slot.detach_closing = false;
+        debug_assert!(!slot.shutdown_in_flight && !slot.close_after_shutdown);
     }
 
     /// A new direct descriptor: reset its slot and ask for its SO_INCOMING_CPU.

@@ -1,7 +1,7 @@
 //! Closing: a plain close (cancelling the connection's receive and send first), the abort of
 //! a last send stuck before its linked close, and close completions.
 
-use super::state::{user_data, RecvState, KIND_CLOSE, KIND_RECV};
+use super::state::{user_data, RecvState, KIND_CLOSE, KIND_RECV, KIND_SHUTDOWN};
 use super::UringBackend;
 use crate::backend::{Completion, ConnId};
 use io_uring::{opcode, types};
@@ -45,10 +45,43 @@ impl UringBackend {
             self.cancel(ud);
             self.graveyard.push((ud, send.buf));
         }
+        if self.slots[conn as usize].shutdown_in_flight {
+            self.slots[conn as usize].close_after_shutdown = true;
+            return;
+        }
+        self.submit_close(conn, generation);
+    }
+
+    fn submit_close(&mut self, conn: ConnId, generation: u32) {
         let entry = opcode::Close::new(types::Fixed(conn))
             .build()
             .user_data(user_data(KIND_CLOSE, generation, conn));
         self.sqe(entry);
+    }
+
+    /// Shuts the sending side down (a lingering close): the FIN goes out, reading goes on.
+    /// Tracked until it completes (see `Slot::shutdown_in_flight`); its result is not needed:
+    /// a failure (the peer reset) ends the receive too.
+    pub(super) fn shutdown(&mut self, conn: ConnId) {
+        let slot = &mut self.slots[conn as usize];
+        if slot.shutdown_in_flight || slot.closing {
+            return;
+        }
+        slot.shutdown_in_flight = true;
+        let entry = opcode::Shutdown::new(types::Fixed(conn), libc::SHUT_WR)
+            .build()
+            .user_data(user_data(KIND_SHUTDOWN, slot.generation, conn));
+        self.sqe(entry);
+    }
+
+    /// The shutdown ran: a close that waited for it goes now.
+    pub(super) fn on_shutdown(&mut self, conn: ConnId) {
+        let slot = &mut self.slots[conn as usize];
+        slot.shutdown_in_flight = false;
+        if std::mem::take(&mut slot.close_after_shutdown) {
+            let generation = slot.generation;
+            self.submit_close(conn, generation);
+        }
     }
 
     /// A close completed — or, linked behind a send whose link broke, was cancelled: then it
@@ -63,10 +96,8 @@ impl UringBackend {
         if res == -libc::ECANCELED && slot.close_linked {
             if slot.send.is_none() {
                 slot.close_linked = false;
-                let entry = opcode::Close::new(types::Fixed(conn))
-                    .build()
-                    .user_data(user_data(KIND_CLOSE, slot.generation, conn));
-                self.sqe(entry);
+                let generation = slot.generation;
+                self.submit_close(conn, generation);
             }
             return;
         }

@@ -149,6 +149,8 @@ impl UringBackend {
                     close_linked: false,
                     detaching: None,
                     detach_closing: false,
+                    shutdown_in_flight: false,
+                    close_after_shutdown: false,
                 })
                 .collect(),
             listeners: Vec::new(),
@@ -212,14 +214,7 @@ impl UringBackend {
                 let total = region.len;
                 self.start_send(conn, Vec::new(), Some((region, total)), false);
             }
-            Op::Shutdown { conn } => {
-                // The result is not needed: a failure (the peer reset) ends the receive too.
-                let entry = opcode::Shutdown::new(types::Fixed(conn), libc::SHUT_WR)
-                    .build()
-                    .flags(io_uring::squeue::Flags::SKIP_SUCCESS)
-                    .user_data(user_data(KIND_SHUTDOWN, 0, conn));
-                self.sqe(entry);
-            }
+            Op::Shutdown { conn } => self.shutdown(conn),
             Op::Close { conn } => self.close(conn),
             Op::Detach { conn } => self.detach(conn),
             Op::AbortSend { conn } => self.abort_last_send(conn),
@@ -233,7 +228,7 @@ impl UringBackend {
             KIND_ACCEPT => self.on_accept(id, res, flags),
             KIND_ACCEPT_ONE => self.on_accept_one(id, res),
             KIND_STEAL => self.on_steal(id, res),
-            KIND_CANCEL | KIND_SHUTDOWN => {}
+            KIND_CANCEL => {}
             KIND_ADOPT => self.adopted = Some(res),
             _ => {
                 let Some(slot) = self.slots.get(id as usize) else {
@@ -254,6 +249,7 @@ impl UringBackend {
                     KIND_SEND => self.on_send(id, res),
                     KIND_FILE_READ => self.on_file_read(id, res),
                     KIND_CLOSE => self.on_close(id, res),
+                    KIND_SHUTDOWN => self.on_shutdown(id),
                     KIND_INSTALL => self.on_install(id, res),
                     _ => {}
                 }

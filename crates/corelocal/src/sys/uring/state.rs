@@ -88,4 +88,11 @@ pub(super) struct Slot {
     pub(super) detaching: Option<Detaching>,
     /// The slot of a detached connection is closing: its completion is not reported.
     pub(super) detach_closing: bool,
+    /// An `IORING_OP_SHUTDOWN` is with the kernel. The kernel always runs it from its io-wq
+    /// threads and looks the direct descriptor up by index only when it runs, so the slot must
+    /// not be closed (and handed to the next connection) before it completed: a late shutdown
+    /// would end another connection (seen as a client's EOF before its answer under load).
+    pub(super) shutdown_in_flight: bool,
+    /// `close` came while the shutdown was in flight: the close is submitted when it completes.
+    pub(super) close_after_shutdown: bool,
 }
