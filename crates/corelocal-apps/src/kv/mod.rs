@@ -98,7 +98,46 @@ pub struct KvConfig {
     pub conn_limit: u64,
     /// ASCII authentication (memcached `-Y`): accepted user/password pairs; empty = off.
     pub auth: Vec<admin::Credentials>,
+    /// What a connection's first byte decides (memcached `-B`).
+    pub protocol: Protocol,
 }
+
+/// memcached's `-B`: the protocols a connection may speak. Only the text protocols (classic
+/// and meta) are spoken here; the binary one is not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    /// Text for every connection; a binary request is read as text (memcached `-B ascii`).
+    Ascii,
+    /// By the first byte, as memcached negotiates: the binary magic (0x80) closes the
+    /// connection, as there is no binary protocol to answer it in; anything else is text.
+    Auto,
+    /// Binary only (memcached `-B binary`): no request can be answered, so every connection
+    /// is closed at its first byte, as memcached closes a text one.
+    Binary,
+}
+
+impl Protocol {
+    /// memcached's name in `stats settings` (`binding_protocol`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Protocol::Ascii => "ascii",
+            Protocol::Auto => "auto-negotiate",
+            Protocol::Binary => "binary",
+        }
+    }
+
+    /// Whether a request (connection or UDP datagram) that starts with `first` is refused.
+    fn refuses(self, first: u8) -> bool {
+        match self {
+            Protocol::Ascii => false,
+            Protocol::Auto => first == BINARY_MAGIC,
+            Protocol::Binary => true,
+        }
+    }
+}
+
+/// The first byte of a binary-protocol request.
+const BINARY_MAGIC: u8 = 0x80;
 
 /// Facts about the surrounding server that memcached's `stats` report and the service cannot
 /// see for itself.
@@ -167,6 +206,7 @@ impl Default for KvConfig {
             shutdown: None,
             conn_limit: 0,
             auth: Vec::new(),
+            protocol: Protocol::Ascii,
         }
     }
 }

@@ -382,7 +382,7 @@ impl Inner {
             ("reqs_per_event", r.reqs_per_event.to_string()),
             ("cas_enabled", yes_no(cfg.cas_enabled).into()),
             ("tcp_backlog", r.backlog.to_string()),
-            ("binding_protocol", "ascii".into()),
+            ("binding_protocol", cfg.protocol.name().into()),
             ("auth_enabled_sasl", "no".into()),
             ("auth_enabled_ascii", yes_no(!cfg.auth.is_empty()).into()),
             ("item_size_max", self.store.item_bytes_max().to_string()),

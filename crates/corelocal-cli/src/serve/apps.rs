@@ -7,7 +7,7 @@ use super::{fail, serve, serve_with};
 use crate::check;
 use corelocal_apps::http::{AccessLog, HttpConfig, HttpService};
 use corelocal_apps::kv::udp::{self, UdpLimits, UdpSockets};
-use corelocal_apps::kv::{KvConfig, KvService, Report, ShutdownHook};
+use corelocal_apps::kv::{KvConfig, KvService, Protocol, Report, ShutdownHook};
 use corelocal_apps::rpc::{RpcConfig, RpcService};
 use corelocal_apps::sockperf::{SockperfConfig, SockperfService};
 use corelocal_proto::memcache;
@@ -107,6 +107,12 @@ fn run_kv(mut args: KvArgs) -> ExitCode {
     if args.no_tcp {
         config.report.listen.clear();
         config.report.tcp_port = 0;
+    }
+    if config.protocol == Protocol::Binary {
+        eprintln!(
+            "corelocal serve kv: --protocol binary: the binary protocol is not spoken here; \
+             every connection is closed at its first byte"
+        );
     }
     let service = match KvService::new(config) {
         Ok(s) => s,
@@ -338,6 +344,7 @@ fn kv_config(args: &mut KvArgs, get_line_bytes_max: usize) -> Result<KvConfig, S
         shutdown: Some(shutdown),
         conn_limit: args.max_conns,
         auth,
+        protocol: args.protocol,
         ..KvConfig::default()
     })
 }
