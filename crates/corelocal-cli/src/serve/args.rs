@@ -146,6 +146,13 @@ pub(super) struct KvArgs {
     /// can answer it; for memcached command lines that ask for it).
     #[arg(long, default_value = "ascii", value_parser = parse_protocol)]
     pub(super) protocol: Protocol,
+    /// memcached's warm restart (memcached -e): at a graceful stop (SIGUSR1 or `shutdown
+    /// graceful`; not SIGTERM/SIGINT, as memcached) save the cache to PATH and its metadata
+    /// to PATH.meta; at start load them if PATH.meta is there (then remove both), values,
+    /// flags, CAS and expiry (time stopped counts). Other --memory-mb/--item-max: a clean
+    /// start. A corrupt PATH.meta: refuses to start, as memcached.
+    #[arg(long, value_name = "PATH")]
+    pub(super) memory_file: Option<PathBuf>,
     /// Accept `debugtime <seconds>`, which moves the cache's clock forward (memcached's debug
     /// build has it for its tests; never for a shared cache: any client could expire items).
     #[arg(long, hide = true)]
