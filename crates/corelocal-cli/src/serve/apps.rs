@@ -370,9 +370,8 @@ fn kv_config(args: &mut KvArgs, get_line_bytes_max: usize) -> Result<KvConfig, S
         // Our SIGTERM is already graceful: requests in progress finish (--drain-timeout);
         // `shutdown graceful` is memcached's graceful stop, which saves the cache (-e).
         if graceful {
-            return grace::stop_gracefully();
-        }
-        if let Err(e) = corelocal::sys::signal::terminate(std::process::id() as i32) {
+            grace::stop_gracefully();
+        } else if let Err(e) = corelocal::sys::signal::terminate(std::process::id() as i32) {
             eprintln!("corelocal serve kv: shutdown: {e}");
         }
     }));
