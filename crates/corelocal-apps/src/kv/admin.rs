@@ -209,6 +209,7 @@ pub(super) fn start_crawler(inner: &Arc<Inner>) {
         .spawn(move || loop {
             std::thread::sleep(CRAWL_INTERVAL);
             let Some(inner) = weak.upgrade() else { return };
+            inner.grow_hash_power(inner.store.totals().curr_items);
             if !inner.stats.crawler_enabled.load(Ordering::Relaxed)
                 || inner.stats.crawler_running.swap(true, Ordering::AcqRel)
             {

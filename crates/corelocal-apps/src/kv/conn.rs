@@ -104,6 +104,9 @@ pub struct KvConn {
     /// A UDP endpoint's: each call runs one command, so that each command's reply goes out in
     /// its own message as memcached sends them (`udp`).
     one_command: bool,
+    /// No byte of the request stream read yet (of the datagram, over UDP): the first one
+    /// decides the protocol (memcached `-B`).
+    at_start: bool,
 }
 
 impl KvConn {
@@ -127,6 +130,7 @@ impl KvConn {
             registration,
             last_input: info.now,
             one_command: false,
+            at_start: true,
         }
     }
 
@@ -145,6 +149,7 @@ impl KvConn {
             registration,
             last_input: Instant::now(),
             one_command: true,
+            at_start: true,
         }
     }
 
@@ -163,6 +168,8 @@ impl KvConn {
             State::Line | State::Swallow(_) => {}
         }
         self.registration.set(ConnState::Read, None);
+        // memcached negotiates each datagram's protocol by its first byte.
+        self.at_start = true;
     }
 
     fn now(&self, now: Instant) -> Now {
@@ -588,6 +595,8 @@ impl KvConn {
         if let Some(auth) = takeover::resumed_auth(state, &self.inner) {
             self.auth = auth;
         }
+        // Its protocol was settled by the predecessor.
+        self.at_start = false;
     }
 }
 
@@ -597,6 +606,15 @@ impl KvConn {
         if self.rejected {
             // Answered at accept (`on_connect`); nothing more is read.
             return Step::close(input.len(), 0, CloseReason::Done);
+        }
+        if self.at_start && !input.is_empty() {
+            self.at_start = false;
+            if self.inner.config.protocol.refuses(input[0]) {
+                // A binary request (or, with `-B binary`, any): no protocol here to answer
+                // it in, so the connection is closed without a reply, as memcached closes one
+                // that speaks the protocol it was not started with.
+                return Step::close(input.len(), 0, CloseReason::BadRequest);
+            }
         }
         let now = self.now(now);
         let limits = self.inner.config.limits;

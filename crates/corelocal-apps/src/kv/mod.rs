@@ -11,6 +11,9 @@ mod admin;
 mod admin_tests;
 mod conn;
 mod conns;
+mod memfile;
+#[cfg(test)]
+mod memfile_tests;
 mod meta;
 #[cfg(test)]
 mod meta_tests;
@@ -98,7 +101,49 @@ pub struct KvConfig {
     pub conn_limit: u64,
     /// ASCII authentication (memcached `-Y`): accepted user/password pairs; empty = off.
     pub auth: Vec<admin::Credentials>,
+    /// What a connection's first byte decides (memcached `-B`).
+    pub protocol: Protocol,
+    /// memcached's warm restart (`-e`): where [`KvService::save_memory_file`] saves the
+    /// cache and [`KvService::restore_memory_file`] finds it (`memfile`).
+    pub memory_file: Option<std::path::PathBuf>,
 }
+
+/// memcached's `-B`: the protocols a connection may speak. Only the text protocols (classic
+/// and meta) are spoken here; the binary one is not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    /// Text for every connection; a binary request is read as text (memcached `-B ascii`).
+    Ascii,
+    /// By the first byte, as memcached negotiates: the binary magic (0x80) closes the
+    /// connection, as there is no binary protocol to answer it in; anything else is text.
+    Auto,
+    /// Binary only (memcached `-B binary`): no request can be answered, so every connection
+    /// is closed at its first byte, as memcached closes a text one.
+    Binary,
+}
+
+impl Protocol {
+    /// memcached's name in `stats settings` (`binding_protocol`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Protocol::Ascii => "ascii",
+            Protocol::Auto => "auto-negotiate",
+            Protocol::Binary => "binary",
+        }
+    }
+
+    /// Whether a request (connection or UDP datagram) that starts with `first` is refused.
+    fn refuses(self, first: u8) -> bool {
+        match self {
+            Protocol::Ascii => false,
+            Protocol::Auto => first == BINARY_MAGIC,
+            Protocol::Binary => true,
+        }
+    }
+}
+
+/// The first byte of a binary-protocol request.
+const BINARY_MAGIC: u8 = 0x80;
 
 /// Facts about the surrounding server that memcached's `stats` report and the service cannot
 /// see for itself.
@@ -167,6 +212,8 @@ impl Default for KvConfig {
             shutdown: None,
             conn_limit: 0,
             auth: Vec::new(),
+            protocol: Protocol::Ascii,
+            memory_file: None,
         }
     }
 }
@@ -312,6 +359,23 @@ impl KvService {
         &self.inner.store
     }
 
+    /// memcached's warm restart, at start: loads the cache saved in
+    /// [`KvConfig::memory_file`] (`None`: no memory file configured). `Ok`: what happened,
+    /// for the log (a clean start included); `Err`: the server must not start (memcached
+    /// refuses a corrupt metadata file too). Call it before serving.
+    pub fn restore_memory_file(&self) -> Option<Result<String, String>> {
+        let path = self.inner.config.memory_file.as_ref()?;
+        Some(memfile::restore(&self.inner, path))
+    }
+
+    /// memcached's warm restart, at a graceful stop: saves the cache to
+    /// [`KvConfig::memory_file`] (`None`: none configured). Call it once the workers have
+    /// stopped, so that nothing changes the cache while it is written.
+    pub fn save_memory_file(&self) -> Option<Result<String, String>> {
+        let path = self.inner.config.memory_file.as_ref()?;
+        Some(memfile::save(&self.inner, path))
+    }
+
     /// The addresses the server listens on once bound (`stats conns` lists them; a port 0
     /// in the configuration becomes the kernel's choice).
     pub fn set_listening(&self, addrs: &[std::net::SocketAddr]) {
@@ -356,6 +420,9 @@ impl Service for KvService {
     }
 
     fn import_state(self: Arc<Self>) -> Option<Box<dyn StateImport>> {
-        Some(Box::new(takeover::KvImport::new(&self.inner)))
+        Some(Box::new(takeover::KvImport::new(
+            &self.inner,
+            takeover::FROM_PREDECESSOR,
+        )))
     }
 }

@@ -54,7 +54,14 @@ pub(super) struct ServerStats {
     pub(super) slab_automove: AtomicU32,
     /// `debugtime`: seconds the clock was moved forward.
     pub(super) time_offset: AtomicU64,
+    /// `hash_power_level`: see [`Inner::grow_hash_power`].
+    pub(super) hash_power: AtomicU32,
 }
+
+/// memcached's starting `hash_power_level` (its default `-o hashpower`).
+pub(super) const HASH_POWER_START: u32 = 16;
+/// memcached's largest hash power.
+const HASH_POWER_MAX: u32 = 32;
 
 impl ServerStats {
     pub(super) fn new(config: &KvConfig) -> ServerStats {
@@ -77,6 +84,7 @@ impl ServerStats {
             idle_kicks: AtomicU64::new(0),
             time_offset: AtomicU64::new(0),
             slab_automove: AtomicU32::new(0),
+            hash_power: AtomicU32::new(HASH_POWER_START),
         }
     }
 
@@ -219,8 +227,22 @@ impl Inner {
         write_line(out, "END");
     }
 
+    /// Raises `hash_power_level` to the level memcached's hash table would have grown to for
+    /// `items`: it doubles its table whenever the items pass 1.5 per bucket, and never
+    /// shrinks it. Tools watch the level for a cache's growth; our store has no such table,
+    /// so the level is this model's, sampled by the crawler thread every second and at each
+    /// `stats` (memcached grows its table in a background thread too).
+    pub(super) fn grow_hash_power(&self, items: u64) {
+        let mut power = self.stats.hash_power.load(Ordering::Relaxed);
+        while power < HASH_POWER_MAX && items > (3u64 << power) / 2 {
+            power += 1;
+        }
+        self.stats.hash_power.fetch_max(power, Ordering::Relaxed);
+    }
+
     fn general_stats(&self, out: &mut Vec<u8>, now: Now) {
         let t = self.store.totals();
+        self.grow_hash_power(t.curr_items);
         let c = t.counters;
         let s = &self.stats;
         let r = &self.config.report;
@@ -289,7 +311,10 @@ impl Inner {
             ("time_in_listen_disabled_us", 0),
             ("threads", u64::from(r.threads)),
             ("conn_yields", 0),
-            ("hash_power_level", 0),
+            (
+                "hash_power_level",
+                u64::from(s.hash_power.load(Ordering::Relaxed)),
+            ),
             ("hash_bytes", 0),
             ("hash_is_expanding", 0),
             ("slab_reassign_rescues", 0),
@@ -382,7 +407,7 @@ impl Inner {
             ("reqs_per_event", r.reqs_per_event.to_string()),
             ("cas_enabled", yes_no(cfg.cas_enabled).into()),
             ("tcp_backlog", r.backlog.to_string()),
-            ("binding_protocol", "ascii".into()),
+            ("binding_protocol", cfg.protocol.name().into()),
             ("auth_enabled_sasl", "no".into()),
             ("auth_enabled_ascii", yes_no(!cfg.auth.is_empty()).into()),
             ("item_size_max", self.store.item_bytes_max().to_string()),
@@ -424,7 +449,12 @@ impl Inner {
             ),
             ("inline_ascii_response", "no".into()),
             ("num_napi_ids", "(null)".into()),
-            ("memory_file", "(null)".into()),
+            (
+                "memory_file",
+                cfg.memory_file
+                    .as_ref()
+                    .map_or("(null)".into(), |p| p.display().to_string()),
+            ),
         ];
         for (name, v) in rows {
             let _ = write!(out, "STAT {name} {v}\r\n");

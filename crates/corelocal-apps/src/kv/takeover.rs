@@ -251,11 +251,17 @@ pub(super) struct KvImport {
     export_wall_ns: Option<u64>,
     tally: Tally,
     started: Instant,
+    /// Who wrote the stream, as the refusals name it ([`FROM_PREDECESSOR`]).
+    from: &'static str,
 }
 
+/// [`KvImport::new`]'s `from` at a binary upgrade.
+pub(super) const FROM_PREDECESSOR: &str = "the running server";
+
 impl KvImport {
-    pub(super) fn new(inner: &Arc<Inner>) -> KvImport {
+    pub(super) fn new(inner: &Arc<Inner>, from: &'static str) -> KvImport {
         KvImport {
+            from,
             inner: inner.clone(),
             decoder: Decoder::new(inner.config.item_bytes_max),
             state: ImportState::Reading,
@@ -273,9 +279,9 @@ impl KvImport {
             wall_ns: self.inner.wall_ns(instant),
         };
         let (inner, tally, state) = (&self.inner, &mut self.tally, &mut self.state);
-        let export_wall_ns = &mut self.export_wall_ns;
+        let (export_wall_ns, from) = (&mut self.export_wall_ns, self.from);
         self.decoder.feed(data, &mut |event| match event {
-            Event::Header(h) => match mismatch(&h, inner) {
+            Event::Header(h) => match mismatch(&h, inner, from) {
                 Some(why) => {
                     *state = ImportState::Mismatch(why);
                     false
@@ -318,8 +324,8 @@ impl StateImport for KvImport {
             Ok(()) => Ok(()),
             Err(DecodeError::Version(v)) => {
                 self.state = ImportState::Mismatch(format!(
-                    "starting with an empty cache: the running server writes cache format {v}, \
-                     this one reads {}",
+                    "starting with an empty cache: {} writes cache format {v}, this one reads {}",
+                    self.from,
                     snapshot::VERSION
                 ));
                 Ok(())
@@ -356,7 +362,7 @@ impl StateImport for KvImport {
 }
 
 /// Why a stream from a server with other limits is not imported (`None`: it is).
-fn mismatch(h: &Header, inner: &Inner) -> Option<String> {
+fn mismatch(h: &Header, inner: &Inner, from: &str) -> Option<String> {
     let c = &inner.config;
     let (flag, theirs, ours) = if h.memory_bytes_max != c.memory_bytes_max {
         (
@@ -374,7 +380,7 @@ fn mismatch(h: &Header, inner: &Inner) -> Option<String> {
         return None;
     };
     Some(format!(
-        "starting with an empty cache: the running server has {flag} {theirs}, this one {ours}"
+        "starting with an empty cache: {from} has {flag} {theirs}, this one {ours}"
     ))
 }
 

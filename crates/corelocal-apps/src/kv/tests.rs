@@ -1019,3 +1019,49 @@ mod model {
         }
     }
 }
+
+#[test]
+fn protocol_is_decided_by_the_first_byte() {
+    let binary_get = b"\x80\x00\x00\x01\x00\x00\x00\x00\x00\x00\x00\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00k\r\n";
+    for (protocol, input, closed) in [
+        // Read as text, as memcached -B ascii reads it: a line, then its error.
+        (Protocol::Ascii, &binary_get[..], false),
+        (Protocol::Auto, &binary_get[..], true),
+        (Protocol::Auto, &b"version\r\n"[..], false),
+        (Protocol::Binary, &b"version\r\n"[..], true),
+    ] {
+        let (svc, base) = service(KvConfig {
+            protocol,
+            ..KvConfig::default()
+        });
+        let (out, next) = feed(&mut conn(&svc, base), input, &[], base);
+        let want = if closed {
+            Next::Close(CloseReason::BadRequest)
+        } else {
+            Next::Read
+        };
+        assert_eq!(next, want, "{protocol:?} {input:?}");
+        assert_eq!(out.is_empty(), closed, "{protocol:?}: {}", text(&out));
+        // With -B binary nothing, `stats` included, can be asked.
+        let settings = text(&run(&svc, b"stats settings\r\n", base));
+        let line = format!("STAT binding_protocol {}\r\n", protocol.name());
+        assert_eq!(
+            settings.contains(&line),
+            protocol != Protocol::Binary,
+            "{settings}"
+        );
+    }
+}
+
+#[test]
+fn a_later_binary_byte_is_text() {
+    // Negotiated once per connection: only its first byte counts.
+    let (svc, base) = service(KvConfig {
+        protocol: Protocol::Auto,
+        ..KvConfig::default()
+    });
+    let (out, next) = feed(&mut conn(&svc, base), b"version\r\n\x80\r\n", &[9], base);
+    assert_eq!(next, Next::Read);
+    assert!(text(&out).starts_with("VERSION "), "{}", text(&out));
+    assert!(text(&out).ends_with("ERROR\r\n"), "{}", text(&out));
+}

@@ -3,11 +3,11 @@
 
 use super::args::{App, Command, HttpArgs, KvArgs, UdpPort};
 use super::common::CommonArgs;
-use super::{fail, serve, serve_with};
+use super::{fail, grace, serve, serve_with};
 use crate::check;
 use corelocal_apps::http::{AccessLog, HttpConfig, HttpService};
 use corelocal_apps::kv::udp::{self, UdpLimits, UdpSockets};
-use corelocal_apps::kv::{KvConfig, KvService, Report, ShutdownHook};
+use corelocal_apps::kv::{KvConfig, KvService, Protocol, Report, ShutdownHook};
 use corelocal_apps::rpc::{RpcConfig, RpcService};
 use corelocal_apps::sockperf::{SockperfConfig, SockperfService};
 use corelocal_proto::memcache;
@@ -108,10 +108,20 @@ fn run_kv(mut args: KvArgs) -> ExitCode {
         config.report.listen.clear();
         config.report.tcp_port = 0;
     }
+    if config.protocol == Protocol::Binary {
+        eprintln!(
+            "corelocal serve kv: --protocol binary: the binary protocol is not spoken here; \
+             every connection is closed at its first byte"
+        );
+    }
     let service = match KvService::new(config) {
         Ok(s) => s,
         Err(e) => return fail(&format!("kv: {e}")),
     };
+    if let Err(e) = restore(&args, &service).and_then(|()| grace::on_sigusr1()) {
+        return fail(&format!("kv: {e}"));
+    }
+    let saver = service.clone();
     let udp_bound = udp.as_ref().map(UdpSockets::bound).unwrap_or_default();
     let limits = UdpLimits::for_items(args.item_max);
     let udp_server = match udp.map(|s| udp::serve(&service, s, limits)).transpose() {
@@ -138,7 +148,52 @@ fn run_kv(mut args: KvArgs) -> ExitCode {
             t.requests, t.dropped, t.sent, t.send_errors
         );
     }
-    code
+    save(&saver, code)
+}
+
+/// `--memory-file` at start: loads the cache saved there (not at a takeover, which brings the
+/// running server's newer one). `Err`: do not start.
+fn restore(args: &KvArgs, service: &KvService) -> Result<(), String> {
+    if args.common.takeover.is_some() && args.memory_file.is_some() {
+        eprintln!(
+            "corelocal serve kv: --memory-file not read: a takeover brings the running \
+             server's cache"
+        );
+        return Ok(());
+    }
+    match service.restore_memory_file() {
+        None => Ok(()),
+        Some(Ok(told)) => {
+            eprintln!("corelocal serve kv: --memory-file: {told}");
+            Ok(())
+        }
+        Some(Err(e)) => Err(format!("--memory-file: {e}")),
+    }
+}
+
+/// `--memory-file` at the stop (every worker and UDP thread has stopped): saves the cache if
+/// the stop was graceful; a failed save makes the exit code a failure.
+fn save(service: &KvService, code: ExitCode) -> ExitCode {
+    if !grace::graceful() {
+        if service.config().memory_file.is_some() {
+            eprintln!(
+                "corelocal serve kv: --memory-file: not saved (only a graceful stop saves, as \
+                 memcached: SIGUSR1 or `shutdown graceful`)"
+            );
+        }
+        return code;
+    }
+    match service.save_memory_file() {
+        None => code,
+        Some(Ok(told)) => {
+            eprintln!("corelocal serve kv: --memory-file: {told}");
+            code
+        }
+        Some(Err(e)) => {
+            eprintln!("corelocal serve kv: --memory-file: not saved: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 /// The UDP sockets `--udp-port` asks for: one per worker CPU on each `--listen` address's IP.
@@ -311,9 +366,12 @@ fn kv_config(args: &mut KvArgs, get_line_bytes_max: usize) -> Result<KvConfig, S
         listen: common.listen.clone(),
         ..Report::default()
     };
-    let shutdown = ShutdownHook(Arc::new(|_graceful| {
-        // Our SIGTERM is already graceful: requests in progress finish (--drain-timeout).
-        if let Err(e) = corelocal::sys::signal::terminate(std::process::id() as i32) {
+    let shutdown = ShutdownHook(Arc::new(|graceful| {
+        // Our SIGTERM is already graceful: requests in progress finish (--drain-timeout);
+        // `shutdown graceful` is memcached's graceful stop, which saves the cache (-e).
+        if graceful {
+            grace::stop_gracefully();
+        } else if let Err(e) = corelocal::sys::signal::terminate(std::process::id() as i32) {
             eprintln!("corelocal serve kv: shutdown: {e}");
         }
     }));
@@ -338,6 +396,8 @@ fn kv_config(args: &mut KvArgs, get_line_bytes_max: usize) -> Result<KvConfig, S
         shutdown: Some(shutdown),
         conn_limit: args.max_conns,
         auth,
+        protocol: args.protocol,
+        memory_file: args.memory_file.clone(),
         ..KvConfig::default()
     })
 }

@@ -4,6 +4,7 @@
 use super::common::CommonArgs;
 use crate::duration::parse_duration;
 use clap::{Args, Subcommand};
+use corelocal_apps::kv::Protocol;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -139,10 +140,33 @@ pub(super) struct KvArgs {
     /// written aside and renamed into place.
     #[arg(long, value_name = "PATH")]
     pub(super) port_file: Option<PathBuf>,
+    /// Protocols a connection may speak (memcached -B): `ascii` (text, the default), `auto`
+    /// (negotiated by the first byte: a binary request is closed, as this server speaks no
+    /// binary protocol) or `binary` (every connection closed at its first byte: nothing here
+    /// can answer it; for memcached command lines that ask for it).
+    #[arg(long, default_value = "ascii", value_parser = parse_protocol)]
+    pub(super) protocol: Protocol,
+    /// memcached's warm restart (memcached -e): at a graceful stop (SIGUSR1 or `shutdown
+    /// graceful`; not SIGTERM/SIGINT, as memcached) save the cache to PATH and its metadata
+    /// to PATH.meta; at start load them if PATH.meta is there (then remove both), values,
+    /// flags, CAS and expiry (time stopped counts). Other --memory-mb/--item-max: a clean
+    /// start. A corrupt PATH.meta: refuses to start, as memcached.
+    #[arg(long, value_name = "PATH")]
+    pub(super) memory_file: Option<PathBuf>,
     /// Accept `debugtime <seconds>`, which moves the cache's clock forward (memcached's debug
     /// build has it for its tests; never for a shared cache: any client could expire items).
     #[arg(long, hide = true)]
     pub(super) debug_time: bool,
+}
+
+/// `serve kv --protocol`: memcached's `-B` names.
+pub(super) fn parse_protocol(text: &str) -> Result<Protocol, String> {
+    match text {
+        "ascii" => Ok(Protocol::Ascii),
+        "auto" => Ok(Protocol::Auto),
+        "binary" => Ok(Protocol::Binary),
+        _ => Err(format!("{text:?}: ascii, auto or binary")),
+    }
 }
 
 /// `serve kv --udp-port`.

@@ -11,6 +11,7 @@ mod apps;
 mod args;
 mod common;
 mod config;
+mod grace;
 mod stats;
 mod upgrade;
 
