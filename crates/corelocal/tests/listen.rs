@@ -225,3 +225,36 @@ fn bad_configs_are_refused_clearly() {
     .unwrap_err();
     assert!(err.to_string().contains("no workers"), "{err}");
 }
+
+/// A port another server listens on with `SO_REUSEPORT` (same user) would be joined silently,
+/// and that server's connections shared with ours: refused, unless joining is the point (a
+/// binary upgrade by PID). A port held without `SO_REUSEPORT` is refused the same way.
+#[test]
+fn an_address_another_server_listens_on_is_refused_unless_joining() {
+    let Some((a, b)) = two_cpus() else { return };
+    let fine = |addr: SocketAddr| GroupConfig::new(vec![addr], vec![a, b], Mode::Fine);
+    let stranger = bind(vec![a], Mode::Fine, None); // SO_REUSEPORT, this user
+    let taken = stranger.local_addrs()[0];
+    match ListenerGroup::bind(fine(taken)) {
+        Err(listen::ListenError::AddrInUse(addr)) => assert_eq!(addr, taken),
+        other => panic!(
+            "joined a stranger's reuseport group: {:?}",
+            other.map(|_| ())
+        ),
+    }
+    let mut join = fine(taken);
+    join.join_existing = true;
+    let joined = ListenerGroup::bind(join).expect("joining on purpose");
+    assert_eq!(joined.local_addrs(), vec![taken]);
+
+    let plain = std::net::TcpListener::bind("127.0.0.1:0").unwrap(); // no SO_REUSEPORT
+    let held = plain.local_addr().unwrap();
+    let err = ListenerGroup::bind(fine(held)).map(|_| ()).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("in use by another listening socket"),
+        "{err}"
+    );
+    drop(plain);
+    ListenerGroup::bind(fine(held)).expect("free once the holder is gone");
+}

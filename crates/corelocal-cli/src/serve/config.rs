@@ -136,6 +136,8 @@ pub(super) fn server_config(common: &CommonArgs) -> Result<ServerConfig, String>
     config.backend = common.backend.parse::<BackendKind>()?;
     // A takeover starts behind the gate: the predecessor's connections and state come first.
     config.gated = common.takeover.is_some();
+    // `--takeover PID` joins the running server's group (the socket form adopts its sockets).
+    config.listen.join_existing = matches!(common.takeover, Some(Takeover::Pid(_)));
     config.limits.idle_timeout = common.idle_timeout;
     config.limits.drain_timeout = common.drain_timeout;
     config.limits.linger_time = common.linger_time;

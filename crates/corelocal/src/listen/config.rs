@@ -142,6 +142,11 @@ pub struct GroupConfig {
     /// `TCP_DEFER_ACCEPT` on every listener, seconds (`None`: off). For protocols where the
     /// client speaks first: accept completes with the request already queued.
     pub defer_accept_s: Option<u32>,
+    /// The group joins a running server's `SO_REUSEPORT` group on purpose (a binary upgrade
+    /// by PID: `--takeover PID`). Otherwise an address another socket listens on is refused
+    /// ([`ListenError::AddrInUse`](super::ListenError::AddrInUse)): joining a stranger's group
+    /// would silently share its connections.
+    pub join_existing: bool,
 }
 
 impl GroupConfig {
@@ -155,6 +160,7 @@ impl GroupConfig {
             backlog_total: 4096,
             flow_groups: crate::bpf::FLOW_GROUPS_DEFAULT,
             defer_accept_s: None,
+            join_existing: false,
         }
     }
 }

@@ -18,6 +18,8 @@ pub enum ListenError {
     },
     /// Loading or updating the eBPF program failed.
     Bpf(BpfError),
+    /// Another socket listens on this address (see [`super::GroupConfig::join_existing`]).
+    AddrInUse(std::net::SocketAddr),
 }
 
 impl fmt::Display for ListenError {
@@ -26,6 +28,12 @@ impl fmt::Display for ListenError {
             ListenError::Config(m) => f.write_str(m),
             ListenError::Io { context, source } => write!(f, "{context}: {source}"),
             ListenError::Bpf(e) => write!(f, "eBPF steering: {e}"),
+            ListenError::AddrInUse(addr) => write!(
+                f,
+                "{addr} is in use by another listening socket (`ss -ltnp 'sport = :{}'` shows \
+                 whose); a running corelocal server is replaced with --takeover",
+                addr.port()
+            ),
         }
     }
 }

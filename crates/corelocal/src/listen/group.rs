@@ -18,6 +18,9 @@ impl ListenerGroup {
     /// then SO_INCOMING_CPU (kernel ≥ 6.2), then cBPF.
     pub fn bind(config: GroupConfig) -> Result<ListenerGroup, ListenError> {
         validate(&config)?;
+        if !config.join_existing {
+            refuse_addrs_in_use(&config.addrs)?;
+        }
         let candidates: Vec<Option<Steering>> = match (config.mode, config.steering) {
             (Mode::Local, Some(forced)) => vec![Some(forced)],
             (Mode::Local, None) => {
@@ -139,6 +142,20 @@ pub(super) fn validate(config: &GroupConfig) -> Result<(), ListenError> {
     }
     if config.backlog_total == 0 {
         return bad("backlog must be at least 1");
+    }
+    Ok(())
+}
+
+/// Refuses an address another socket listens on: with `SO_REUSEPORT` our listeners would
+/// join its group (same user) and take part of its connections, or part of ours would go to
+/// it. Checked before anything is bound.
+fn refuse_addrs_in_use(addrs: &[SocketAddr]) -> Result<(), ListenError> {
+    for &addr in addrs {
+        let free =
+            socket::tcp_addr_free(addr).map_err(io_context(format!("checking {addr} is free")))?;
+        if !free {
+            return Err(ListenError::AddrInUse(addr));
+        }
     }
     Ok(())
 }

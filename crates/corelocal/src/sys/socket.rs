@@ -97,6 +97,31 @@ pub fn listen(addr: SocketAddr, opts: ListenOptions) -> io::Result<OwnedFd> {
     Ok(fd)
 }
 
+/// Whether a TCP socket could bind `addr` on its own, without `SO_REUSEPORT`: false when
+/// another socket listens there (with `SO_REUSEPORT` a server would join that socket's group
+/// and share its connections, if both belong to the same user). Sockets in TIME_WAIT do not
+/// count (`SO_REUSEADDR`); port 0 is always free.
+pub fn tcp_addr_free(addr: SocketAddr) -> io::Result<bool> {
+    if addr.port() == 0 {
+        return Ok(true);
+    }
+    let domain = match addr {
+        SocketAddr::V4(_) => AddressFamily::INET,
+        SocketAddr::V6(_) => AddressFamily::INET6,
+    };
+    let fd = net::socket_with(domain, SocketType::STREAM, SocketFlags::CLOEXEC, None)?;
+    sockopt::set_socket_reuseaddr(&fd, true)?;
+    if addr.is_ipv6() {
+        // As `listen` binds it.
+        sockopt::set_ipv6_v6only(&fd, true)?;
+    }
+    match net::bind(&fd, &addr) {
+        Ok(()) => Ok(true),
+        Err(rustix::io::Errno::ADDRINUSE) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// An address as a std one (IPv4 or IPv6 only).
 fn ip_addr(addr: Option<net::SocketAddrAny>) -> io::Result<SocketAddr> {
     addr.and_then(|a| SocketAddr::try_from(a).ok())
