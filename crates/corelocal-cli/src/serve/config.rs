@@ -97,6 +97,10 @@ pub(super) fn start_error(e: &ServerError, common: &CommonArgs) -> String {
                 || e.to_string(),
                 |addr| check::bind_error("--listen", *addr, source),
             ),
+        ServerError::Listen(ListenError::AddrInUse(addr)) => format!(
+            "{}; to replace a running corelocal server there, start with --takeover",
+            check::bind_error("--listen", *addr, &std::io::ErrorKind::AddrInUse.into())
+        ),
         ServerError::Limits(limit) => {
             let flag = match limit.field {
                 "input_bytes_max" => "--input-limit",
