@@ -256,7 +256,8 @@ pub struct MoveFailure {
     /// Connections taken from the outbox and not sent, and — when the successor imports
     /// state ([`Outbox::keeps_sent`]) — those sent, which it cannot have read yet.
     pub held: Vec<MovedConn>,
-    /// Connections that went with the successor (it may have read from them).
+    /// Connections that went with the successor (it may have read from them, or this process
+    /// could not keep them: `Held::sent_max`).
     pub lost: u64,
     /// The successor's process (a pidfd taken while the move began, so the number cannot
     /// have been reused), which [`resume`] stops.
@@ -275,12 +276,44 @@ impl std::fmt::Display for MoveFailure {
     }
 }
 
+/// Descriptors a move leaves to everything but kept connections: the outbox's
+/// ([`super::handoff::OUTBOX_LEN_MAX`]) and the listeners', files' and rings' (the rest).
+const KEPT_FDS_RESERVE: usize = super::handoff::OUTBOX_LEN_MAX + 1024;
+
 /// The connections of a move this process still holds (see [`MoveFailure::held`]).
 struct Held {
     /// Taken from the outbox, their message not sent.
     unsent: Vec<MovedConn>,
     /// Sent, kept open here until the end of the move (`None`: closed once sent).
     sent: Option<Vec<MovedConn>>,
+    /// At most this many are kept (each is an ordinary descriptor, under RLIMIT_NOFILE: the
+    /// io_uring backend holds many more connections than that as direct descriptors). Sent
+    /// beyond it, a connection closes here as a service without state's does: it goes with a
+    /// successor that fails (and is counted in [`MoveFailure::lost`]).
+    sent_max: usize,
+}
+
+impl Held {
+    fn new(keeps_sent: bool) -> Held {
+        let soft = crate::sys::process::nofile_limit().map_or(1 << 16, |(soft, _)| soft);
+        let soft = usize::try_from(soft).unwrap_or(usize::MAX);
+        Held::with_max(keeps_sent, soft.saturating_sub(KEPT_FDS_RESERVE))
+    }
+
+    fn with_max(keeps_sent: bool, sent_max: usize) -> Held {
+        Held {
+            unsent: Vec::new(),
+            sent: keeps_sent.then(Vec::new),
+            sent_max,
+        }
+    }
+
+    /// Where the connections of a message that was just sent go: kept while there is room
+    /// (`None`: they close).
+    fn keep_sent(&mut self, count: usize) -> Option<&mut Vec<MovedConn>> {
+        let max = self.sent_max;
+        self.sent.as_mut().filter(|kept| kept.len() + count <= max)
+    }
 }
 
 /// The old process's side, once it stopped with its outbox enabled
@@ -293,14 +326,12 @@ struct Held {
 /// A successor that imports state keeps its gate closed until the end of the move (see
 /// [`receive_moving`]): nothing reads the connections it received before then. For such a
 /// service ([`Outbox::keeps_sent`]) this process keeps each sent connection open, with its
-/// bytes and state, until the end, so a successor that dies on the way loses none of them.
+/// bytes and state, until the end, so a successor that dies on the way loses none of them
+/// (up to RLIMIT_NOFILE less a reserve: `Held::sent_max`).
 pub fn send_moving(channel: &Channel, outbox: &Outbox) -> Result<MoveReport, MoveFailure> {
     let mut report = MoveReport::default();
     let successor = successor_pidfd(channel);
-    let mut held = Held {
-        unsent: Vec::new(),
-        sent: outbox.keeps_sent().then(Vec::new),
-    };
+    let mut held = Held::new(outbox.keeps_sent());
     let result = send_moving_inner(channel, outbox, &mut report, &mut held);
     match result {
         Ok(()) => Ok(report),
@@ -580,10 +611,9 @@ impl ConnBatch {
         let message = Message::Conns(std::mem::take(&mut self.entries));
         let sent = channel.send_with(&message, &raw);
         let n = self.conns.len() as u64;
-        let keep = match (&sent, held.sent.as_mut()) {
-            (Err(_), _) => Some(&mut held.unsent),
-            (Ok(()), Some(kept)) => Some(kept),
-            (Ok(()), None) => None,
+        let keep = match &sent {
+            Err(_) => Some(&mut held.unsent),
+            Ok(()) => held.keep_sent(self.conns.len()),
         };
         match keep {
             Some(into) => self.restore_into(message, &rest, into),
@@ -729,5 +759,44 @@ impl StateIntake {
             (Some(import), None) => import.finish().unwrap_or_else(|e| e),
             (None, None) => "nothing (this service keeps no state)".into(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn conns(n: usize) -> Vec<MovedConn> {
+        (0..n)
+            .map(|_| MovedConn {
+                fd: std::fs::File::open("/dev/null").unwrap().into(),
+                input: Vec::new(),
+                state: Vec::new(),
+                cpu: 0,
+            })
+            .collect()
+    }
+
+    /// Sent connections are kept (a service that imports state) only while their descriptors
+    /// fit: a move of more connections than RLIMIT_NOFILE allows must go on, the rest closing
+    /// as they are sent (before this bound, every descriptor past the limit failed its move).
+    #[test]
+    fn kept_connections_stay_under_the_descriptor_bound() {
+        let mut held = Held::with_max(true, 100);
+        for _ in 0..3 {
+            let batch = conns(40);
+            match held.keep_sent(batch.len()) {
+                Some(kept) => kept.extend(batch),
+                None => drop(batch),
+            }
+        }
+        assert_eq!(held.sent.as_ref().map(Vec::len), Some(80));
+        let mut stateless = Held::with_max(false, 100);
+        assert!(stateless.keep_sent(1).is_none());
+        let limit = crate::sys::process::nofile_limit().unwrap().0 as usize;
+        assert!(
+            Held::new(true).sent_max < limit,
+            "room left for everything else"
+        );
     }
 }
