@@ -151,8 +151,9 @@ pub(super) fn validate(config: &GroupConfig) -> Result<(), ListenError> {
 /// it. Checked before anything is bound.
 fn refuse_addrs_in_use(addrs: &[SocketAddr]) -> Result<(), ListenError> {
     for &addr in addrs {
-        let free =
-            socket::tcp_addr_free(addr).map_err(io_context(format!("checking {addr} is free")))?;
+        // A bind that fails otherwise (not an address of this host, a privileged port) fails
+        // the same way when the listeners bind: reported as theirs.
+        let free = socket::tcp_addr_free(addr).map_err(io_context(format!("listen on {addr}")))?;
         if !free {
             return Err(ListenError::AddrInUse(addr));
         }
