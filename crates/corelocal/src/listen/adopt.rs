@@ -3,7 +3,7 @@
 //! ([`ListenerGroup::release_steering`], [`ListenerGroup::restore_steering`]), and how the new
 //! process rebuilds a group from the received sockets ([`ListenerGroup::adopt`]).
 
-use super::error::io_context;
+use super::error::{io_context, BadSocket, SocketProblem};
 use super::group::validate;
 use super::handover::Layout;
 use super::steering::{attach_cbpf, attach_ebpf, first_listener, set_listener_patiently};
@@ -112,13 +112,14 @@ impl ListenerGroup {
         fds: Vec<OwnedFd>,
     ) -> Result<ListenerGroup, ListenError> {
         validate(&config)?;
-        let steering = layout.check_matches(&config).map_err(ListenError::Config)?;
+        let steering = layout
+            .check_matches(&config)
+            .map_err(ListenError::Mismatch)?;
         if fds.len() != layout.socket_count() {
-            return Err(ListenError::Config(format!(
-                "received {} sockets, the layout announces {}",
-                fds.len(),
-                layout.socket_count()
-            )));
+            return Err(ListenError::BadSocket(BadSocket::Count {
+                received: fds.len(),
+                announced: layout.socket_count(),
+            }));
         }
         let mut config = config;
         if let ActiveSteering::Local(method) = steering {
@@ -129,9 +130,14 @@ impl ListenerGroup {
         let mut groups = Vec::with_capacity(layout.addrs.len());
         for (a, &addr) in layout.addrs.iter().enumerate() {
             let sockets: Vec<Arc<OwnedFd>> = fds.by_ref().take(per_addr).map(Arc::new).collect();
-            for (i, s) in sockets.iter().enumerate() {
-                check_adopted(s.as_raw_fd(), addr, layout.mode)
-                    .map_err(|m| ListenError::Config(format!("socket {i} for {addr}: {m}")))?;
+            for (index, s) in sockets.iter().enumerate() {
+                check_adopted(s.as_raw_fd(), addr, layout.mode).map_err(|problem| {
+                    ListenError::BadSocket(BadSocket::Socket {
+                        index,
+                        addr,
+                        problem,
+                    })
+                })?;
             }
             let listeners = (0..config.worker_cpus.len())
                 .map(|w| Some(sockets[if per_addr == 1 { 0 } else { w }].clone()))
@@ -160,22 +166,22 @@ impl ListenerGroup {
 
 /// A received socket must listen on TCP, bound to `addr` (same family, address and port), and
 /// be in a reuseport group unless the mode shares one socket.
-fn check_adopted(fd: RawFd, addr: SocketAddr, mode: Mode) -> Result<(), String> {
-    let (domain, reuseport) = socket::tcp_listener_info(fd).map_err(|e| e.to_string())?;
+fn check_adopted(fd: RawFd, addr: SocketAddr, mode: Mode) -> Result<(), SocketProblem> {
+    let (domain, reuseport) = socket::tcp_listener_info(fd).map_err(SocketProblem::Query)?;
     let family = if addr.is_ipv4() {
         libc::AF_INET
     } else {
         libc::AF_INET6
     };
     if domain != family {
-        return Err("address family differs from the layout's".into());
+        return Err(SocketProblem::Family);
     }
-    let bound = socket::local_addr(fd).map_err(|e| format!("getsockname: {e}"))?;
+    let bound = socket::local_addr(fd).map_err(SocketProblem::Query)?;
     if bound != addr {
-        return Err(format!("bound to {bound}, the layout says {addr}"));
+        return Err(SocketProblem::BoundTo(bound));
     }
     if mode != Mode::Stock && !reuseport {
-        return Err("SO_REUSEPORT is not set".into());
+        return Err(SocketProblem::NotReuseport);
     }
     Ok(())
 }

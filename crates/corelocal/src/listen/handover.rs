@@ -25,7 +25,7 @@
 //! [`MESSAGE_BYTES_MAX`] per message, [`ADDRS_MAX`] addresses, [`WORKERS_MAX`] workers,
 //! [`REASON_BYTES_MAX`] of abort reason.
 
-use super::{ActiveSteering, GroupConfig, Mode, Steering};
+use super::{ActiveSteering, GroupConfig, LayoutMismatch, Mismatch, Mode, Steering};
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
@@ -81,42 +81,29 @@ impl Layout {
     /// Checks that a process configured with `config` can adopt these sockets: same
     /// addresses, workers on the same CPUs, same mode, and the same steering when one is
     /// forced. Returns the steering to use (the old one), or every mismatch in one message.
-    pub fn check_matches(&self, config: &GroupConfig) -> Result<ActiveSteering, String> {
+    pub fn check_matches(&self, config: &GroupConfig) -> Result<ActiveSteering, LayoutMismatch> {
         let mut problems = Vec::new();
         if config.addrs != self.addrs {
-            problems.push(format!(
-                "listen addresses: this process {}, the running server {}",
-                list(&config.addrs),
-                list(&self.addrs)
-            ));
+            problems.push(Mismatch::Addrs(config.addrs.clone(), self.addrs.clone()));
         }
         if config.worker_cpus != self.worker_cpus {
-            problems.push(format!(
-                "worker CPUs (--cpus × --workers-per-cpu): this process {}, the running server {}",
-                list(&config.worker_cpus),
-                list(&self.worker_cpus)
+            problems.push(Mismatch::WorkerCpus(
+                config.worker_cpus.clone(),
+                self.worker_cpus.clone(),
             ));
         }
         if config.mode != self.mode {
-            problems.push(format!(
-                "mode: this process {}, the running server {}",
-                config.mode, self.mode
-            ));
+            problems.push(Mismatch::Mode(config.mode, self.mode));
         }
         if let (Some(forced), ActiveSteering::Local(running)) = (config.steering, self.steering) {
             if forced != running {
-                problems.push(format!(
-                    "steering: this process {forced}, the running server {running}"
-                ));
+                problems.push(Mismatch::Steering(forced, running));
             }
         }
         if problems.is_empty() {
             Ok(self.steering)
         } else {
-            Err(format!(
-                "configuration differs from the running server's: {}",
-                problems.join("; ")
-            ))
+            Err(LayoutMismatch(problems))
         }
     }
 
@@ -158,11 +145,6 @@ impl Layout {
         }
         Ok(())
     }
-}
-
-fn list<T: fmt::Display>(items: &[T]) -> String {
-    let parts: Vec<String> = items.iter().map(|i| i.to_string()).collect();
-    format!("[{}]", parts.join(","))
 }
 
 /// One message of the handover protocol (see the module docs).
@@ -744,7 +726,7 @@ mod tests {
         config.worker_cpus = vec![0];
         config.addrs = vec!["127.0.0.1:7001".parse().unwrap()];
         config.steering = Some(Steering::IncomingCpu);
-        let e = l.check_matches(&config).unwrap_err();
+        let e = l.check_matches(&config).unwrap_err().to_string();
         assert!(e.contains("worker CPUs"), "{e}");
         assert!(
             e.contains("this process [0], the running server [0,1]"),
@@ -757,7 +739,7 @@ mod tests {
         );
         config = config_for(&l);
         config.mode = Mode::Fine;
-        let e = l.check_matches(&config).unwrap_err();
+        let e = l.check_matches(&config).unwrap_err().to_string();
         assert!(
             e.contains("mode: this process fine, the running server local"),
             "{e}"

@@ -37,7 +37,7 @@ pub mod transfer;
 pub use crate::sys::socket::QueueDepth;
 pub use crate::sys::socket::{accept_conn as accept, Accepted};
 pub use config::{ActiveSteering, GroupConfig, Migration, Mode, Steering};
-pub use error::ListenError;
+pub use error::{BadSocket, LayoutMismatch, ListenError, Mismatch, SocketProblem};
 pub use steering::{cpu_worker_runs, CpuWorkers};
 
 use crate::bpf::ReuseportSelect;
