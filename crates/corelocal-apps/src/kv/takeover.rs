@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use corelocal::runtime::handoff::{StateExport, StateImport};
+use corelocal::runtime::handoff::{StateError, StateExport, StateImport};
 
 use super::admin::Auth;
 use super::snapshot::{
@@ -144,9 +144,9 @@ impl KvExport {
 }
 
 impl StateExport for KvExport {
-    fn next_chunk(&mut self, out: &mut Vec<u8>, bytes_max: usize) -> Result<bool, String> {
+    fn next_chunk(&mut self, out: &mut Vec<u8>, bytes_max: usize) -> Result<bool, StateError> {
         if bytes_max == 0 {
-            return Err("kv export: chunks of 0 bytes".into());
+            return Err(StateError::Export("kv export: chunks of 0 bytes".into()));
         }
         let start = out.len();
         let limit = start.saturating_add(bytes_max);
@@ -308,11 +308,11 @@ impl KvImport {
 }
 
 impl StateImport for KvImport {
-    fn chunk(&mut self, data: &[u8]) -> Result<(), String> {
+    fn chunk(&mut self, data: &[u8]) -> Result<(), StateError> {
         match &self.state {
             ImportState::Reading => {}
             ImportState::Mismatch(_) => return Ok(()),
-            ImportState::Failed(why) => return Err(why.clone()),
+            ImportState::Failed(why) => return Err(StateError::Broken(why.clone())),
         }
         let result = self.decode(data);
         // Before anything else: tokens handed out by the predecessor are never reused.
@@ -333,18 +333,19 @@ impl StateImport for KvImport {
             Err(e) => {
                 let why = format!("{e}: {}", self.kept());
                 self.state = ImportState::Failed(why.clone());
-                Err(why)
+                Err(StateError::Broken(why))
             }
         }
     }
 
-    fn finish(self: Box<Self>) -> Result<String, String> {
+    fn finish(self: Box<Self>) -> Result<String, StateError> {
         match self.state {
-            ImportState::Mismatch(why) | ImportState::Failed(why) => return Err(why),
+            ImportState::Mismatch(why) => return Err(StateError::Incompatible(why)),
+            ImportState::Failed(why) => return Err(StateError::Broken(why)),
             ImportState::Reading => {}
         }
         if let Err(e) = self.decoder.finish() {
-            return Err(format!("{e}: {}", self.kept()));
+            return Err(StateError::Broken(format!("{e}: {}", self.kept())));
         }
         let t = &self.tally;
         Ok(format!(

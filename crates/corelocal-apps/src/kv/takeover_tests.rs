@@ -3,6 +3,7 @@
 use super::store::{Put, SnapshotItem};
 use super::tests::{conn, service, WALL};
 use super::*;
+use corelocal::runtime::handoff::StateError;
 use corelocal::runtime::{Handler, Output, OutputFront};
 use corelocal_proto::memcache::StoreOp;
 
@@ -82,7 +83,7 @@ fn export(svc: &KvService, mut bytes_max: impl FnMut() -> usize) -> Vec<Vec<u8>>
 }
 
 /// Feeds `chunks` to `svc`'s import as the runtime does; the first error, or finish's answer.
-fn import(svc: &KvService, chunks: &[Vec<u8>]) -> Result<String, String> {
+fn import(svc: &KvService, chunks: &[Vec<u8>]) -> Result<String, StateError> {
     let mut imp = Arc::new(svc.clone()).import_state().expect("kv imports");
     for c in chunks {
         imp.chunk(c)?;
@@ -90,7 +91,7 @@ fn import(svc: &KvService, chunks: &[Vec<u8>]) -> Result<String, String> {
     imp.finish()
 }
 
-fn move_cache(from: &KvService, to: &KvService) -> Result<String, String> {
+fn move_cache(from: &KvService, to: &KvService) -> Result<String, StateError> {
     import(to, &export(from, || 64 << 10))
 }
 
@@ -247,10 +248,10 @@ fn other_limits_or_format_start_empty_and_say_why() {
     let (new, _) = service(bigger);
     assert_eq!(
         move_cache(&old, &new),
-        Err(
+        Err(StateError::Incompatible(
             "starting with an empty cache: the running server has --memory-mb 64, this one 128"
                 .into()
-        )
+        ))
     );
     assert!(items(&new).is_empty());
     let items_2m = KvConfig {
@@ -261,7 +262,11 @@ fn other_limits_or_format_start_empty_and_say_why() {
     let why = move_cache(&old, &new).unwrap_err();
     assert_eq!(
         why,
-        "starting with an empty cache: the running server has --item-max 1048576, this one 2097152"
+        StateError::Incompatible(
+            "starting with an empty cache: the running server has --item-max 1048576, this one \
+             2097152"
+                .into()
+        )
     );
     assert!(items(&new).is_empty());
     // Another format version: the rest of the stream is skipped, whatever it holds.
@@ -270,6 +275,8 @@ fn other_limits_or_format_start_empty_and_say_why() {
     chunks[3] = b"garbage".to_vec();
     let (new, _) = service(KvConfig::default());
     let why = import(&new, &chunks).unwrap_err();
+    assert!(matches!(why, StateError::Incompatible(_)), "{why:?}");
+    let why = why.to_string();
     assert!(why.starts_with("starting with an empty cache: the running server writes cache format 129, this one reads 1"), "{why}");
     assert!(items(&new).is_empty());
 }
@@ -305,6 +312,8 @@ fn a_corrupt_stream_is_refused_keeping_whole_items_only() {
     let chunks: Vec<Vec<u8>> = stream.chunks(1000).map(<[u8]>::to_vec).collect();
     let (new, _) = service(KvConfig::default());
     let why = import(&new, &chunks).unwrap_err();
+    assert!(matches!(why, StateError::Broken(_)), "{why:?}");
+    let why = why.to_string();
     let kept = all_whole(&new, &before);
     assert!(kept > 0 && kept < 200, "{kept}");
     assert!(
@@ -320,6 +329,8 @@ fn a_cut_stream_is_refused_keeping_whole_items_only() {
     let chunks: Vec<Vec<u8>> = cut.chunks(333).map(<[u8]>::to_vec).collect();
     let (new, _) = service(KvConfig::default());
     let why = import(&new, &chunks).unwrap_err();
+    assert!(matches!(why, StateError::Broken(_)), "{why:?}");
+    let why = why.to_string();
     let kept = all_whole(&new, &before);
     assert!(kept > 100 && kept < 200, "{kept}");
     assert!(why.starts_with("cache stream cut short after"), "{why}");

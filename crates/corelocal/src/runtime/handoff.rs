@@ -14,7 +14,7 @@ pub trait StateExport: Send {
     /// than that may be cut anywhere: the stream is a byte stream, chunk boundaries carry no
     /// meaning). Returns `Ok(false)` once everything was produced (`out` may still have
     /// received a last part).
-    fn next_chunk(&mut self, out: &mut Vec<u8>, bytes_max: usize) -> Result<bool, String>;
+    fn next_chunk(&mut self, out: &mut Vec<u8>, bytes_max: usize) -> Result<bool, StateError>;
 
     /// What was exported, for the takeover report ("412,331 items, 1.0 GiB").
     fn summary(&self) -> String;
@@ -25,13 +25,38 @@ pub trait StateImport: Send {
     /// Consumes the next part of the stream, in the order [`StateExport::next_chunk`] made
     /// them. An error stops the import: the service must be left as if nothing had been
     /// imported, or with what was imported so far whole (never a half-written record).
-    fn chunk(&mut self, data: &[u8]) -> Result<(), String>;
+    fn chunk(&mut self, data: &[u8]) -> Result<(), StateError>;
 
     /// The stream ended: finish (e.g. check that it was complete). Returns what was imported,
     /// for the takeover report, or why nothing was kept (a format version or `--memory-mb`
     /// mismatch: the service starts clean and says so here).
-    fn finish(self: Box<Self>) -> Result<String, String>;
+    fn finish(self: Box<Self>) -> Result<String, StateError>;
 }
+
+/// Why a service's state did not move ([`StateExport`], [`StateImport`]); each says why in
+/// words for the takeover report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StateError {
+    /// The stream is of another format version, or for other limits: the new process starts
+    /// clean.
+    Incompatible(String),
+    /// The stream broke off or is damaged: the import keeps what it read whole, or nothing.
+    Broken(String),
+    /// The export cannot go on.
+    Export(String),
+}
+
+impl std::fmt::Display for StateError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StateError::Incompatible(why) | StateError::Broken(why) | StateError::Export(why) => {
+                f.write_str(why)
+            }
+        }
+    }
+}
+
+impl std::error::Error for StateError {}
 
 use std::collections::VecDeque;
 use std::os::fd::OwnedFd;

@@ -9,7 +9,7 @@
 //! gives them to the new server's workers, which start behind a gate until it is all there.
 
 use super::handler::Service;
-use super::handoff::{MovedConn, Outbox, StateImport};
+use super::handoff::{MovedConn, Outbox, StateError, StateImport};
 use super::server::{ReleaseHandle, Server, ServerConfig, ServerError, ShutdownReport};
 use crate::listen::handover::{
     ConnEntry, Message, CONN_ENTRY_HEADER_BYTES, CONN_STATE_BYTES_MAX, MESSAGE_BYTES_MAX,
@@ -732,7 +732,7 @@ pub fn receive_moving(channel: &Channel, server: &Server) -> Result<MoveReport, 
 /// The service's importer, stopped at its first error (the rest of the stream is skipped).
 struct StateIntake {
     import: Option<Box<dyn StateImport>>,
-    error: Option<String>,
+    error: Option<StateError>,
 }
 
 impl StateIntake {
@@ -756,7 +756,7 @@ impl StateIntake {
     fn finish(self) -> String {
         match (self.import, self.error) {
             (_, Some(e)) => format!("failed: {e}"),
-            (Some(import), None) => import.finish().unwrap_or_else(|e| e),
+            (Some(import), None) => import.finish().unwrap_or_else(|e| e.to_string()),
             (None, None) => "nothing (this service keeps no state)".into(),
         }
     }
