@@ -19,6 +19,7 @@ pub(super) fn conn(svc: &KvService, now: Instant) -> KvConn {
         worker: 0,
         peer: None,
         now,
+        notify: None,
     })
 }
 

@@ -56,7 +56,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
         self.after_process(id, verdict);
     }
 
-    fn after_process(&mut self, id: ConnId, verdict: Option<CloseReason>) {
+    pub(super) fn after_process(&mut self, id: ConnId, verdict: Option<CloseReason>) {
         if let Some(reason) = verdict {
             match reason {
                 CloseReason::BadRequest => self.setup.stats.error(ErrorKind::BadRequest),

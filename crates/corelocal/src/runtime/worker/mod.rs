@@ -11,6 +11,7 @@ mod drain;
 mod handoff;
 mod input;
 mod lifecycle;
+mod notify;
 mod output;
 
 use super::accept::AcceptPath;
@@ -18,6 +19,7 @@ use super::backend::{Backend, Completion, ConnId};
 use super::balance::{BalanceShared, WorkerBalance};
 use super::handler::{CloseReason, Output, Service};
 use super::handoff::{Gate, Outbox};
+use super::notify::{Notified, NotifyHub};
 use super::stats::{ErrorKind, WorkerStats};
 use super::Limits;
 use std::collections::VecDeque;
@@ -109,6 +111,8 @@ struct Conn<H> {
     served: bool,
     /// While stopping: the handler will tell the peer it closes (see `Handler::on_drain`).
     drain_signalled: bool,
+    /// `Handler::on_notify` left no room: call it again once the output drained to half.
+    notify_again: bool,
 }
 
 impl<H> Conn<H> {
@@ -150,6 +154,10 @@ pub struct Worker<S: Service, B: Backend> {
     /// While moving connections to a successor: when to look for quiet ones next.
     detach_at: Option<Instant>,
     balance: Option<WorkerBalance>,
+    /// Where the connections' notifiers queue them (see [`super::notify`]).
+    notify: Arc<NotifyHub>,
+    /// What the last turn took from `notify` (its allocation kept).
+    notified: Notified,
 }
 
 impl<S: Service, B: Backend> Worker<S, B> {
@@ -165,7 +173,10 @@ impl<S: Service, B: Backend> Worker<S, B> {
             balance.is_some(),
             setup.limits,
         );
+        let notify = Arc::new(NotifyHub::new(backend.waker()));
         Worker {
+            notify,
+            notified: Notified::default(),
             balance,
             accept,
             setup,
@@ -206,6 +217,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
             for c in completions.drain(..) {
                 self.handle(c, now);
             }
+            self.run_notified(now);
             self.take_late(now);
             self.expire_idle(now);
             self.expire_linger(now);
