@@ -104,9 +104,8 @@ pub(super) struct Registration {
 }
 
 impl Registration {
-    /// The connection's number in `stats conns`.
-    #[cfg(test)]
-    fn id(&self) -> u64 {
+    /// The connection's number in `stats conns` (memcached's `cfd`).
+    pub(super) fn id(&self) -> u64 {
         self.entry.id
     }
 

@@ -398,6 +398,8 @@ fn kv_config(args: &mut KvArgs, get_line_bytes_max: usize) -> Result<KvConfig, S
         auth,
         protocol: args.protocol,
         memory_file: args.memory_file.clone(),
+        watch_enabled: !args.disable_watch,
+        watcher_buf_bytes: args.watcher_buf_bytes as usize,
         ..KvConfig::default()
     })
 }

@@ -112,6 +112,14 @@ pub(super) struct KvArgs {
     /// Refuse `stats cachedump` and `lru_crawler metadump` (memcached -X).
     #[arg(long)]
     pub(super) disable_dumping: bool,
+    /// Refuse `watch` (memcached -W).
+    #[arg(long)]
+    pub(super) disable_watch: bool,
+    /// Log bytes buffered per `watch`er before lines are skipped (memcached -o
+    /// watcher_logbuf_size, in KiB there).
+    #[arg(long, value_name = "BYTES", default_value_t = 256 << 10,
+          value_parser = clap::value_parser!(u32).range(1..=(64 << 20)))]
+    pub(super) watcher_buf_bytes: u32,
     /// ASCII authentication (memcached -Y): a file of `user:password` lines; a connection
     /// must first send `set <k> <f> <t> <len>` with `user password` as its data.
     #[arg(long, value_name = "FILE")]
