@@ -725,6 +725,11 @@ impl KvConn {
             if !matches!(self.state, State::Line) || rest.is_empty() {
                 return Step::read(consumed, requests);
             }
+            if requests >= self.inner.config.report.reqs_per_event {
+                // memcached's `-R`: the rest waits for the worker's next turn.
+                self.inner.stats.conn_yields.fetch_add(1, Ordering::Relaxed);
+                return Step::yielded(consumed, requests);
+            }
             // Back-pressure: leave further pipelined commands in the input until output drains.
             if out.total_len() >= self.inner.config.output_bytes_max || out.room() == 0 {
                 return Step::read(consumed, requests);

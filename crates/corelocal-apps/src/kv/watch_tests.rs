@@ -218,3 +218,37 @@ fn evictions_are_logged() {
     );
     assert!(lines[0].ends_with(" size=100000"), "{lines:?}");
 }
+
+/// memcached's `-R`: a connection runs `reqs_per_event` requests, then yields the rest of its
+/// input to the worker's next turn, counted in `conn_yields` (issue_61.t).
+#[test]
+fn requests_per_event_yield_and_count() {
+    let mut config = KvConfig::default();
+    config.report.reqs_per_event = 2;
+    let (svc, now) = service(config);
+    let (hub, _) = hub();
+    let mut c = conn(&svc, &hub, 1, now);
+    let input = "mn\r\nmn\r\nmn\r\nmn\r\nmn\r\n";
+    let mut out = Output::new();
+    let mut at = 0;
+    let mut steps = Vec::new();
+    loop {
+        let step = c.on_input(&input.as_bytes()[at..], &mut out, now);
+        at += step.consumed;
+        steps.push((step.requests, step.yielded));
+        if !step.yielded {
+            break;
+        }
+    }
+    assert_eq!(steps, [(2, true), (2, true), (1, false)]);
+    assert_eq!(text(&mut out), "MN\r\n".repeat(5));
+    let stats = input_all(&mut c, "stats\r\n", now);
+    assert!(stats.contains("STAT conn_yields 2\r\n"), "{stats}");
+}
+
+fn input_all(c: &mut KvConn, s: &str, now: Instant) -> String {
+    let mut out = Output::new();
+    let step = c.on_input(s.as_bytes(), &mut out, now);
+    assert!(!step.yielded && step.consumed == s.len());
+    text(&mut out)
+}

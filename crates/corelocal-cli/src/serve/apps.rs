@@ -364,6 +364,7 @@ fn kv_config(args: &mut KvArgs, get_line_bytes_max: usize) -> Result<KvConfig, S
         backlog: common.backlog,
         idle_timeout_secs,
         listen: common.listen.clone(),
+        reqs_per_event: args.reqs_per_event,
         ..Report::default()
     };
     let shutdown = ShutdownHook(Arc::new(|graceful| {

@@ -112,6 +112,10 @@ pub(super) struct KvArgs {
     /// Refuse `stats cachedump` and `lru_crawler metadump` (memcached -X).
     #[arg(long)]
     pub(super) disable_dumping: bool,
+    /// Requests a connection runs before the others get a turn (memcached -R).
+    #[arg(long, value_name = "N", default_value_t = 20,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub(super) reqs_per_event: u32,
     /// Refuse `watch` (memcached -W).
     #[arg(long)]
     pub(super) disable_watch: bool,

@@ -67,6 +67,10 @@ pub struct Step {
     pub requests: u32,
     /// What to do next.
     pub next: Next,
+    /// The handler stopped on its own with input left (memcached's requests per event): the
+    /// runtime leaves the rest of the buffered input for its next loop turn, so that other
+    /// connections run first. Only with [`Next::Read`].
+    pub yielded: bool,
 }
 
 impl Step {
@@ -76,6 +80,18 @@ impl Step {
             consumed,
             requests,
             next: Next::Read,
+            yielded: false,
+        }
+    }
+
+    /// Consumed `consumed` bytes, completed `requests`, and yields: the rest of the input
+    /// waits for the worker's next turn ([`Step::yielded`](Step#structfield.yielded)).
+    pub fn yielded(consumed: usize, requests: u32) -> Step {
+        Step {
+            consumed,
+            requests,
+            next: Next::Read,
+            yielded: true,
         }
     }
 
@@ -85,6 +101,7 @@ impl Step {
             consumed,
             requests,
             next: Next::Close(reason),
+            yielded: false,
         }
     }
 }

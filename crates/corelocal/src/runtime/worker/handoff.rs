@@ -191,6 +191,9 @@ impl<S: Service, B: Backend> Worker<S, B> {
             served: false,
             drain_signalled: false,
             notify_again: false,
+            yielded: false,
+            ready: false,
+            input_paused: false,
         });
         self.open += 1;
         self.idle.push_back((

@@ -113,6 +113,12 @@ struct Conn<H> {
     drain_signalled: bool,
     /// `Handler::on_notify` left no room: call it again once the output drained to half.
     notify_again: bool,
+    /// The handler yielded with input left (`Step::yielded`): to be queued on `ready`.
+    yielded: bool,
+    /// On the worker's `ready` list (once at most, so the list is bounded by the connections).
+    ready: bool,
+    /// Receiving is paused because yielded input piled up (not for output back-pressure).
+    input_paused: bool,
 }
 
 impl<H> Conn<H> {
@@ -158,6 +164,9 @@ pub struct Worker<S: Service, B: Backend> {
     notify: Arc<NotifyHub>,
     /// What the last turn took from `notify` (its allocation kept).
     notified: Notified,
+    /// Connections whose handler yielded with input left: (conn, generation), run at the
+    /// start of the next turn, before its completions.
+    ready: VecDeque<(ConnId, u64)>,
 }
 
 impl<S: Service, B: Backend> Worker<S, B> {
@@ -177,6 +186,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
         Worker {
             notify,
             notified: Notified::default(),
+            ready: VecDeque::new(),
             balance,
             accept,
             setup,
@@ -211,6 +221,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
             self.setup.stats.submitted(submitted);
             self.backend.wait(self.next_timeout(now))?;
             let now = Instant::now();
+            self.run_ready(now);
             self.backend.reap(&mut completions, REAP_BATCH_MAX);
             self.setup.stats.reaped(completions.len());
             self.setup.stats.backend_events(self.backend.take_events());
@@ -245,6 +256,10 @@ impl<S: Service, B: Backend> Worker<S, B> {
         .flatten()
         {
             deadline = Some(deadline.map_or(d, |x: Instant| x.min(d)));
+        }
+        if !self.ready.is_empty() {
+            // Yielded input waits: look for completions, do not sleep.
+            return Some(Duration::ZERO);
         }
         deadline.map(|d| d.saturating_duration_since(now))
     }
