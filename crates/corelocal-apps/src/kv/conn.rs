@@ -11,7 +11,6 @@ use corelocal_proto::memcache::{
     self, data_chunk_ok, expiry_unix, line_overflow, next_line, parse_line, write_line,
     write_value, Command, Overflow, StoreOp,
 };
-use std::net::SocketAddr;
 
 use super::admin::Auth;
 use super::conns::{ConnState, Registration};
@@ -113,8 +112,6 @@ pub struct KvConn {
     notifier: Option<Notifier>,
     /// Set by `watch`: the connection is a log stream from then on.
     watcher: Option<Arc<Watcher>>,
-    /// The client's address (`watch connevents`).
-    peer: Option<SocketAddr>,
     /// Closed for a protocol error (`watch connevents`: `reason=error`).
     closed_for_error: bool,
 }
@@ -144,7 +141,6 @@ impl KvConn {
             at_start: true,
             notifier: info.notifier().filter(|_| inner_watch),
             watcher: None,
-            peer: info.peer,
             closed_for_error: false,
         }
     }
@@ -167,7 +163,6 @@ impl KvConn {
             at_start: true,
             notifier: None,
             watcher: None,
-            peer: None,
             closed_for_error: false,
         }
     }
@@ -636,8 +631,9 @@ impl KvConn {
 
     /// `watch connevents`: a new connection (one a worker serves).
     pub(super) fn log_connect(&self) {
-        if self.notifier.is_some() {
-            watch::log_conn(&self.inner, "conn_new", self.peer, self.cfd(), false);
+        if self.notifier.is_some() && self.inner.watch.wants(watch::CONNEVENTS) {
+            let peer = self.registration.peer();
+            watch::log_conn(&self.inner, "conn_new", peer, self.cfd(), false);
         }
     }
 
@@ -797,9 +793,10 @@ impl Drop for KvConn {
         if let Some(w) = self.watcher.take() {
             self.inner.watch.remove(&w);
         }
-        if self.notifier.is_some() {
+        if self.notifier.is_some() && self.inner.watch.wants(watch::CONNEVENTS) {
             let error = self.closed_for_error;
-            watch::log_conn(&self.inner, "conn_close", self.peer, self.cfd(), error);
+            let peer = self.registration.peer();
+            watch::log_conn(&self.inner, "conn_close", peer, self.cfd(), error);
         }
         self.inner.curr_connections.fetch_sub(1, Ordering::Relaxed);
         self.inner.conns.remove(&self.registration);

@@ -109,6 +109,11 @@ impl Registration {
         self.entry.id
     }
 
+    /// The client's address.
+    pub(super) fn peer(&self) -> Option<SocketAddr> {
+        self.entry.peer
+    }
+
     /// Records the state the connection is in (and, when it ran commands, their time).
     pub(super) fn set(&self, state: ConnState, command_at: Option<u64>) {
         self.entry.state.store(state as u8, Ordering::Relaxed);

@@ -76,6 +76,7 @@ impl Logger {
     }
 
     /// Whether some watcher wants `event` (one of [`events`]).
+    #[inline]
     pub(super) fn wants(&self, event: u8) -> bool {
         self.mask.load(Ordering::Relaxed) & event != 0
     }

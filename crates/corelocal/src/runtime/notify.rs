@@ -82,10 +82,17 @@ impl NotifyHub {
         }
     }
 
-    /// Takes what was queued since the last call into `into` (its allocation reused); false,
-    /// with one relaxed load, when nothing was.
+    /// Whether something was queued since the last [`take`](NotifyHub::take) (one relaxed
+    /// load: the worker's turn reads only this when nothing was).
+    #[inline]
+    pub(crate) fn pending(&self) -> bool {
+        self.pending.load(Ordering::Relaxed)
+    }
+
+    /// Takes what was queued since the last call into `into` (its allocation reused); false
+    /// when nothing was.
     pub(crate) fn take(&self, into: &mut Notified) -> bool {
-        if !self.pending.load(Ordering::Relaxed) {
+        if !self.pending() {
             return false;
         }
         // Cleared before the queue is read: a notify after this wakes the next turn.
@@ -104,7 +111,8 @@ impl NotifyHub {
 #[derive(Debug, Clone)]
 pub struct Notifier {
     hub: Arc<NotifyHub>,
-    worker: usize,
+    /// u32: a handler keeps one, kept small.
+    worker: u32,
     conn: ConnId,
     generation: u64,
 }
@@ -117,7 +125,7 @@ impl Notifier {
 
     /// Index of the worker that owns the connection.
     pub fn worker(&self) -> usize {
-        self.worker
+        self.worker as usize
     }
 }
 
@@ -126,7 +134,7 @@ impl Notifier {
 #[derive(Debug, Clone, Copy)]
 pub struct NotifyRef<'a> {
     hub: &'a Arc<NotifyHub>,
-    worker: usize,
+    worker: u32,
     conn: ConnId,
     generation: u64,
 }
@@ -136,7 +144,7 @@ impl<'a> NotifyRef<'a> {
     pub fn new(hub: &'a Arc<NotifyHub>, worker: usize, conn: ConnId, generation: u64) -> Self {
         NotifyRef {
             hub,
-            worker,
+            worker: u32::try_from(worker).unwrap_or(u32::MAX),
             conn,
             generation,
         }

@@ -47,7 +47,11 @@ impl<S: Service, B: Backend> Worker<S, B> {
         };
         let verdict = process(conn, &self.setup, now);
         // A yield is progress: the rest runs next turn.
-        let stuck = verdict.is_none() && !conn.yielded && is_stuck(conn, &self.setup.limits);
+        let yielded = conn.yielded;
+        let stuck = verdict.is_none() && !yielded && is_stuck(conn, &self.setup.limits);
+        if yielded {
+            self.queue_yielded(id);
+        }
         if stuck {
             // The buffer is full and the handler still cannot make progress.
             self.setup.stats.error(ErrorKind::TooLarge);
@@ -58,7 +62,6 @@ impl<S: Service, B: Backend> Worker<S, B> {
     }
 
     pub(super) fn after_process(&mut self, id: ConnId, verdict: Option<CloseReason>) {
-        self.queue_yielded(id);
         if let Some(reason) = verdict {
             match reason {
                 CloseReason::BadRequest => self.setup.stats.error(ErrorKind::BadRequest),
@@ -140,7 +143,8 @@ impl<S: Service, B: Backend> Worker<S, B> {
         } else {
             None
         };
-        if verdict.is_none() && !conn.yielded && is_stuck(conn, &limits) {
+        let yielded = conn.yielded;
+        if verdict.is_none() && !yielded && is_stuck(conn, &limits) {
             verdict = Some(CloseReason::TooLarge);
         }
         // A closing connection stays paused: its lingering close resumes reading, to discard.
@@ -151,6 +155,9 @@ impl<S: Service, B: Backend> Worker<S, B> {
             if !conn.eof {
                 self.backend.push(Op::Recv { conn: id });
             }
+        }
+        if yielded {
+            self.queue_yielded(id);
         }
         self.after_process(id, verdict);
     }

@@ -34,6 +34,9 @@ impl<S: Service, B: Backend> Worker<S, B> {
     /// Once per turn: the connections notified since the last one (one relaxed load when
     /// none were).
     pub(super) fn run_notified(&mut self, now: Instant) {
+        if !self.notify.pending() {
+            return;
+        }
         let mut notified = std::mem::take(&mut self.notified);
         if self.notify.take(&mut notified) {
             if notified.all {
