@@ -122,11 +122,12 @@ mod tests {
         .unwrap()
     }
 
-    fn info() -> ConnInfo {
+    fn info() -> ConnInfo<'static> {
         ConnInfo {
             worker: 0,
             peer: None,
             now: Instant::now(),
+            notify: None,
         }
     }
 

@@ -102,6 +102,7 @@ mod tests {
             worker: 0,
             peer: None,
             now: Instant::now(),
+            notify: None,
         })
     }
 

@@ -27,6 +27,7 @@ fn conn(svc: &HttpService, now: Instant) -> HttpConn {
         worker: 0,
         peer: Some("127.0.0.1:5000".parse().unwrap()),
         now,
+        notify: None,
     })
 }
 

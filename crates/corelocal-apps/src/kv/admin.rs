@@ -100,15 +100,6 @@ impl Inner {
         }
     }
 
-    /// `watch`: memcached streams log lines to the connection from then on; our handlers
-    /// write only in answer to input, so watching is refused as memcached refuses it with
-    /// `-W`.
-    pub(super) fn watch(&self, noreply: bool, out: &mut Vec<u8>) {
-        if !noreply {
-            write_line(out, "CLIENT_ERROR watch commands not allowed");
-        }
-    }
-
     /// `lru_crawler …`; `pipelined`: replies to earlier commands are still queued (memcached
     /// refuses a metadump then, its stream would interleave with them).
     pub(super) fn lru_crawler(

@@ -176,8 +176,9 @@ fn background_crawler_reclaims_expired_items() {
     }
 }
 
+/// A connection with no notifier (a UDP one, or one made outside a worker) cannot stream.
 #[test]
-fn watch_is_refused() {
+fn watch_is_refused_without_a_notifier() {
     let (svc, base) = service(KvConfig::default());
     assert_eq!(
         run(&svc, "watch\r\nwatch fetchers noreply\r\nmn\r\n", base),

@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use corelocal::runtime::{CloseReason, ConnInfo, Handler, Next, Output, Step};
+use corelocal::runtime::{CloseReason, ConnInfo, Handler, Next, Notifier, Output, Step};
 use corelocal_proto::memcache::meta::{self as mp, MetaOp};
 use corelocal_proto::memcache::{
     self, data_chunk_ok, expiry_unix, line_overflow, next_line, parse_line, write_line,
@@ -16,6 +16,7 @@ use super::admin::Auth;
 use super::conns::{ConnState, Registration};
 use super::meta::{write_ms_reply, MetaAnswer};
 use super::store::{Arith, Now, Put, Stored};
+use super::watch::{self, Watcher};
 use super::{takeover, Inner};
 
 /// A storage command line (text `set`… or meta `ms`), before its data.
@@ -107,6 +108,12 @@ pub struct KvConn {
     /// No byte of the request stream read yet (of the datagram, over UDP): the first one
     /// decides the protocol (memcached `-B`).
     at_start: bool,
+    /// What `watch` needs to write without input (`None` over UDP and with `-W`).
+    notifier: Option<Notifier>,
+    /// Set by `watch`: the connection is a log stream from then on.
+    watcher: Option<Arc<Watcher>>,
+    /// Closed for a protocol error (`watch connevents`: `reason=error`).
+    closed_for_error: bool,
 }
 
 impl KvConn {
@@ -116,6 +123,7 @@ impl KvConn {
         rejected: bool,
         registration: Registration,
     ) -> KvConn {
+        let inner_watch = inner.config.watch_enabled;
         let auth = if inner.config.auth.is_empty() {
             Auth::Done
         } else {
@@ -131,6 +139,9 @@ impl KvConn {
             last_input: info.now,
             one_command: false,
             at_start: true,
+            notifier: info.notifier().filter(|_| inner_watch),
+            watcher: None,
+            closed_for_error: false,
         }
     }
 
@@ -150,6 +161,9 @@ impl KvConn {
             last_input: Instant::now(),
             one_command: true,
             at_start: true,
+            notifier: None,
+            watcher: None,
+            closed_for_error: false,
         }
     }
 
@@ -218,7 +232,7 @@ impl KvConn {
                 invalidate: st.invalidate,
                 key_binary: st.meta.as_ref().is_some_and(|m| m.key_binary),
             };
-            let r = self.inner.store_chunk(put, now);
+            let r = watch::log_store(&self.inner, self.cfd(), put, st.meta.is_none(), now);
             answer_store(out, r, st.key, st.noreply, st.meta.as_ref());
             return chunk_len;
         }
@@ -266,7 +280,9 @@ impl KvConn {
                         invalidate: p.invalidate,
                         key_binary: p.meta.as_ref().is_some_and(|m| m.key_binary),
                     };
-                    let r = self.inner.store_chunk(put, now);
+                    let text = p.meta.is_none();
+                    let cfd = self.registration.id();
+                    let r = watch::log_store(&self.inner, cfd, put, text, now);
                     answer_store(out, r, &p.key, p.noreply, p.meta.as_ref());
                     self.state = State::Line;
                 }
@@ -313,10 +329,18 @@ impl KvConn {
                 let buf = out.bytes_mut();
                 let start = buf.len();
                 let detail = inner.stats.detail_on();
+                let log = inner.watch.wants(watch::FETCHERS);
                 for key in keys {
+                    let mut found = None;
                     let hit = store.get(key, now, touch_exp, |flags, value, unique| {
                         write_value(buf, key, flags, value, cas.then_some(unique));
+                        if log {
+                            found = Some((value.len(), store.class_of(key, flags, value)));
+                        }
                     });
+                    if log {
+                        watch::log_get(inner, self.cfd(), key, found);
+                    }
                     if detail {
                         inner
                             .stats
@@ -380,7 +404,7 @@ impl KvConn {
             Command::CacheMemlimit { mb, noreply } => {
                 inner.cache_memlimit(mb, noreply, out.bytes_mut())
             }
-            Command::Watch { noreply } => inner.watch(noreply, out.bytes_mut()),
+            Command::Watch { .. } => unreachable!("watch is handled by the input loop"),
             Command::Slabs { cmd, noreply } => {
                 let reply = match cmd {
                     // We have no slab pages to move: memcached's reply when it may not.
@@ -460,7 +484,7 @@ impl From<Stored> for &'static str {
 
 /// What a complete data chunk yields: a store outcome (and the new CAS unique), or a bad
 /// chunk.
-enum ChunkResult {
+pub(super) enum ChunkResult {
     Stored(Stored, u64),
     BadChunk,
 }
@@ -506,7 +530,7 @@ impl Inner {
     }
 
     /// Stores a complete chunk: `put.data` is the data plus its `\r\n`.
-    fn store_chunk(&self, mut put: Put<'_>, now: Now) -> ChunkResult {
+    pub(super) fn store_chunk(&self, mut put: Put<'_>, now: Now) -> ChunkResult {
         if !data_chunk_ok(put.data) {
             return ChunkResult::BadChunk;
         }
@@ -555,6 +579,9 @@ impl Handler for KvConn {
     fn on_input(&mut self, input: &[u8], out: &mut Output, now: Instant) -> Step {
         let before = out.total_len();
         let step = self.input(input, out, now);
+        if matches!(step.next, Next::Close(r) if r != CloseReason::Done) {
+            self.closed_for_error = true;
+        }
         let written = out.total_len().saturating_sub(before);
         self.inner
             .stats
@@ -579,6 +606,13 @@ impl Handler for KvConn {
         Some(takeover::conn_state(self.auth, auth_configured))
     }
 
+    fn on_notify(&mut self, out: &mut Output, _now: Instant) -> Next {
+        if let Some(w) = &self.watcher {
+            w.drain_into(out);
+        }
+        Next::Read
+    }
+
     fn on_connect(&mut self, out: &mut Output, _now: Instant) -> Next {
         if self.rejected {
             // memcached's answer at accept, then the close.
@@ -590,6 +624,50 @@ impl Handler for KvConn {
 }
 
 impl KvConn {
+    /// memcached's `cfd`: the connection's number in `stats conns`.
+    pub(super) fn cfd(&self) -> u64 {
+        self.registration.id()
+    }
+
+    /// `watch connevents`: a new connection (one a worker serves).
+    pub(super) fn log_connect(&self) {
+        if self.notifier.is_some() && self.inner.watch.wants(watch::CONNEVENTS) {
+            let peer = self.registration.peer();
+            watch::log_conn(&self.inner, "conn_new", peer, self.cfd(), false);
+        }
+    }
+
+    /// `watch …`: whether the connection became a watcher (its `OK` comes through the log
+    /// stream, as memcached's).
+    fn start_watch(&mut self, noreply: bool, events: Option<u8>, out: &mut Output) -> bool {
+        let Some(notifier) = self.notifier.clone() else {
+            reply(out, "CLIENT_ERROR watch commands not allowed", noreply);
+            return false;
+        };
+        if out.total_len() > 0 {
+            reply(
+                out,
+                "ERROR cannot pipeline other commands before watch",
+                noreply,
+            );
+            return false;
+        }
+        let Some(events) = events else {
+            reply(out, "ERROR", noreply);
+            return false;
+        };
+        match self.inner.watch.add(events, notifier) {
+            Ok(w) => {
+                self.watcher = Some(w);
+                true
+            }
+            Err(watch::Refused::TooMany) => {
+                reply(out, "WATCHER_TOO_MANY log watcher limit reached", noreply);
+                false
+            }
+        }
+    }
+
     /// Picks up what the predecessor's connection handed over ([`Handler::handoff`]).
     pub(super) fn resume(&mut self, state: &[u8]) {
         if let Some(auth) = takeover::resumed_auth(state, &self.inner) {
@@ -606,6 +684,10 @@ impl KvConn {
         if self.rejected {
             // Answered at accept (`on_connect`); nothing more is read.
             return Step::close(input.len(), 0, CloseReason::Done);
+        }
+        if self.watcher.is_some() {
+            // memcached stops reading a watcher's commands.
+            return Step::read(input.len(), 0);
         }
         if self.at_start && !input.is_empty() {
             self.at_start = false;
@@ -638,6 +720,11 @@ impl KvConn {
             let rest = &input[consumed..];
             if !matches!(self.state, State::Line) || rest.is_empty() {
                 return Step::read(consumed, requests);
+            }
+            if requests >= self.inner.config.report.reqs_per_event {
+                // memcached's `-R`: the rest waits for the worker's next turn.
+                self.inner.stats.conn_yields.fetch_add(1, Ordering::Relaxed);
+                return Step::yielded(consumed, requests);
             }
             // Back-pressure: leave further pipelined commands in the input until output drains.
             if out.total_len() >= self.inner.config.output_bytes_max || out.room() == 0 {
@@ -682,6 +769,12 @@ impl KvConn {
                         return Step::close(input.len(), requests, CloseReason::Done);
                     }
                 }
+                Ok(Command::Watch { noreply, events }) => {
+                    if self.start_watch(noreply, events, out) {
+                        // A log stream from now on: what follows is not read.
+                        return Step::read(input.len(), requests);
+                    }
+                }
                 Ok(Command::LruCrawler(c)) => {
                     let pipelined = out.total_len() > 0;
                     self.inner.lru_crawler(c, out.bytes_mut(), now, pipelined);
@@ -697,6 +790,14 @@ impl KvConn {
 
 impl Drop for KvConn {
     fn drop(&mut self) {
+        if let Some(w) = self.watcher.take() {
+            self.inner.watch.remove(&w);
+        }
+        if self.notifier.is_some() && self.inner.watch.wants(watch::CONNEVENTS) {
+            let error = self.closed_for_error;
+            let peer = self.registration.peer();
+            watch::log_conn(&self.inner, "conn_close", peer, self.cfd(), error);
+        }
         self.inner.curr_connections.fetch_sub(1, Ordering::Relaxed);
         self.inner.conns.remove(&self.registration);
         let idle = self.inner.config.report.idle_timeout_secs;

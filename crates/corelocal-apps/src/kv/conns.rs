@@ -104,10 +104,14 @@ pub(super) struct Registration {
 }
 
 impl Registration {
-    /// The connection's number in `stats conns`.
-    #[cfg(test)]
-    fn id(&self) -> u64 {
+    /// The connection's number in `stats conns` (memcached's `cfd`).
+    pub(super) fn id(&self) -> u64 {
         self.entry.id
+    }
+
+    /// The client's address.
+    pub(super) fn peer(&self) -> Option<SocketAddr> {
+        self.entry.peer
     }
 
     /// Records the state the connection is in (and, when it ran commands, their time).

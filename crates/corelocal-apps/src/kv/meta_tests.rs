@@ -34,6 +34,7 @@ fn ours(svc: &KvService, input: &[u8]) -> Vec<u8> {
         worker: 0,
         peer: None,
         now,
+        notify: None,
     });
     let mut out = Output::new();
     let mut buf = input.to_vec();
@@ -354,6 +355,7 @@ fn ms_modes_cas_and_reply_flags() {
         worker: 0,
         peer: None,
         now,
+        notify: None,
     });
     let mut out = Output::new();
     let step = c.on_input(b"ms k 5 k c\r\nab", &mut out, now);

@@ -30,6 +30,9 @@ mod tests;
 pub mod udp;
 #[cfg(test)]
 mod udp_tests;
+mod watch;
+#[cfg(test)]
+mod watch_tests;
 
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -106,6 +109,12 @@ pub struct KvConfig {
     /// memcached's warm restart (`-e`): where [`KvService::save_memory_file`] saves the
     /// cache and [`KvService::restore_memory_file`] finds it (`memfile`).
     pub memory_file: Option<std::path::PathBuf>,
+    /// `watch` allowed (memcached `-W` turns it off: `CLIENT_ERROR watch commands not
+    /// allowed`).
+    pub watch_enabled: bool,
+    /// Log bytes buffered per watcher before lines are skipped (memcached `-o
+    /// watcher_logbuf_size`, which counts KiB).
+    pub watcher_buf_bytes: usize,
 }
 
 /// memcached's `-B`: the protocols a connection may speak. Only the text protocols (classic
@@ -214,6 +223,8 @@ impl Default for KvConfig {
             auth: Vec::new(),
             protocol: Protocol::Ascii,
             memory_file: None,
+            watch_enabled: true,
+            watcher_buf_bytes: watch::WATCHER_BUF_BYTES_DEFAULT,
         }
     }
 }
@@ -234,6 +245,8 @@ struct Inner {
     stats: stats::ServerStats,
     /// Live connections (`stats conns`).
     conns: conns::Registry,
+    /// memcached's `watch` log streams.
+    watch: Arc<watch::Logger>,
 }
 
 impl Inner {
@@ -331,6 +344,12 @@ impl KvService {
         )
         .with_cas(config.cas_enabled)
         .with_evictions(config.evictions);
+        let logger = Arc::new(watch::Logger::new(config.watcher_buf_bytes));
+        let store = if config.watch_enabled {
+            store.with_eviction_sink(watch::eviction_sink(&logger))
+        } else {
+            store
+        };
         let inner = Arc::new(Inner {
             config,
             store,
@@ -343,6 +362,7 @@ impl KvService {
             cmd_flush: AtomicU64::new(0),
             stats: stats::ServerStats::new(&config_for_stats),
             conns: registry,
+            watch: logger,
         });
         // Started even when off: `lru_crawler enable` turns it on.
         admin::start_crawler(&inner);
@@ -403,7 +423,9 @@ impl Service for KvService {
         }
         let at = self.inner.now(info.now).unix;
         let registration = self.inner.conns.add(info.worker, info.peer, at);
-        KvConn::new(self.inner.clone(), info, rejected, registration)
+        let conn = KvConn::new(self.inner.clone(), info, rejected, registration);
+        conn.log_connect();
+        conn
     }
 
     fn resume(&self, info: &ConnInfo, state: &[u8]) -> KvConn {

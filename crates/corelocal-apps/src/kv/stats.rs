@@ -50,6 +50,9 @@ pub(super) struct ServerStats {
     pub(super) rejected_connections: AtomicU64,
     pub(super) crawler_enabled: AtomicBool,
     pub(super) idle_kicks: AtomicU64,
+    /// Connections that stopped at `reqs_per_event` requests with more input (memcached's
+    /// `conn_yields`).
+    pub(super) conn_yields: AtomicU64,
     /// `slabs automove` level, reported (no slab pages to move).
     pub(super) slab_automove: AtomicU32,
     /// `debugtime`: seconds the clock was moved forward.
@@ -82,6 +85,7 @@ impl ServerStats {
             rejected_connections: AtomicU64::new(0),
             crawler_enabled: AtomicBool::new(config.lru_crawler),
             idle_kicks: AtomicU64::new(0),
+            conn_yields: AtomicU64::new(0),
             time_offset: AtomicU64::new(0),
             slab_automove: AtomicU32::new(0),
             hash_power: AtomicU32::new(HASH_POWER_START),
@@ -130,6 +134,7 @@ impl ServerStats {
         self.auth_errors.store(0, Ordering::Relaxed);
         self.rejected_connections.store(0, Ordering::Relaxed);
         self.idle_kicks.store(0, Ordering::Relaxed);
+        self.conn_yields.store(0, Ordering::Relaxed);
         self.crawler_reclaimed.store(0, Ordering::Relaxed);
         self.crawler_checked.store(0, Ordering::Relaxed);
         for w in self.io.iter() {
@@ -310,7 +315,7 @@ impl Inner {
             ("listen_disabled_num", 0),
             ("time_in_listen_disabled_us", 0),
             ("threads", u64::from(r.threads)),
-            ("conn_yields", 0),
+            ("conn_yields", load(&s.conn_yields)),
             (
                 "hash_power_level",
                 u64::from(s.hash_power.load(Ordering::Relaxed)),
@@ -346,9 +351,9 @@ impl Inner {
             ("malloc_fails", 0),
             ("log_worker_dropped", 0),
             ("log_worker_written", 0),
-            ("log_watcher_skipped", 0),
-            ("log_watcher_sent", 0),
-            ("log_watchers", 0),
+            ("log_watcher_skipped", load(&self.watch.skipped)),
+            ("log_watcher_sent", load(&self.watch.sent)),
+            ("log_watchers", self.watch.watchers()),
             ("unexpected_napi_ids", 0),
             ("round_robin_fallback", 0),
             ("bytes", t.bytes),

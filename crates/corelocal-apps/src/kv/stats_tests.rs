@@ -17,6 +17,7 @@ fn run(svc: &KvService, input: &str, now: Instant) -> String {
         worker: 3,
         peer: None,
         now,
+        notify: None,
     });
     let mut out = Output::new();
     let step = c.on_input(input.as_bytes(), &mut out, now);
@@ -348,6 +349,7 @@ fn stats_conns_lists_the_listener_and_live_connections() {
         worker,
         peer: Some(SocketAddr::from(([127, 0, 0, 1], port))),
         now: base,
+        notify: None,
     };
     let fresh = svc.connect(&info(5001, 0));
     let mut nread = svc.connect(&info(5002, 1));

@@ -152,6 +152,28 @@ impl Counters {
     }
 }
 
+/// What [`Store::with_eviction_sink`] calls with each evicted item.
+pub type EvictionSink = std::sync::Arc<dyn Fn(&Evicted<'_>) + Send + Sync>;
+
+/// An item evicted to make room, as the eviction sink sees it.
+#[derive(Debug)]
+pub struct Evicted<'a> {
+    /// Its key.
+    pub key: &'a [u8],
+    /// Whether it was fetched since stored.
+    pub fetched: bool,
+    /// Its expiry (unix seconds; 0: none).
+    pub exp: u64,
+    /// When it was last accessed (unix seconds).
+    pub atime: u64,
+    /// When it was evicted (unix seconds, the store's clock).
+    pub now: u64,
+    /// Its slab class.
+    pub class: u8,
+    /// Its value's bytes.
+    pub value_len: usize,
+}
+
 /// What memcached reports per slab class and we can count: evictions and reclaims by the
 /// class an item's size falls in.
 #[derive(Debug, Default, Clone, Copy)]
@@ -375,6 +397,8 @@ struct Stripe {
     gen: u32,
     /// Evict live items to make room (memcached without `-M`).
     evict: bool,
+    /// Where evictions are told (memcached's `watch evictions`).
+    evicted: Option<EvictionSink>,
     /// Slab class of each item size (shared by all stripes; reporting only).
     slabs: std::sync::Arc<SlabClasses>,
 }
@@ -434,6 +458,7 @@ impl Store {
                     classes: vec![ClassCounters::default(); CLASSES_MAX],
                     gen: 0,
                     evict: true,
+                    evicted: None,
                     slabs: slabs.clone(),
                 }))
             })
@@ -460,6 +485,15 @@ impl Store {
         self.flush_slack_ns = if enabled { 0 } else { 1_000_000_000 };
         for p in self.stripes.iter_mut() {
             p.0.get_mut().unwrap_or_else(|e| e.into_inner()).cas_enabled = enabled;
+        }
+        self
+    }
+
+    /// Calls `sink` with each item evicted (under its stripe's lock: it must not use the
+    /// store).
+    pub fn with_eviction_sink(mut self, sink: EvictionSink) -> Store {
+        for p in self.stripes.iter_mut() {
+            p.0.get_mut().unwrap_or_else(|e| e.into_inner()).evicted = Some(sink.clone());
         }
         self
     }
@@ -539,6 +573,22 @@ impl Store {
             s.counters.touch_hits += 1;
         }
         true
+    }
+
+    /// What `key` holds, without counting or touching it: (value bytes, slab class), for the
+    /// lookup memcached's `watch fetchers` logs before a store.
+    pub fn peek(&self, key: &[u8], now: Now) -> Option<(usize, u8)> {
+        let flush = self.flush_at();
+        let mut s = self.stripe(key);
+        let i = s.live(key, now, flush, self.flush_slack_ns, false)?;
+        let slot = &s.slots[i as usize];
+        Some((slot.value.len(), slot.class))
+    }
+
+    /// The slab class an item of `key`, `flags` and `value` is reported in.
+    pub fn class_of(&self, key: &[u8], flags: u32, value: &[u8]) -> u8 {
+        let size = memcache::item_size(key.len(), flags, value.len());
+        self.slabs.class_of(size) as u8
     }
 
     /// A storage command with its data.
@@ -1084,6 +1134,17 @@ impl Stripe {
             let (vc, unfetched, nonzero) =
                 (usize::from(v.class), v.bits & FETCHED == 0, v.exp != 0);
             let idle = now.unix.saturating_sub(v.atime);
+            if let Some(sink) = &self.evicted {
+                sink(&Evicted {
+                    key: &v.key,
+                    fetched: !unfetched,
+                    exp: v.exp,
+                    atime: v.atime,
+                    now: now.unix,
+                    class: v.class,
+                    value_len: v.value.len(),
+                });
+            }
             self.counters.evictions += 1;
             let c = &mut self.classes[vc];
             c.evicted += 1;

@@ -437,6 +437,7 @@ fn resumed(svc: &KvService, state: &[u8]) -> KvConn {
         worker: 0,
         peer: None,
         now: Instant::now(),
+        notify: None,
     };
     svc.resume(&info, state)
 }

@@ -19,6 +19,7 @@ pub(super) fn conn(svc: &KvService, now: Instant) -> KvConn {
         worker: 0,
         peer: None,
         now,
+        notify: None,
     })
 }
 
@@ -33,7 +34,7 @@ fn bytes(out: &mut Output) -> Vec<u8> {
     all
 }
 
-/// Feeds `input` in chunks split at `cuts`, as a runtime would; returns the output and the
+/// Feeds `input` in chunks split at `cuts`, as a runtime would (yields included); returns the output and the
 /// last step's `next`.
 fn feed(c: &mut KvConn, input: &[u8], cuts: &[usize], now: Instant) -> (Vec<u8>, Next) {
     let mut buf = Vec::new();
@@ -42,8 +43,13 @@ fn feed(c: &mut KvConn, input: &[u8], cuts: &[usize], now: Instant) -> (Vec<u8>,
     for &to in cuts.iter().chain(std::iter::once(&input.len())) {
         buf.extend_from_slice(&input[from..to]);
         from = to;
-        let step = c.on_input(&buf, &mut out, now);
+        let mut step = c.on_input(&buf, &mut out, now);
         buf.drain(..step.consumed);
+        // A yield (memcached's `-R`): the worker goes on at its next turn.
+        while step.yielded {
+            step = c.on_input(&buf, &mut out, now);
+            buf.drain(..step.consumed);
+        }
         if step.next != Next::Read {
             return (bytes(&mut out), step.next);
         }

@@ -204,6 +204,7 @@ fn tcp_answer(svc: &KvService, input: &[u8], now: Instant) -> Vec<u8> {
         worker: 0,
         peer: None,
         now,
+        notify: None,
     });
     let mut out = Output::new();
     let step = c.on_input(input, &mut out, now);

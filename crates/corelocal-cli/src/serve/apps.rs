@@ -364,6 +364,7 @@ fn kv_config(args: &mut KvArgs, get_line_bytes_max: usize) -> Result<KvConfig, S
         backlog: common.backlog,
         idle_timeout_secs,
         listen: common.listen.clone(),
+        reqs_per_event: args.reqs_per_event,
         ..Report::default()
     };
     let shutdown = ShutdownHook(Arc::new(|graceful| {
@@ -398,6 +399,8 @@ fn kv_config(args: &mut KvArgs, get_line_bytes_max: usize) -> Result<KvConfig, S
         auth,
         protocol: args.protocol,
         memory_file: args.memory_file.clone(),
+        watch_enabled: !args.disable_watch,
+        watcher_buf_bytes: args.watcher_buf_bytes as usize,
         ..KvConfig::default()
     })
 }

@@ -112,6 +112,18 @@ pub(super) struct KvArgs {
     /// Refuse `stats cachedump` and `lru_crawler metadump` (memcached -X).
     #[arg(long)]
     pub(super) disable_dumping: bool,
+    /// Requests a connection runs before the others get a turn (memcached -R).
+    #[arg(long, value_name = "N", default_value_t = 20,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub(super) reqs_per_event: u32,
+    /// Refuse `watch` (memcached -W).
+    #[arg(long)]
+    pub(super) disable_watch: bool,
+    /// Log bytes buffered per `watch`er before lines are skipped (memcached -o
+    /// watcher_logbuf_size, in KiB there).
+    #[arg(long, value_name = "BYTES", default_value_t = 256 << 10,
+          value_parser = clap::value_parser!(u32).range(1..=(64 << 20)))]
+    pub(super) watcher_buf_bytes: u32,
     /// ASCII authentication (memcached -Y): a file of `user:password` lines; a connection
     /// must first send `set <k> <f> <t> <len>` with `user password` as its data.
     #[arg(long, value_name = "FILE")]

@@ -30,6 +30,7 @@ fuzz_target!(|data: &[u8]| {
         worker: 0,
         peer: None,
         now: *base,
+        notify: None,
     });
     let mut buf = Vec::new();
     let mut out = Output::new();

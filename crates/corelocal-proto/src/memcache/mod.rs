@@ -327,10 +327,14 @@ pub enum Command<'a> {
     /// `debugtime <seconds>` (memcached's debug build): moves the clock forward; `None` when
     /// not a number (answered `ERROR`).
     DebugTime(Option<i64>),
-    /// `watch [...]`: live logging (refused: see the server).
+    /// `watch [...]`: live logging of the events in `events` (bits of [`watch`]; no argument:
+    /// fetchers, as memcached), or `None` when an argument names no event memcached logs
+    /// (answered `ERROR`).
     Watch {
         /// Suppress the reply.
         noreply: bool,
+        /// The events asked for.
+        events: Option<u8>,
     },
     /// An unknown command that ends like an HTTP request line (`GET / HTTP/1.1`): close
     /// without a reply, as memcached does, so that a web page cannot make a browser speak to
@@ -503,6 +507,7 @@ pub fn parse_line(line: &[u8]) -> Result<Command<'_>, Reject> {
         )),
         b"watch" => Ok(Command::Watch {
             noreply: noreply(&t, n),
+            events: watch::parse(&t[1..n]),
         }),
         name if !is_memcached_command(name) && looks_like_http(line) => Ok(Command::CrossProtocol),
         _ => Err(error()),
@@ -783,4 +788,63 @@ pub fn write_value(out: &mut Vec<u8>, key: &[u8], flags: u32, data: &[u8], cas: 
 pub fn write_line(out: &mut Vec<u8>, line: &str) {
     out.extend_from_slice(line.as_bytes());
     out.extend_from_slice(b"\r\n");
+}
+
+/// The events of memcached's `watch` command, as bits.
+pub mod watch {
+    /// Item fetches (`type=item_get`), including the lookup a storage command makes.
+    pub const FETCHERS: u8 = 1;
+    /// Item stores (`type=item_store`).
+    pub const MUTATIONS: u8 = 2;
+    /// Evictions (`type=eviction`).
+    pub const EVICTIONS: u8 = 4;
+    /// Connections opened and closed (`type=conn_new`, `type=conn_close`).
+    pub const CONNEVENTS: u8 = 8;
+    /// Events memcached logs that nothing here produces (`rawcmds`, `sysevents`, the proxy's):
+    /// accepted, never logged.
+    pub const OTHER: u8 = 16;
+
+    /// The events `words` name (none: fetchers); `None` if one is not an event. memcached
+    /// reads `noreply` as an argument too, so it makes the command an error.
+    pub fn parse(words: &[&[u8]]) -> Option<u8> {
+        if words.is_empty() {
+            return Some(FETCHERS);
+        }
+        words.iter().try_fold(0, |bits, w| {
+            let bit = match *w {
+                b"fetchers" => FETCHERS,
+                b"mutations" => MUTATIONS,
+                b"evictions" => EVICTIONS,
+                b"connevents" => CONNEVENTS,
+                b"rawcmds" | b"sysevents" | b"proxyreqs" | b"proxyevents" | b"proxyuser" => OTHER,
+                _ => return None,
+            };
+            Some(bits | bit)
+        })
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::super::{parse_line, Command};
+        use super::*;
+
+        #[test]
+        fn watch_arguments_are_memcacheds() {
+            let events = |line: &[u8]| match parse_line(line) {
+                Ok(Command::Watch { events, .. }) => events,
+                other => panic!("{other:?}"),
+            };
+            assert_eq!(events(b"watch"), Some(FETCHERS));
+            assert_eq!(
+                events(b"watch mutations evictions"),
+                Some(MUTATIONS | EVICTIONS)
+            );
+            assert_eq!(
+                events(b"watch connevents rawcmds"),
+                Some(CONNEVENTS | OTHER)
+            );
+            assert_eq!(events(b"watch bogus"), None);
+            assert_eq!(events(b"watch fetchers noreply"), None);
+        }
+    }
 }

@@ -6,6 +6,7 @@
 //! and says what to do next. Handlers never touch sockets, threads or clocks: time is passed in.
 
 use super::handoff::{StateExport, StateImport};
+pub use super::notify::{Notifier, NotifyRef};
 pub use crate::backend::FileRegion;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -13,13 +14,24 @@ use std::time::Instant;
 
 /// What the runtime knows about a new connection.
 #[derive(Debug, Clone, Copy)]
-pub struct ConnInfo {
+pub struct ConnInfo<'a> {
     /// Index of the worker that owns the connection.
     pub worker: usize,
     /// The client's address, when the backend knows it.
     pub peer: Option<SocketAddr>,
     /// Time of accept.
     pub now: Instant,
+    /// Where the connection's [`Notifier`] comes from (`None` outside a worker: tests, UDP).
+    pub notify: Option<NotifyRef<'a>>,
+}
+
+impl ConnInfo<'_> {
+    /// A handle that makes the runtime call [`Handler::on_notify`] for this connection, from
+    /// any thread; `None` outside a worker. Taking one costs a reference count: a handler that
+    /// may never need it can skip it.
+    pub fn notifier(&self) -> Option<Notifier> {
+        self.notify.map(|n| n.notifier())
+    }
 }
 
 /// Why a handler asks to close a connection; counted in the worker's stats.
@@ -55,6 +67,10 @@ pub struct Step {
     pub requests: u32,
     /// What to do next.
     pub next: Next,
+    /// The handler stopped on its own with input left (memcached's requests per event): the
+    /// runtime leaves the rest of the buffered input for its next loop turn, so that other
+    /// connections run first. Only with [`Next::Read`].
+    pub yielded: bool,
 }
 
 impl Step {
@@ -64,6 +80,18 @@ impl Step {
             consumed,
             requests,
             next: Next::Read,
+            yielded: false,
+        }
+    }
+
+    /// Consumed `consumed` bytes, completed `requests`, and yields: the rest of the input
+    /// waits for the worker's next turn ([`Step::yielded`](Step#structfield.yielded)).
+    pub fn yielded(consumed: usize, requests: u32) -> Step {
+        Step {
+            consumed,
+            requests,
+            next: Next::Read,
+            yielded: true,
         }
     }
 
@@ -73,6 +101,7 @@ impl Step {
             consumed,
             requests,
             next: Next::Close(reason),
+            yielded: false,
         }
     }
 }
@@ -257,6 +286,16 @@ pub trait Handler: Send + 'static {
     fn on_eof(&mut self, input: &[u8], out: &mut Output, now: Instant) -> Next {
         let _ = (input, out, now);
         Next::Close(CloseReason::Done)
+    }
+
+    /// Its [`Notifier`] was notified (see [`super::notify`]): output that no input asked for
+    /// (a log stream) goes into `out`, at most [`Output::room`] of it; the runtime sends it
+    /// and calls again once the output drained to half its limit if this call left no room.
+    /// Called once per loop turn however many notifies came, only while the connection is
+    /// open, and possibly spuriously. The default writes nothing.
+    fn on_notify(&mut self, out: &mut Output, now: Instant) -> Next {
+        let _ = (out, now);
+        Next::Read
     }
 
     /// The server began a graceful stop. A protocol that can tell its peer the connection is

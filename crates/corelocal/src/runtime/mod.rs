@@ -24,6 +24,7 @@ pub mod balance;
 pub mod handler;
 pub mod handoff;
 pub mod netstat;
+pub mod notify;
 pub mod prometheus;
 pub mod server;
 pub mod stats;
@@ -32,7 +33,8 @@ pub mod worker;
 
 pub use backend::{Backend, Completion, Op};
 pub use handler::{
-    Chunk, CloseReason, ConnInfo, FileRegion, Handler, Next, Output, OutputFront, Service, Step,
+    Chunk, CloseReason, ConnInfo, FileRegion, Handler, Next, Notifier, Output, OutputFront,
+    Service, Step,
 };
 pub use netstat::{NetCounters, NetSampler};
 pub use server::{

@@ -8,7 +8,7 @@
 
 use super::{Closing, Conn, Worker};
 use crate::runtime::backend::{Backend, ConnId, Op};
-use crate::runtime::handler::{ConnInfo, Handler, Output, Service};
+use crate::runtime::handler::{Handler, Output, Service};
 use crate::runtime::handoff::MovedConn;
 use crate::runtime::stats::ErrorKind;
 use std::os::fd::AsRawFd;
@@ -88,13 +88,9 @@ impl<S: Service, B: Backend> Worker<S, B> {
     /// A connection moved from the predecessor: its handler from the state it gave, the bytes
     /// the predecessor read handled first, then receiving.
     pub(super) fn on_adopted(&mut self, adopted: Adopted, now: Instant) {
-        let info = ConnInfo {
-            worker: self.setup.index,
-            peer: adopted.peer,
-            now,
-        };
-        let handler = self.setup.service.resume(&info, &adopted.state);
         let id = adopted.id;
+        let info = self.conn_info(id, adopted.peer, now);
+        let handler = self.setup.service.resume(&info, &adopted.state);
         self.insert_conn(id, handler, now);
         self.setup.stats.adopted();
         if let Some(conn) = self.conns[id as usize].as_mut() {
@@ -194,6 +190,10 @@ impl<S: Service, B: Backend> Worker<S, B> {
             last_active: now,
             served: false,
             drain_signalled: false,
+            notify_again: false,
+            yielded: false,
+            ready: false,
+            input_paused: false,
         });
         self.open += 1;
         self.idle.push_back((

@@ -46,7 +46,12 @@ impl<S: Service, B: Backend> Worker<S, B> {
             return;
         };
         let verdict = process(conn, &self.setup, now);
-        let stuck = verdict.is_none() && is_stuck(conn, &self.setup.limits);
+        // A yield is progress: the rest runs next turn.
+        let yielded = conn.yielded;
+        let stuck = verdict.is_none() && !yielded && is_stuck(conn, &self.setup.limits);
+        if yielded {
+            self.queue_yielded(id);
+        }
         if stuck {
             // The buffer is full and the handler still cannot make progress.
             self.setup.stats.error(ErrorKind::TooLarge);
@@ -56,7 +61,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
         self.after_process(id, verdict);
     }
 
-    fn after_process(&mut self, id: ConnId, verdict: Option<CloseReason>) {
+    pub(super) fn after_process(&mut self, id: ConnId, verdict: Option<CloseReason>) {
         if let Some(reason) = verdict {
             match reason {
                 CloseReason::BadRequest => self.setup.stats.error(ErrorKind::BadRequest),
@@ -106,6 +111,18 @@ impl<S: Service, B: Backend> Worker<S, B> {
             }
         }
         conn.eof = true;
+        if conn.ready {
+            // Yielded input comes first: the end is handed over after it (`run_ready`).
+            return;
+        }
+        self.eof_to_handler(id, now);
+    }
+
+    /// The peer's end, to the handler (after all the input it will be given).
+    fn eof_to_handler(&mut self, id: ConnId, now: Instant) {
+        let Some(conn) = self.conns.get_mut(id as usize).and_then(Option::as_mut) else {
+            return;
+        };
         let next = conn.handler.on_eof(&conn.input, &mut conn.output, now);
         match next {
             Next::Close(reason) => self.begin_close(id, reason),
@@ -126,16 +143,21 @@ impl<S: Service, B: Backend> Worker<S, B> {
         } else {
             None
         };
-        if verdict.is_none() && is_stuck(conn, &limits) {
+        let yielded = conn.yielded;
+        if verdict.is_none() && !yielded && is_stuck(conn, &limits) {
             verdict = Some(CloseReason::TooLarge);
         }
         // A closing connection stays paused: its lingering close resumes reading, to discard.
         let open = conn.closing == Closing::Open;
         if verdict.is_none() && open && conn.pending() < limits.output_bytes_max as u64 {
             conn.recv_paused = false;
+            conn.input_paused = false;
             if !conn.eof {
                 self.backend.push(Op::Recv { conn: id });
             }
+        }
+        if yielded {
+            self.queue_yielded(id);
         }
         self.after_process(id, verdict);
     }
@@ -193,10 +215,84 @@ fn process<S: Service>(
             verdict = Some(reason);
             break;
         }
+        if step.yielded {
+            // The rest waits for the next turn (`Worker::run_ready`).
+            conn.yielded = true;
+            break;
+        }
         if step.consumed == 0 || conn.pending() >= limit {
             break;
         }
     }
     conn.input.drain(..offset);
     verdict
+}
+
+impl<S: Service, B: Backend> Worker<S, B> {
+    /// A connection whose handler yielded goes on the ready list, once.
+    fn queue_yielded(&mut self, id: ConnId) {
+        let Some(conn) = self.conns.get_mut(id as usize).and_then(Option::as_mut) else {
+            return;
+        };
+        if !std::mem::take(&mut conn.yielded) {
+            return;
+        }
+        // Input arriving faster than the yields let it run: stop receiving until it is down.
+        let input_max = self.setup.limits.input_bytes_max;
+        if conn.input.len() >= input_max / 2 && !conn.recv_paused && !conn.eof {
+            conn.recv_paused = true;
+            conn.input_paused = true;
+            self.backend.push(Op::RecvPause { conn: id });
+        }
+        if !conn.ready {
+            conn.ready = true;
+            self.ready.push_back((id, conn.generation));
+        }
+    }
+
+    /// Receiving paused for yielded input (`queue_yielded`) resumes once it is down.
+    fn resume_input(&mut self, id: ConnId) {
+        let input_max = self.setup.limits.input_bytes_max;
+        let Some(conn) = self.conns.get_mut(id as usize).and_then(Option::as_mut) else {
+            return;
+        };
+        let low = conn.input.len() < input_max / 2;
+        let open = conn.closing == Closing::Open;
+        if conn.input_paused && conn.recv_paused && low && open {
+            conn.input_paused = false;
+            conn.recv_paused = false;
+            if !conn.eof {
+                self.backend.push(Op::Recv { conn: id });
+            }
+        }
+    }
+
+    /// At the start of a turn: the connections that yielded last turn go on with their
+    /// buffered input (those that yield again wait for the next turn).
+    pub(super) fn run_ready(&mut self, now: Instant) {
+        for _ in 0..self.ready.len() {
+            let Some((id, generation)) = self.ready.pop_front() else {
+                break;
+            };
+            let Some(conn) = self.conns.get_mut(id as usize).and_then(Option::as_mut) else {
+                continue;
+            };
+            if conn.generation != generation {
+                continue;
+            }
+            conn.ready = false;
+            let output_max = self.setup.limits.output_bytes_max as u64;
+            // Not while back-pressured: the output's drain resumes it (`resume_reading`).
+            if conn.closing == Closing::Open && conn.pending() < output_max {
+                self.process_buffered(id, now);
+                self.resume_input(id);
+            }
+            let ended = self.conns[id as usize]
+                .as_ref()
+                .is_some_and(|c| c.eof && !c.ready && c.closing == Closing::Open);
+            if ended {
+                self.eof_to_handler(id, now);
+            }
+        }
+    }
 }

@@ -4,7 +4,7 @@
 
 use super::{Closing, Worker};
 use crate::runtime::backend::{Backend, ConnId, Op, Origin};
-use crate::runtime::handler::{CloseReason, ConnInfo, Handler, Next, Service};
+use crate::runtime::handler::{CloseReason, Handler, Next, Service};
 use crate::runtime::stats::ErrorKind;
 use std::time::Instant;
 
@@ -26,12 +26,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
                 Origin::Stolen(victim) => b.stole(victim as usize),
             }
         }
-        let info = ConnInfo {
-            worker: self.setup.index,
-            peer,
-            now,
-        };
-        let handler = self.setup.service.connect(&info);
+        let handler = self.setup.service.connect(&self.conn_info(conn, peer, now));
         self.insert_conn(conn, handler, now);
         self.backend.push(Op::Recv { conn });
         self.accept.accepted(&mut self.backend, origin, self.open);

@@ -11,6 +11,7 @@ mod drain;
 mod handoff;
 mod input;
 mod lifecycle;
+mod notify;
 mod output;
 
 use super::accept::AcceptPath;
@@ -18,6 +19,7 @@ use super::backend::{Backend, Completion, ConnId};
 use super::balance::{BalanceShared, WorkerBalance};
 use super::handler::{CloseReason, Output, Service};
 use super::handoff::{Gate, Outbox};
+use super::notify::{Notified, NotifyHub};
 use super::stats::{ErrorKind, WorkerStats};
 use super::Limits;
 use std::collections::VecDeque;
@@ -109,6 +111,14 @@ struct Conn<H> {
     served: bool,
     /// While stopping: the handler will tell the peer it closes (see `Handler::on_drain`).
     drain_signalled: bool,
+    /// `Handler::on_notify` left no room: call it again once the output drained to half.
+    notify_again: bool,
+    /// The handler yielded with input left (`Step::yielded`): to be queued on `ready`.
+    yielded: bool,
+    /// On the worker's `ready` list (once at most, so the list is bounded by the connections).
+    ready: bool,
+    /// Receiving is paused because yielded input piled up (not for output back-pressure).
+    input_paused: bool,
 }
 
 impl<H> Conn<H> {
@@ -150,6 +160,13 @@ pub struct Worker<S: Service, B: Backend> {
     /// While moving connections to a successor: when to look for quiet ones next.
     detach_at: Option<Instant>,
     balance: Option<WorkerBalance>,
+    /// Where the connections' notifiers queue them (see [`super::notify`]).
+    notify: Arc<NotifyHub>,
+    /// What the last turn took from `notify` (its allocation kept).
+    notified: Notified,
+    /// Connections whose handler yielded with input left: (conn, generation), run at the
+    /// start of the next turn, before its completions.
+    ready: VecDeque<(ConnId, u64)>,
 }
 
 impl<S: Service, B: Backend> Worker<S, B> {
@@ -165,7 +182,11 @@ impl<S: Service, B: Backend> Worker<S, B> {
             balance.is_some(),
             setup.limits,
         );
+        let notify = Arc::new(NotifyHub::new(backend.waker()));
         Worker {
+            notify,
+            notified: Notified::default(),
+            ready: VecDeque::new(),
             balance,
             accept,
             setup,
@@ -200,12 +221,14 @@ impl<S: Service, B: Backend> Worker<S, B> {
             self.setup.stats.submitted(submitted);
             self.backend.wait(self.next_timeout(now))?;
             let now = Instant::now();
+            self.run_ready(now);
             self.backend.reap(&mut completions, REAP_BATCH_MAX);
             self.setup.stats.reaped(completions.len());
             self.setup.stats.backend_events(self.backend.take_events());
             for c in completions.drain(..) {
                 self.handle(c, now);
             }
+            self.run_notified(now);
             self.take_late(now);
             self.expire_idle(now);
             self.expire_linger(now);
@@ -233,6 +256,10 @@ impl<S: Service, B: Backend> Worker<S, B> {
         .flatten()
         {
             deadline = Some(deadline.map_or(d, |x: Instant| x.min(d)));
+        }
+        if !self.ready.is_empty() {
+            // Yielded input waits: look for completions, do not sleep.
+            return Some(Duration::ZERO);
         }
         deadline.map(|d| d.saturating_duration_since(now))
     }

@@ -31,7 +31,17 @@ impl<S: Service, B: Backend> Worker<S, B> {
                 return;
             }
         }
-        if conn.recv_paused && conn.pending() <= self.setup.limits.output_bytes_max as u64 / 2 {
+        let half = self.setup.limits.output_bytes_max as u64 / 2;
+        if conn.notify_again && conn.pending() <= half {
+            // The handler has more to say than the output had room for.
+            conn.notify_again = false;
+            let generation = conn.generation;
+            self.notify_conn(id, generation, now);
+        }
+        let Some(conn) = self.conns.get_mut(id as usize).and_then(Option::as_mut) else {
+            return;
+        };
+        if conn.recv_paused && conn.pending() <= half {
             self.resume_reading(id, now);
             return;
         }
