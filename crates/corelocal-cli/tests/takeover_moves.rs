@@ -593,11 +593,18 @@ fn a_successor_killed_while_moving_by_pid_leaves_the_old_server_serving_epoll() 
 
 /// pymemcache's pooled client from 8 threads: set, get back, incr a per-thread counter, for
 /// SECONDS; any exception or wrong value fails, and each counter must equal its rounds.
+///
+/// Sets wait for their `STORED` (`default_noreply=False`; pymemcache's default sends them
+/// `noreply`): the pool may hand the `get` another connection, and nothing orders requests on
+/// two connections — with memcached's worker threads as here, a `noreply` set still queued on
+/// one connection can be read back as a miss on another. Seen in CI during a takeover, where the
+/// set waited in a moving connection while the get's connection was still served.
 const POOLED_CLIENT: &str = r#"
 import sys, threading, time
 from pymemcache.client.base import PooledClient
 host, port, secs = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
-client = PooledClient((host, port), max_pool_size=8, connect_timeout=5, timeout=5)
+client = PooledClient((host, port), max_pool_size=8, connect_timeout=5, timeout=5,
+                      default_noreply=False)
 errors, rounds = [], [0] * 8
 def work(t):
     try:
