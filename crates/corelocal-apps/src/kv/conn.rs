@@ -139,7 +139,7 @@ impl KvConn {
             last_input: info.now,
             one_command: false,
             at_start: true,
-            notifier: info.notifier().filter(|_| inner_watch),
+            notifier: if inner_watch { info.notifier() } else { None },
             watcher: None,
             closed_for_error: false,
         }
