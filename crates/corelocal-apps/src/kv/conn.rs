@@ -578,6 +578,9 @@ impl Inner {
 impl Handler for KvConn {
     fn on_input(&mut self, input: &[u8], out: &mut Output, now: Instant) -> Step {
         let before = out.total_len();
+        self.last_input = now;
+        // Read once per call, for the commands and for `stats conns`.
+        let now = self.now(now);
         let step = self.input(input, out, now);
         if matches!(step.next, Next::Close(r) if r != CloseReason::Done) {
             self.closed_for_error = true;
@@ -591,7 +594,7 @@ impl Handler for KvConn {
             State::Data(_) => ConnState::Nread,
             State::Swallow(_) => ConnState::Swallow,
         };
-        let command_at = (step.requests > 0).then(|| self.inner.now(now).unix);
+        let command_at = (step.requests > 0).then_some(now.unix);
         self.registration.set(state, command_at);
         step
     }
@@ -679,8 +682,7 @@ impl KvConn {
 }
 
 impl KvConn {
-    fn input(&mut self, input: &[u8], out: &mut Output, now: Instant) -> Step {
-        self.last_input = now;
+    fn input(&mut self, input: &[u8], out: &mut Output, now: Now) -> Step {
         if self.rejected {
             // Answered at accept (`on_connect`); nothing more is read.
             return Step::close(input.len(), 0, CloseReason::Done);
@@ -698,7 +700,6 @@ impl KvConn {
                 return Step::close(input.len(), 0, CloseReason::BadRequest);
             }
         }
-        let now = self.now(now);
         let limits = self.inner.config.limits;
         let mut consumed = 0;
         let mut requests = 0;

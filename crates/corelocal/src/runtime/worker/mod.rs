@@ -221,7 +221,9 @@ impl<S: Service, B: Backend> Worker<S, B> {
             self.setup.stats.submitted(submitted);
             self.backend.wait(self.next_timeout(now))?;
             let now = Instant::now();
-            self.run_ready(now);
+            if !self.ready.is_empty() {
+                self.run_ready(now);
+            }
             self.backend.reap(&mut completions, REAP_BATCH_MAX);
             self.setup.stats.reaped(completions.len());
             self.setup.stats.backend_events(self.backend.take_events());
