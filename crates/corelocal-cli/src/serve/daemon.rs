@@ -26,7 +26,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// How long the launcher waits for the server to serve.
-pub(super) const READY_TIMEOUT: Duration = Duration::from_secs(60);
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// What a daemonized server holds until it serves: the pipe to its launcher, and where its
 /// output goes then.
@@ -160,25 +160,39 @@ fn wait_for_server(child: u32, status: OwnedFd) -> ExitCode {
     }
 }
 
-/// The pipe ended without the NUL: the server exited while starting.
+/// How long the launcher waits for the server's exit once the pipe ended without the NUL (a
+/// process closes its descriptors a moment before it can be reaped).
+const EXIT_WAIT: Duration = Duration::from_secs(5);
+
+/// The pipe ended without the NUL: the server exited while starting (or, should moving its
+/// output away have failed, serves without telling: it said why on the pipe).
 fn exited(child: u32) -> ExitCode {
-    match process::wait_child(child, true) {
-        Ok(Some(status)) => {
-            eprintln!(
-                "corelocal serve: --daemon: the server (pid {child}) exited before serving \
-                 ({status})"
-            );
-            match status.code() {
-                Some(code) if code != 0 => ExitCode::from(u8::try_from(code).unwrap_or(1)),
-                _ => ExitCode::FAILURE,
+    let until = Instant::now() + EXIT_WAIT;
+    loop {
+        match process::wait_child(child, false) {
+            Ok(Some(status)) => {
+                eprintln!(
+                    "corelocal serve: --daemon: the server (pid {child}) exited before serving \
+                     ({status})"
+                );
+                return match status.code() {
+                    Some(code) if code != 0 => ExitCode::from(u8::try_from(code).unwrap_or(1)),
+                    _ => ExitCode::FAILURE,
+                };
+            }
+            Ok(None) if Instant::now() < until => std::thread::sleep(Duration::from_millis(10)),
+            Ok(None) => {
+                return launcher_fail(&format!(
+                    "the server (pid {child}) stopped reporting without saying it serves; it \
+                     still runs"
+                ))
+            }
+            Err(e) => {
+                return launcher_fail(&format!(
+                    "the server (pid {child}) stopped reporting before serving ({e})"
+                ))
             }
         }
-        Ok(None) => launcher_fail(&format!(
-            "the server (pid {child}) closed its pipe without serving"
-        )),
-        Err(e) => launcher_fail(&format!(
-            "the server (pid {child}) stopped reporting before serving ({e})"
-        )),
     }
 }
 
