@@ -12,7 +12,7 @@
 #     --reference  run the same tests against Debian's memcached binary instead (proves the
 #                  harness: memcached 1.6.18 passes all of them)
 #     --all        what CI runs: --reference, then the default backend, then --backend epoll
-#     TEST...      test names (default: the 45 below), e.g. getset flush-all
+#     TEST...      test names (default: the 46 below), e.g. getset flush-all
 #
 # The source comes from Debian's source package through a private apt configuration (its own
 # sources list, lists and cache under the work directory; the system's apt config is not
@@ -25,11 +25,12 @@ repo=$PWD
 version=1.6.18
 # Every file that passes against memcached itself and both of our backends (README.md, "serve
 # kv": the table of all files and why the others do not apply).
-tests_default=(00-startup ascii-auth bogus-commands cas chunked-items dash-M evictions flags flush-all
-    getandtouch getset idle-timeout incrdecr issue_104 issue_108 issue_14 issue_152 issue_163
-    issue_183 issue_192 issue_29 issue_3 issue_41 issue_42 issue_61 issue_67 issue_68 issue_70
-    item_size_max lru-crawler malicious-commands maxconns metaget multiversioning noreply quit
-    restart shutdown stats stats-conns stats-detail strtol-testing touch watcher watcher_connid)
+tests_default=(00-startup ascii-auth bogus-commands cas chunked-items daemonize dash-M evictions
+    flags flush-all getandtouch getset idle-timeout incrdecr issue_104 issue_108 issue_14 issue_152
+    issue_163 issue_183 issue_192 issue_29 issue_3 issue_41 issue_42 issue_61 issue_67 issue_68
+    issue_70 item_size_max lru-crawler malicious-commands maxconns metaget multiversioning noreply
+    quit restart shutdown stats stats-conns stats-detail strtol-testing touch watcher
+    watcher_connid)
 # Files that need memcached's debug build (`debugtime`), which Debian does not ship: run
 # against serve kv only (the shim turns the command on).
 tests_debug_only=(expirations)

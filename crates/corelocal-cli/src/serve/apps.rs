@@ -3,7 +3,8 @@
 
 use super::args::{App, Command, HttpArgs, KvArgs, UdpPort};
 use super::common::CommonArgs;
-use super::{fail, grace, serve, serve_with};
+use super::daemon::{self, Detached};
+use super::{fail, grace, pidfile, serve, serve_with};
 use crate::check;
 use corelocal_apps::http::{AccessLog, HttpConfig, HttpService};
 use corelocal_apps::kv::udp::{self, UdpLimits, UdpSockets};
@@ -22,8 +23,20 @@ use std::time::Duration;
 /// memcached's own test's 128 KiB.
 const KV_INPUT_LIMIT_DEFAULT: u64 = memcache::GET_LINE_BYTES_MAX_DEFAULT as u64 + 1;
 
-/// Runs `corelocal serve`.
-pub fn run(cmd: Command) -> ExitCode {
+/// Runs `corelocal serve`: with `--daemon`, in a process of its own once this one forked
+/// (first thing: the process has one thread only until the app starts).
+pub fn run(mut cmd: Command) -> ExitCode {
+    match daemon::detach(&mut cmd.app) {
+        Ok(Detached::Launcher(code)) => return code,
+        Ok(Detached::Server) => {}
+        Err(e) => return fail(&e),
+    }
+    let code = run_app(cmd);
+    pidfile::remove_at_exit();
+    code
+}
+
+fn run_app(cmd: Command) -> ExitCode {
     // Before the app is built (the built-in site takes a while): a SIGTERM during start-up then
     // waits and stops the server once it serves, instead of killing it half-started.
     if let Err(e) = corelocal::sys::signal::block_termination_signals() {
@@ -130,7 +143,7 @@ fn run_kv(mut args: KvArgs) -> ExitCode {
     };
     let port_file = args.port_file.clone();
     let code = if args.no_tcp {
-        serve_without_tcp(port_file.as_deref(), &udp_bound)
+        serve_without_tcp(&args.common, port_file.as_deref(), &udp_bound)
     } else {
         let shared = service.clone();
         serve_with(&args.common, Arc::new(service), move |addrs| {
@@ -238,9 +251,16 @@ fn bind_udp(args: &KvArgs) -> Result<Option<UdpSockets>, String> {
 }
 
 /// `--no-tcp`: UDP only (or nothing, as memcached with `-p 0 -U 0`) until SIGINT/SIGTERM.
-fn serve_without_tcp(port_file: Option<&std::path::Path>, udp: &[SocketAddr]) -> ExitCode {
+fn serve_without_tcp(
+    common: &CommonArgs,
+    port_file: Option<&std::path::Path>,
+    udp: &[SocketAddr],
+) -> ExitCode {
     if let Some(path) = port_file {
         write_port_file(path, &[], udp);
+    }
+    if let Err(e) = pidfile::prepare(common).and_then(|()| pidfile::commit()) {
+        return fail(&e);
     }
     let what = if udp.is_empty() {
         "nothing (--no-tcp without --udp-port)".to_string()
@@ -249,6 +269,7 @@ fn serve_without_tcp(port_file: Option<&std::path::Path>, udp: &[SocketAddr]) ->
         addrs.join(", ")
     };
     eprintln!("corelocal serve kv: listening on {what} | no TCP (--no-tcp)");
+    daemon::ready();
     loop {
         if let Some(signal) = corelocal::sys::signal::wait_termination(Duration::from_secs(1)) {
             eprintln!("corelocal serve kv: signal {signal}, stopping");

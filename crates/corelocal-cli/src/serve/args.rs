@@ -54,6 +54,18 @@ pub(super) enum App {
     Sockperf(SockperfArgs),
 }
 
+impl App {
+    /// The options every server shares.
+    pub(super) fn common(&self) -> &CommonArgs {
+        match self {
+            App::Rpc(a) => &a.common,
+            App::Http(a) => &a.common,
+            App::Kv(a) => &a.common,
+            App::Sockperf(a) => &a.common,
+        }
+    }
+}
+
 #[derive(Debug, Args)]
 pub(super) struct SockperfArgs {
     #[command(flatten)]

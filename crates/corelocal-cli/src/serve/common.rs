@@ -127,6 +127,23 @@ pub struct CommonArgs {
     /// long (a dead or stopped old server cannot hang the new one).
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub(super) takeover_timeout: Duration,
+    /// Once serving (listeners bound, workers started), write the process id and a newline
+    /// here (written aside to PATH.tmp-PID, then renamed into place); removed at exit if it
+    /// still holds this process's id (a `--takeover` successor writes its own). Not writable:
+    /// the server does not start.
+    #[arg(long, value_name = "PATH")]
+    pub(super) pid_file: Option<PathBuf>,
+    /// Run in the background (memcached -d): the command forks before anything starts, the
+    /// server runs in a new session with its working directory `/` (relative paths given
+    /// are made absolute first) and standard input and output on /dev/null, and the command
+    /// exits 0 once the server serves, or non-zero with the server's error (given up after
+    /// 60s). The server's messages go to /dev/null once it serves, unless --log-file.
+    #[arg(long)]
+    pub(super) daemon: bool,
+    /// With --daemon: once the server serves, append its messages (stderr) and stats lines
+    /// (stdout) to this file instead of discarding them.
+    #[arg(long, value_name = "PATH", requires = "daemon")]
+    pub(super) log_file: Option<PathBuf>,
 }
 
 /// Where `--takeover` takes the listeners from.

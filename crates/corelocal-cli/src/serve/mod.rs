@@ -5,13 +5,15 @@
 //! `common` the options every server shares; `apps` turns each app's arguments into its
 //! service and serves it ([`run`]); `config` builds the runtime's [`ServerConfig`]; `stats`
 //! prints stats while serving and the stop summary; `upgrade` handles `--takeover` and
-//! `--upgrade-socket`.
+//! `--upgrade-socket`; `daemon` handles `--daemon` and `pidfile` `--pid-file`.
 
 mod apps;
 mod args;
 mod common;
 mod config;
+mod daemon;
 mod grace;
+mod pidfile;
 mod stats;
 mod upgrade;
 
@@ -58,6 +60,9 @@ pub fn serve_with<S: Service>(
         Ok(old) => old,
         Err(e) => return fail(&e),
     };
+    if let Err(e) = pidfile::prepare(common) {
+        return fail(&e);
+    }
     let early_upgrade = match bind_upgrade_early(common) {
         Ok(l) => l,
         Err(e) => return fail(&e),
@@ -70,13 +75,21 @@ pub fn serve_with<S: Service>(
     listening(&server.local_addrs());
     print_listening(name, &config, &server);
     let metrics = crate::metrics::start_for(common.metrics, &server, name, &config);
-    let taken = metrics.and_then(|m| {
-        take_over(&server, successor, old_server, common.takeover_timeout).map(|()| m)
-    });
+    // The pid file names this process before the old server hears from it (it exits only
+    // after that, and leaves a file that no longer holds its id).
+    let taken = metrics
+        .and_then(|m| pidfile::commit().map(|()| m))
+        .and_then(|m| {
+            take_over(&server, successor, old_server, common.takeover_timeout).map(|()| m)
+        });
     let mut metrics = match taken {
         Ok(m) => m,
-        Err(e) => return abandon(server, &e),
+        Err(e) => {
+            pidfile::revert();
+            return abandon(server, &e);
+        }
     };
+    daemon::ready();
     let (mut server, mut early_upgrade) = (server, early_upgrade);
     loop {
         let upgrade = start_upgrade_socket(common, &server, early_upgrade.take());
@@ -97,6 +110,7 @@ pub fn serve_with<S: Service>(
             "corelocal serve {name}: serving again on the same sockets ({} connections taken back)",
             server.taken_conns()
         );
+        pidfile::rewrite();
         metrics =
             crate::metrics::start_for(common.metrics, &server, name, &config).unwrap_or_else(|e| {
                 eprintln!("corelocal serve {name}: {e}; serving without metrics");

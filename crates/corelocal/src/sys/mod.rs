@@ -20,6 +20,7 @@
 //!   functions of its unstable runtime module);
 //! - `sched_getcpu` (libc reads it from rseq or the vDSO; `rustix` makes the `getcpu`
 //!   syscall);
+//! - `fork(2)`, through libc (its atfork handlers) and only while the process has one thread;
 //! - `unshare(CLONE_NEWNS)` (`rustix`'s `unshare_unsafe`: safe for NEWNS alone) and the
 //!   seccomp filter (`PR_SET_SECCOMP` with a pointer);
 //! - io_uring details the `io-uring` crate leaves unsafe: submission pushes, the provided-buffer
@@ -40,7 +41,8 @@
 //!   `/proc/net/tcp`).
 //! - [`signal`]: SIGINT/SIGTERM blocked everywhere and awaited in one place; a handler that
 //!   only sets a flag, for the tools that clean up before they exit.
-//! - [`process`]: uid, resource limits, a seccomp filter, a thread's own mount namespace.
+//! - [`process`]: uid, resource limits, a seccomp filter, a thread's own mount namespace; a
+//!   daemon's fork (single-threaded only), new session, standard descriptors and child.
 //! - [`pidfd`]: another process's descriptors (`pidfd_getfd`) and CPU affinity, for
 //!   `corelocal steer`.
 //! - [`scm`]: unix `SOCK_SEQPACKET` sockets and descriptor passing (`SCM_RIGHTS`) for handing
