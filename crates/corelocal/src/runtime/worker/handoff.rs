@@ -167,7 +167,8 @@ impl<S: Service, B: Backend> Worker<S, B> {
 
     /// A new connection's state, in its slot, under the key `conn_info` gave its notifier.
     pub(super) fn insert_conn(&mut self, id: ConnId, handler: S::Conn, now: Instant) {
-        let conn = Conn {
+        let (key, place) = self.conns.claim(id);
+        *place = Some(Conn {
             handler,
             input: Vec::new(),
             output: Output::new(),
@@ -184,8 +185,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
             yielded: false,
             ready: false,
             input_paused: false,
-        };
-        let key = self.conns.insert(id, conn);
+        });
         self.open += 1;
         self.idle
             .push_back((now + self.setup.limits.idle_timeout, key));

@@ -58,7 +58,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
     }
 
     pub(super) fn on_closed(&mut self, id: ConnId) {
-        if self.conns.remove(id).is_none() {
+        if !self.conns.vacate(id) {
             return;
         }
         self.open -= 1;
