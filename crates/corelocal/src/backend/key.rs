@@ -14,8 +14,9 @@
 //!   (`ConnKey::pack`).
 //!
 //! Each of them holds a [`ConnKey`]. The invariant: a slot's generation changes every time the
-//! slot gets a new connection (`Slots::renew`, `Slots::claim`) and at no other time, so a
-//! key matches its slot exactly while the connection it was made for holds the slot. The
+//! slot gets a new connection (`Slots::renew`, `Slots::claim`, both one step in
+//! `Entry::renew`) and at no other time, so a key matches its slot exactly while the
+//! connection it was made for holds the slot. The
 //! compare lives in one place, `Slots::index_of`, behind `Slots::get` and
 //! `Slots::get_mut`: a stale key finds nothing, by construction rather than by a compare at
 //! each use.
@@ -95,6 +96,15 @@ struct Entry<T> {
     value: T,
 }
 
+impl<T> Entry<T> {
+    /// The one generation step: the entry (slot `slot`) got a new connection.
+    #[inline]
+    fn renew(&mut self, slot: ConnId) -> ConnKey {
+        self.generation = self.generation.wrapping_add(1);
+        ConnKey::new(slot, self.generation)
+    }
+}
+
 impl<T> Slots<T> {
     /// `len` slots, made by `value`, none used yet (generation 0).
     pub(crate) fn with(len: u32, mut value: impl FnMut() -> T) -> Slots<T> {
@@ -129,9 +139,7 @@ impl<T> Slots<T> {
     /// The slot got a new connection: a new generation, and every older key stale.
     #[inline]
     pub(crate) fn renew(&mut self, slot: ConnId) -> ConnKey {
-        let entry = &mut self.entries[slot as usize];
-        entry.generation = entry.generation.wrapping_add(1);
-        ConnKey::new(slot, entry.generation)
+        self.entries[slot as usize].renew(slot)
     }
 
     /// The state of the slot if `key`'s connection still holds it.
@@ -199,8 +207,7 @@ impl<T> Slots<Option<T>> {
         }
         let entry = &mut self.entries[i];
         assert!(entry.value.is_none(), "connection id reused while open");
-        entry.generation = entry.generation.wrapping_add(1);
-        (ConnKey::new(slot, entry.generation), &mut entry.value)
+        (entry.renew(slot), &mut entry.value)
     }
 
     /// Empties the slot; its generation stays until the next connection renews it.
