@@ -14,8 +14,15 @@
 //!
 //! [`accept`] holds the accept policy both sides follow: the worker's allowances, and per
 //! listener the backend's choice of how many to take and how (multishot or one-shot).
+//!
+//! [`key`] holds [`ConnKey`], a connection's slot and generation, and the slot table that
+//! checks it: the worker's connections and the io_uring backend's slots both use it, so a
+//! reference that outlives its connection never reaches the slot's next one.
 
 pub mod accept;
+pub mod key;
+
+pub use key::ConnKey;
 
 use std::fs::File;
 use std::io;
@@ -36,7 +43,9 @@ pub struct FileRegion {
     pub len: u64,
 }
 
-/// A connection's id within one backend (epoll: its fd; io_uring: its direct-descriptor slot).
+/// A connection's id within one backend (epoll: its fd; io_uring: its direct-descriptor slot):
+/// a slot, reused once the connection is closed. What outlives the connection holds a
+/// [`ConnKey`] instead (the slot and its generation).
 pub type ConnId = u32;
 /// A received buffer's id within the backend's pool.
 pub type BufId = u32;

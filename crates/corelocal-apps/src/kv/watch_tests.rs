@@ -4,7 +4,7 @@
 
 use super::tests::service;
 use super::*;
-use corelocal::backend::Wake;
+use corelocal::backend::{ConnKey, Wake};
 use corelocal::runtime::notify::{NotifyHub, NotifyRef};
 use corelocal::runtime::{Handler, Output, OutputFront};
 use std::sync::atomic::AtomicUsize;
@@ -30,7 +30,7 @@ fn conn(svc: &KvService, hub: &Arc<NotifyHub>, id: u32, now: Instant) -> KvConn 
         worker: 0,
         peer: Some("10.1.2.3:4567".parse().unwrap()),
         now,
-        notify: Some(NotifyRef::new(hub, 0, id, u64::from(id))),
+        notify: Some(NotifyRef::new(hub, 0, ConnKey::new(id, id))),
     })
 }
 

@@ -1,18 +1,19 @@
 //! Output without input: another thread asks a connection's handler to write.
 //!
 //! At connect a handler may take a [`Notifier`] ([`super::handler::ConnInfo::notifier`]): the
-//! worker's [`NotifyHub`] plus the connection's id and generation. [`Notifier::notify`] from
+//! worker's [`NotifyHub`] plus the connection's [`ConnKey`]. [`Notifier::notify`] from
 //! any thread queues the connection on its worker's hub and wakes the worker (the backend's
 //! [`Wake`]); once per loop turn the worker takes the queue and calls
-//! [`super::handler::Handler::on_notify`] for each connection still open under that
-//! generation, so a handle kept past its connection's close never reaches the slot's next
-//! connection. Unused, the hook costs the worker one relaxed load per turn.
+//! [`super::handler::Handler::on_notify`] for each connection that still holds its slot under
+//! that key and is open, so a handle kept past its connection's close never reaches the slot's
+//! next connection (see [`crate::backend::key`], also for the generation's wrapping). Unused,
+//! the hook costs the worker one relaxed load per turn.
 //!
 //! Bounded: a connection already queued is not queued twice, and the queue holds at most
 //! [`NOTIFY_QUEUE_MAX`] connections; past that the hub only remembers that it overflowed and
 //! the worker calls every open connection's hook once (spurious calls are allowed).
 
-use super::backend::{ConnId, Wake};
+use super::backend::{ConnKey, Wake};
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -31,17 +32,17 @@ pub struct NotifyHub {
 
 #[derive(Default)]
 struct Queue {
-    conns: Vec<(ConnId, u64)>,
+    conns: Vec<ConnKey>,
     /// What `conns` holds, to coalesce repeated notifies.
-    queued: HashSet<(ConnId, u64)>,
+    queued: HashSet<ConnKey>,
     overflowed: bool,
 }
 
 /// What the worker takes from its hub in one turn.
 #[derive(Debug, Default)]
 pub(crate) struct Notified {
-    /// (connection, generation) in the order they were first notified.
-    pub(crate) conns: Vec<(ConnId, u64)>,
+    /// The connections in the order they were first notified.
+    pub(crate) conns: Vec<ConnKey>,
     /// The queue was full at some notify: every open connection is to be called.
     pub(crate) all: bool,
 }
@@ -64,16 +65,16 @@ impl NotifyHub {
         }
     }
 
-    fn push(&self, conn: ConnId, generation: u64) {
+    fn push(&self, key: ConnKey) {
         let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
-        if q.queued.contains(&(conn, generation)) || q.overflowed {
+        if q.queued.contains(&key) || q.overflowed {
             return;
         }
         if q.conns.len() >= NOTIFY_QUEUE_MAX {
             q.overflowed = true;
         } else {
-            q.conns.push((conn, generation));
-            q.queued.insert((conn, generation));
+            q.conns.push(key);
+            q.queued.insert(key);
         }
         drop(q);
         // Release: the worker that sees the flag sees the queue (the mutex orders it too).
@@ -113,14 +114,13 @@ pub struct Notifier {
     hub: Arc<NotifyHub>,
     /// u32: a handler keeps one, kept small.
     worker: u32,
-    conn: ConnId,
-    generation: u64,
+    key: ConnKey,
 }
 
 impl Notifier {
     /// Queues the connection on its worker and wakes the worker, unless it is queued already.
     pub fn notify(&self) {
-        self.hub.push(self.conn, self.generation);
+        self.hub.push(self.key);
     }
 
     /// Index of the worker that owns the connection.
@@ -135,18 +135,16 @@ impl Notifier {
 pub struct NotifyRef<'a> {
     hub: &'a Arc<NotifyHub>,
     worker: u32,
-    conn: ConnId,
-    generation: u64,
+    key: ConnKey,
 }
 
 impl<'a> NotifyRef<'a> {
-    /// The connection `conn` of generation `generation` on worker `worker`, through `hub`.
-    pub fn new(hub: &'a Arc<NotifyHub>, worker: usize, conn: ConnId, generation: u64) -> Self {
+    /// The connection `key` on worker `worker`, through `hub`.
+    pub fn new(hub: &'a Arc<NotifyHub>, worker: usize, key: ConnKey) -> Self {
         NotifyRef {
             hub,
             worker: u32::try_from(worker).unwrap_or(u32::MAX),
-            conn,
-            generation,
+            key,
         }
     }
 
@@ -155,8 +153,7 @@ impl<'a> NotifyRef<'a> {
         Notifier {
             hub: Arc::clone(self.hub),
             worker: self.worker,
-            conn: self.conn,
-            generation: self.generation,
+            key: self.key,
         }
     }
 }
@@ -182,18 +179,20 @@ mod tests {
     #[test]
     fn a_connection_is_queued_once_and_wakes_once() {
         let (hub, wake) = hub();
-        let n = NotifyRef::new(&hub, 3, 7, 1).notifier();
+        let n = NotifyRef::new(&hub, 3, ConnKey::new(7, 1)).notifier();
         assert_eq!(n.worker(), 3);
         let mut got = Notified::default();
         assert!(!hub.take(&mut got));
         n.notify();
         n.clone().notify();
-        NotifyRef::new(&hub, 3, 8, 2).notifier().notify();
+        NotifyRef::new(&hub, 3, ConnKey::new(8, 2))
+            .notifier()
+            .notify();
         assert_eq!(wake.0.load(Ordering::Relaxed), 1);
         assert!(hub.take(&mut got));
         assert_eq!(
             (got.conns.as_slice(), got.all),
-            (&[(7, 1), (8, 2)][..], false)
+            (&[ConnKey::new(7, 1), ConnKey::new(8, 2)][..], false)
         );
         assert!(!hub.take(&mut got), "taken");
         n.notify();
@@ -208,7 +207,9 @@ mod tests {
     fn a_full_queue_overflows_into_a_sweep() {
         let (hub, _) = hub();
         for conn in 0..NOTIFY_QUEUE_MAX as u32 + 5 {
-            NotifyRef::new(&hub, 0, conn, 1).notifier().notify();
+            NotifyRef::new(&hub, 0, ConnKey::new(conn, 1))
+                .notifier()
+                .notify();
         }
         let mut got = Notified::default();
         assert!(hub.take(&mut got));

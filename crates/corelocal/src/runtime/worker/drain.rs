@@ -69,10 +69,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
         }
         let idle: Vec<ConnId> = self.idle_conn_ids();
         for id in idle {
-            if !self.conns[id as usize]
-                .as_ref()
-                .is_some_and(|c| c.drain_signalled)
-            {
+            if !self.conns.occupant(id).is_some_and(|c| c.drain_signalled) {
                 self.begin_close(id, CloseReason::Done);
             }
         }
@@ -80,7 +77,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
 
     /// Tells the handler the server is stopping (it may announce the close to its peer).
     pub(super) fn signal_drain(&mut self, id: ConnId) {
-        if let Some(conn) = self.conns.get_mut(id as usize).and_then(Option::as_mut) {
+        if let Some(conn) = self.conns.occupant_mut(id) {
             if conn.closing == Closing::Open && !conn.drain_signalled {
                 conn.drain_signalled = conn.handler.on_drain();
             }
@@ -97,24 +94,24 @@ impl<S: Service, B: Backend> Worker<S, B> {
         }
         self.sweep_at = Some(now + DRAIN_POLL * 4);
         let grace = DRAIN_KEEPALIVE_GRACE.min(self.setup.limits.drain_timeout / 2);
-        let silent: Vec<ConnId> = (0..self.conns.len())
-            .filter(|&i| {
-                self.conns[i].as_ref().is_some_and(|c| {
-                    let quiet = now.saturating_duration_since(c.last_active);
-                    let waited = if c.served && c.drain_signalled {
-                        grace
-                    } else {
-                        DRAIN_QUIESCE
-                    };
-                    (!c.served || c.drain_signalled)
-                        && c.closing == Closing::Open
-                        && c.input.is_empty()
-                        && c.output.is_empty()
-                        && !c.sending
-                        && quiet >= waited
-                })
+        let silent: Vec<ConnId> = self
+            .conns
+            .occupants()
+            .filter(|(_, c)| {
+                let quiet = now.saturating_duration_since(c.last_active);
+                let waited = if c.served && c.drain_signalled {
+                    grace
+                } else {
+                    DRAIN_QUIESCE
+                };
+                (!c.served || c.drain_signalled)
+                    && c.closing == Closing::Open
+                    && c.input.is_empty()
+                    && c.output.is_empty()
+                    && !c.sending
+                    && quiet >= waited
             })
-            .map(|i| i as ConnId)
+            .map(|(key, _)| key.slot())
             .collect();
         for id in silent {
             self.begin_close(id, CloseReason::Done);
@@ -122,29 +119,25 @@ impl<S: Service, B: Backend> Worker<S, B> {
     }
 
     fn live_conn_ids(&self) -> Vec<ConnId> {
-        (0..self.conns.len())
-            .filter(|&i| {
-                self.conns[i]
-                    .as_ref()
-                    .is_some_and(|c| c.closing != Closing::CloseQueued)
-            })
-            .map(|i| i as ConnId)
+        self.conns
+            .occupants()
+            .filter(|(_, c)| c.closing != Closing::CloseQueued)
+            .map(|(key, _)| key.slot())
             .collect()
     }
 
     /// Connections with no request in progress (nothing buffered either way).
     fn idle_conn_ids(&self) -> Vec<ConnId> {
-        (0..self.conns.len())
-            .filter(|&i| {
-                self.conns[i].as_ref().is_some_and(|c| {
-                    c.served
-                        && c.input.is_empty()
-                        && c.output.is_empty()
-                        && !c.sending
-                        && c.closing == Closing::Open
-                })
+        self.conns
+            .occupants()
+            .filter(|(_, c)| {
+                c.served
+                    && c.input.is_empty()
+                    && c.output.is_empty()
+                    && !c.sending
+                    && c.closing == Closing::Open
             })
-            .map(|i| i as ConnId)
+            .map(|(key, _)| key.slot())
             .collect()
     }
 }

@@ -93,7 +93,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
         let handler = self.setup.service.resume(&info, &adopted.state);
         self.insert_conn(id, handler, now);
         self.setup.stats.adopted();
-        if let Some(conn) = self.conns[id as usize].as_mut() {
+        if let Some(conn) = self.conns.occupant_mut(id) {
             conn.served = true;
             conn.input = adopted.input;
         }
@@ -118,7 +118,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
         if !self.moving() {
             return;
         }
-        let Some(conn) = self.conns.get_mut(id as usize).and_then(Option::as_mut) else {
+        let Some(conn) = self.conns.occupant_mut(id) else {
             return;
         };
         let quiet = conn.closing == Closing::Open
@@ -139,7 +139,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
     /// The backend gave the socket up: it goes to the outbox with what was read and not
     /// handled, and the handler's state (or closes, if the outbox is full or it failed).
     pub(super) fn on_detached(&mut self, id: ConnId, fd: std::io::Result<std::os::fd::OwnedFd>) {
-        let Some(conn) = self.conns.get_mut(id as usize).and_then(Option::take) else {
+        let Some(conn) = self.conns.remove(id) else {
             return;
         };
         self.open -= 1;
@@ -165,20 +165,11 @@ impl<S: Service, B: Backend> Worker<S, B> {
         self.accept.closed(&mut self.backend, self.open);
     }
 
-    /// A new connection's state, in its slot.
+    /// A new connection's state, in its slot, under the key `conn_info` gave its notifier.
     pub(super) fn insert_conn(&mut self, id: ConnId, handler: S::Conn, now: Instant) {
-        let slot = id as usize;
-        if self.conns.len() <= slot {
-            self.conns.resize_with(slot + 1, || None);
-        }
-        assert!(
-            self.conns[slot].is_none(),
-            "connection id reused while open"
-        );
-        self.next_generation += 1;
-        self.conns[slot] = Some(Conn {
+        let (key, place) = self.conns.claim(id);
+        *place = Some(Conn {
             handler,
-            generation: self.next_generation,
             input: Vec::new(),
             output: Output::new(),
             sending: false,
@@ -196,10 +187,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
             input_paused: false,
         });
         self.open += 1;
-        self.idle.push_back((
-            now + self.setup.limits.idle_timeout,
-            id,
-            self.next_generation,
-        ));
+        self.idle
+            .push_back((now + self.setup.limits.idle_timeout, key));
     }
 }

@@ -15,7 +15,7 @@ const HANDLER_ROUNDS_MAX: usize = 256;
 impl<S: Service, B: Backend> Worker<S, B> {
     pub(super) fn on_recv(&mut self, id: ConnId, buf: u32, len: usize, now: Instant) {
         self.setup.stats.bytes_in(len as u64);
-        let Some(conn) = self.conns.get_mut(id as usize).and_then(Option::as_mut) else {
+        let Some(conn) = self.conns.occupant_mut(id) else {
             return;
         };
         match conn.closing {
@@ -42,7 +42,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
     /// Runs the handler over what the connection has buffered, then closes, flushes or
     /// applies back-pressure as it asks.
     pub(super) fn process_buffered(&mut self, id: ConnId, now: Instant) {
-        let Some(conn) = self.conns.get_mut(id as usize).and_then(Option::as_mut) else {
+        let Some(conn) = self.conns.occupant_mut(id) else {
             return;
         };
         let verdict = process(conn, &self.setup, now);
@@ -81,8 +81,9 @@ impl<S: Service, B: Backend> Worker<S, B> {
         }
         if self.drain_deadline.is_some() {
             // Close at a request boundary, unless the handler announces the close itself.
-            let idle = self.conns[id as usize]
-                .as_ref()
+            let idle = self
+                .conns
+                .occupant(id)
                 .is_some_and(|c| c.input.is_empty() && !c.drain_signalled);
             if idle {
                 self.begin_close(id, CloseReason::Done);
@@ -94,7 +95,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
     }
 
     pub(super) fn on_eof(&mut self, id: ConnId, now: Instant) {
-        let Some(conn) = self.conns.get_mut(id as usize).and_then(Option::as_mut) else {
+        let Some(conn) = self.conns.occupant_mut(id) else {
             return;
         };
         match conn.closing {
@@ -120,7 +121,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
 
     /// The peer's end, to the handler (after all the input it will be given).
     fn eof_to_handler(&mut self, id: ConnId, now: Instant) {
-        let Some(conn) = self.conns.get_mut(id as usize).and_then(Option::as_mut) else {
+        let Some(conn) = self.conns.occupant_mut(id) else {
             return;
         };
         let next = conn.handler.on_eof(&conn.input, &mut conn.output, now);
@@ -135,7 +136,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
     /// read more only if they left room (else reading stays paused until the next drain).
     pub(super) fn resume_reading(&mut self, id: ConnId, now: Instant) {
         let limits = self.setup.limits;
-        let Some(conn) = self.conns.get_mut(id as usize).and_then(Option::as_mut) else {
+        let Some(conn) = self.conns.occupant_mut(id) else {
             return;
         };
         let mut verdict = if conn.closing == Closing::Open && !conn.input.is_empty() {
@@ -163,7 +164,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
     }
 
     fn apply_backpressure(&mut self, id: ConnId) {
-        let Some(conn) = self.conns.get_mut(id as usize).and_then(Option::as_mut) else {
+        let Some(conn) = self.conns.occupant_mut(id) else {
             return;
         };
         if !conn.recv_paused
@@ -231,7 +232,7 @@ fn process<S: Service>(
 impl<S: Service, B: Backend> Worker<S, B> {
     /// A connection whose handler yielded goes on the ready list, once.
     fn queue_yielded(&mut self, id: ConnId) {
-        let Some(conn) = self.conns.get_mut(id as usize).and_then(Option::as_mut) else {
+        let Some(conn) = self.conns.occupant_mut(id) else {
             return;
         };
         if !std::mem::take(&mut conn.yielded) {
@@ -246,14 +247,15 @@ impl<S: Service, B: Backend> Worker<S, B> {
         }
         if !conn.ready {
             conn.ready = true;
-            self.ready.push_back((id, conn.generation));
+            let key = self.conns.key(id);
+            self.ready.push_back(key);
         }
     }
 
     /// Receiving paused for yielded input (`queue_yielded`) resumes once it is down.
     fn resume_input(&mut self, id: ConnId) {
         let input_max = self.setup.limits.input_bytes_max;
-        let Some(conn) = self.conns.get_mut(id as usize).and_then(Option::as_mut) else {
+        let Some(conn) = self.conns.occupant_mut(id) else {
             return;
         };
         let low = conn.input.len() < input_max / 2;
@@ -273,15 +275,13 @@ impl<S: Service, B: Backend> Worker<S, B> {
     #[inline(never)]
     pub(super) fn run_ready(&mut self, now: Instant) {
         for _ in 0..self.ready.len() {
-            let Some((id, generation)) = self.ready.pop_front() else {
+            let Some(key) = self.ready.pop_front() else {
                 break;
             };
-            let Some(conn) = self.conns.get_mut(id as usize).and_then(Option::as_mut) else {
+            let Some(conn) = self.conns.live_mut(key) else {
                 continue;
             };
-            if conn.generation != generation {
-                continue;
-            }
+            let id = key.slot();
             conn.ready = false;
             let output_max = self.setup.limits.output_bytes_max as u64;
             // Not while back-pressured: the output's drain resumes it (`resume_reading`).
@@ -289,8 +289,9 @@ impl<S: Service, B: Backend> Worker<S, B> {
                 self.process_buffered(id, now);
                 self.resume_input(id);
             }
-            let ended = self.conns[id as usize]
-                .as_ref()
+            let ended = self
+                .conns
+                .occupant(id)
                 .is_some_and(|c| c.eof && !c.ready && c.closing == Closing::Open);
             if ended {
                 self.eof_to_handler(id, now);

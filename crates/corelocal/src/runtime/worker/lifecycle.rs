@@ -47,7 +47,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
 
     /// The handler's first words ([`Handler::on_connect`]): sent now, or sent and closed.
     fn greet(&mut self, id: ConnId, now: Instant) {
-        let Some(conn) = self.conns.get_mut(id as usize).and_then(Option::as_mut) else {
+        let Some(conn) = self.conns.occupant_mut(id) else {
             return;
         };
         match conn.handler.on_connect(&mut conn.output, now) {
@@ -58,12 +58,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
     }
 
     pub(super) fn on_closed(&mut self, id: ConnId) {
-        if self
-            .conns
-            .get_mut(id as usize)
-            .and_then(Option::take)
-            .is_none()
-        {
+        if !self.conns.vacate(id) {
             return;
         }
         self.open -= 1;
@@ -74,7 +69,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
     /// Closes after the pending output is flushed: with the last answer when the input is
     /// known to be finished, else lingering (see [`Closing::Lingering`]).
     pub(super) fn begin_close(&mut self, id: ConnId, reason: CloseReason) {
-        let Some(conn) = self.conns.get_mut(id as usize).and_then(Option::as_mut) else {
+        let Some(conn) = self.conns.occupant_mut(id) else {
             return;
         };
         if conn.closing == Closing::Open {
@@ -100,7 +95,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
     /// shut down the sending side and linger.
     pub(super) fn finish_close(&mut self, id: ConnId) {
         let linger_time = self.setup.limits.linger_time;
-        let Some(conn) = self.conns.get_mut(id as usize).and_then(Option::as_mut) else {
+        let Some(conn) = self.conns.occupant_mut(id) else {
             return;
         };
         debug_assert!(matches!(conn.closing, Closing::Flushing(_)) && !conn.sending);
@@ -121,7 +116,8 @@ impl<S: Service, B: Backend> Worker<S, B> {
             self.backend.push(Op::Recv { conn: id });
         }
         let timeout = self.setup.limits.linger_timeout.min(linger_time);
-        self.linger.push_back((now + timeout, id, conn.generation));
+        let key = self.conns.key(id);
+        self.linger.push_back((now + timeout, key));
         self.setup.stats.lingered();
     }
 
@@ -129,7 +125,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
     /// closes at once.
     pub(super) fn discard(&mut self, id: ConnId, len: usize, now: Instant) {
         let limit = self.setup.limits.linger_bytes_max;
-        let Some(conn) = self.conns.get_mut(id as usize).and_then(Option::as_mut) else {
+        let Some(conn) = self.conns.occupant_mut(id) else {
             return;
         };
         let Closing::Lingering { discarded, .. } = &mut conn.closing else {
@@ -145,7 +141,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
     /// Closes now, dropping pending output. A last send that carries the close is aborted
     /// instead (never a second close: the backend may already have freed the id).
     pub(super) fn force_close(&mut self, id: ConnId) {
-        let Some(conn) = self.conns.get_mut(id as usize).and_then(Option::as_mut) else {
+        let Some(conn) = self.conns.occupant_mut(id) else {
             return;
         };
         match conn.closing {
@@ -169,48 +165,45 @@ impl<S: Service, B: Backend> Worker<S, B> {
     /// `linger_time` in all, close.
     pub(super) fn expire_linger(&mut self, now: Instant) {
         let timeout = self.setup.limits.linger_timeout;
-        while let Some(&(deadline, id, generation)) = self.linger.front() {
+        while let Some(&(deadline, key)) = self.linger.front() {
             if deadline > now {
                 break;
             }
             self.linger.pop_front();
-            let Some(conn) = self.conns.get(id as usize).and_then(Option::as_ref) else {
+            let Some(conn) = self.conns.live(key) else {
                 continue;
             };
             let Closing::Lingering { until, .. } = conn.closing else {
                 continue;
             };
-            if conn.generation != generation {
-                continue;
-            }
             let real_deadline = (conn.last_active + timeout).min(until);
             if real_deadline > now {
-                self.linger.push_back((real_deadline, id, generation));
+                self.linger.push_back((real_deadline, key));
             } else {
-                self.force_close(id);
+                self.force_close(key.slot());
             }
         }
     }
 
     pub(super) fn expire_idle(&mut self, now: Instant) {
         let timeout = self.setup.limits.idle_timeout;
-        while let Some(&(deadline, id, generation)) = self.idle.front() {
+        while let Some(&(deadline, key)) = self.idle.front() {
             if deadline > now {
                 break;
             }
             self.idle.pop_front();
-            let Some(conn) = self.conns.get(id as usize).and_then(Option::as_ref) else {
+            let Some(conn) = self.conns.live(key) else {
                 continue;
             };
-            if conn.generation != generation || conn.closing == Closing::CloseQueued {
+            if conn.closing == Closing::CloseQueued {
                 continue;
             }
             let real_deadline = conn.last_active + timeout;
             if real_deadline > now {
-                self.idle.push_back((real_deadline, id, generation));
+                self.idle.push_back((real_deadline, key));
             } else {
                 self.setup.stats.error(ErrorKind::IdleTimeout);
-                self.force_close(id);
+                self.force_close(key.slot());
             }
         }
     }

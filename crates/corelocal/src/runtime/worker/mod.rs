@@ -15,7 +15,8 @@ mod notify;
 mod output;
 
 use super::accept::AcceptPath;
-use super::backend::{Backend, Completion, ConnId};
+use super::backend::key::Slots;
+use super::backend::{Backend, Completion, ConnKey};
 use super::balance::{BalanceShared, WorkerBalance};
 use super::handler::{CloseReason, Output, Service};
 use super::handoff::{Gate, Outbox};
@@ -93,7 +94,6 @@ enum Closing {
 
 struct Conn<H> {
     handler: H,
-    generation: u64,
     input: Vec<u8>,
     output: Output,
     sending: bool,
@@ -143,14 +143,15 @@ impl<H> Conn<H> {
 pub struct Worker<S: Service, B: Backend> {
     setup: WorkerSetup<S>,
     backend: B,
-    conns: Vec<Option<Conn<S::Conn>>>,
+    /// By the backend's ids (slots); what is queued for a connection holds its key, so that
+    /// it never reaches the slot's next connection.
+    conns: Slots<Option<Conn<S::Conn>>>,
     open: usize,
-    next_generation: u64,
-    /// Idle-timeout queue: (deadline, conn, generation). Lazily corrected: an entry whose
-    /// connection was active since is re-queued at its real deadline when it comes up.
-    idle: VecDeque<(Instant, ConnId, u64)>,
-    /// Lingering closes: (deadline, conn, generation), lazily corrected like `idle`.
-    linger: VecDeque<(Instant, ConnId, u64)>,
+    /// Idle-timeout queue: (deadline, conn). Lazily corrected: an entry whose connection was
+    /// active since is re-queued at its real deadline when it comes up.
+    idle: VecDeque<(Instant, ConnKey)>,
+    /// Lingering closes: (deadline, conn), lazily corrected like `idle`.
+    linger: VecDeque<(Instant, ConnKey)>,
     spare_bufs: Vec<Vec<u8>>,
     /// Allowances, pacing, pauses, the steal in flight and the stop's accept phase.
     accept: AcceptPath,
@@ -164,9 +165,9 @@ pub struct Worker<S: Service, B: Backend> {
     notify: Arc<NotifyHub>,
     /// What the last turn took from `notify` (its allocation kept).
     notified: Notified,
-    /// Connections whose handler yielded with input left: (conn, generation), run at the
-    /// start of the next turn, before its completions.
-    ready: VecDeque<(ConnId, u64)>,
+    /// Connections whose handler yielded with input left, run at the start of the next turn,
+    /// before its completions.
+    ready: VecDeque<ConnKey>,
 }
 
 impl<S: Service, B: Backend> Worker<S, B> {
@@ -191,9 +192,8 @@ impl<S: Service, B: Backend> Worker<S, B> {
             accept,
             setup,
             backend,
-            conns: Vec::new(),
+            conns: Slots::new(),
             open: 0,
-            next_generation: 0,
             idle: VecDeque::new(),
             linger: VecDeque::new(),
             spare_bufs: Vec::new(),

@@ -15,7 +15,7 @@ const SPARE_BUF_BYTES_MAX: usize = 64 << 10;
 
 impl<S: Service, B: Backend> Worker<S, B> {
     pub(super) fn on_sent(&mut self, id: ConnId, result: std::io::Result<u64>, now: Instant) {
-        let Some(conn) = self.conns.get_mut(id as usize).and_then(Option::as_mut) else {
+        let Some(conn) = self.conns.occupant_mut(id) else {
             return;
         };
         conn.sending = false;
@@ -35,10 +35,9 @@ impl<S: Service, B: Backend> Worker<S, B> {
         if conn.notify_again && conn.pending() <= half {
             // The handler has more to say than the output had room for.
             conn.notify_again = false;
-            let generation = conn.generation;
-            self.notify_conn(id, generation, now);
+            self.notify_conn(self.conns.key(id), now);
         }
-        let Some(conn) = self.conns.get_mut(id as usize).and_then(Option::as_mut) else {
+        let Some(conn) = self.conns.occupant_mut(id) else {
             return;
         };
         if conn.recv_paused && conn.pending() <= half {
@@ -51,7 +50,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
 
     /// Starts the next send if none is in flight; closes when output is done and asked to.
     pub(super) fn flush(&mut self, id: ConnId) {
-        let Some(conn) = self.conns.get_mut(id as usize).and_then(Option::as_mut) else {
+        let Some(conn) = self.conns.occupant_mut(id) else {
             return;
         };
         if conn.sending || !matches!(conn.closing, Closing::Open | Closing::Flushing(_)) {

@@ -5,7 +5,8 @@
 
 use super::sqe::{as_getsockopt, with_ioprio};
 use super::state::{
-    user_data, RecvState, KIND_ACCEPT, KIND_ACCEPT_ONE, KIND_RECV, KIND_SOCKOPT, KIND_STEAL,
+    request, user_data, RecvState, KIND_ACCEPT, KIND_ACCEPT_ONE, KIND_RECV, KIND_SOCKOPT,
+    KIND_STEAL,
 };
 use super::{UringBackend, BUF_GROUP};
 use crate::backend::accept::ListenerAccept;
@@ -30,7 +31,7 @@ impl UringBackend {
         let entry = opcode::AcceptMulti::new(types::Fd(fd))
             .allocate_file_index(true)
             .build()
-            .user_data(user_data(KIND_ACCEPT, 0, listener));
+            .user_data(request(KIND_ACCEPT, listener));
         self.sqe(entry);
     }
 
@@ -61,14 +62,14 @@ impl UringBackend {
             self.arm_accept(listener, fd);
         }
         if arrange.cancel_multishot {
-            self.cancel(user_data(KIND_ACCEPT, 0, listener));
+            self.cancel(request(KIND_ACCEPT, listener));
         }
         for _ in 0..arrange.oneshots {
             let entry =
                 opcode::Accept::new(types::Fd(fd), std::ptr::null_mut(), std::ptr::null_mut())
                     .file_index(Some(types::DestinationSlot::auto_target()))
                     .build()
-                    .user_data(user_data(KIND_ACCEPT_ONE, 0, listener));
+                    .user_data(request(KIND_ACCEPT_ONE, listener));
             self.sqe(entry);
         }
         arrange.arm_multishot
@@ -80,13 +81,13 @@ impl UringBackend {
         };
         let pause = state.policy.pause();
         if pause.cancel_multishot {
-            self.cancel(user_data(KIND_ACCEPT, 0, listener));
+            self.cancel(request(KIND_ACCEPT, listener));
         }
         if pause.cancel_oneshots {
             // One cancel per request would not do: the one-shot accepts share a user_data, and
             // a cancel only marks the request it finds (it leaves the hash in task work), so
             // every cancel of a batch finds the same one and the others keep accepting.
-            self.cancel_all(user_data(KIND_ACCEPT_ONE, 0, listener));
+            self.cancel_all(request(KIND_ACCEPT_ONE, listener));
         }
     }
 
@@ -95,14 +96,14 @@ impl UringBackend {
         let entry = opcode::Accept::new(types::Fd(fd), std::ptr::null_mut(), std::ptr::null_mut())
             .file_index(Some(types::DestinationSlot::auto_target()))
             .build()
-            .user_data(user_data(KIND_STEAL, 0, victim));
+            .user_data(request(KIND_STEAL, victim));
         self.steals_inflight += 1;
         self.sqe(with_ioprio(entry, IORING_ACCEPT_DONTWAIT));
     }
 
     /// The socket uring_cmd that reads `SO_INCOMING_CPU` of a new direct descriptor.
     fn incoming_cpu_query(&mut self, conn: ConnId) -> squeue::Entry {
-        let generation = self.slots[conn as usize].generation;
+        let key = self.slots.key(conn);
         let optval = &mut self.cpu_vals[conn as usize] as *mut i32;
         let entry = opcode::SetSockOpt::new(
             types::Fixed(conn),
@@ -112,7 +113,7 @@ impl UringBackend {
             4,
         )
         .build()
-        .user_data(user_data(KIND_SOCKOPT, generation, conn));
+        .user_data(user_data(KIND_SOCKOPT, key));
         as_getsockopt(entry)
     }
 
@@ -154,10 +155,11 @@ impl UringBackend {
         }
     }
 
-    /// A slot taken by a new connection: a new generation, nothing in flight.
+    /// A slot taken by a new connection: a new generation (the last connection's requests
+    /// still with the kernel become stale), nothing in flight.
     pub(super) fn reset_slot(&mut self, conn: ConnId, origin: Origin) {
-        let slot = &mut self.slots[conn as usize];
-        slot.generation = slot.generation.wrapping_add(1);
+        self.slots.renew(conn);
+        let slot = &mut self.slots[conn];
         slot.origin = origin;
         slot.recv = RecvState::Off;
         slot.send = None;
@@ -177,13 +179,13 @@ impl UringBackend {
         // CQEs come in that order (`Accepted` before any `Recv`): a request already queued is
         // read in the same turn the connection is reported.
         let query = self.incoming_cpu_query(conn);
-        let generation = self.slots[conn as usize].generation;
+        let key = self.slots.key(conn);
         let first_recv = opcode::Recv::new(types::Fixed(conn), std::ptr::null_mut(), 0)
             .buf_group(BUF_GROUP)
             .build()
             .flags(squeue::Flags::BUFFER_SELECT)
-            .user_data(user_data(KIND_RECV, generation, conn));
-        self.slots[conn as usize].recv = RecvState::First;
+            .user_data(user_data(KIND_RECV, key));
+        self.slots[conn].recv = RecvState::First;
         self.sqe_chain(&[query, first_recv]);
     }
 
@@ -203,7 +205,7 @@ impl UringBackend {
         self.unreported = self.unreported.saturating_sub(1);
         let cpu = self.cpu_vals[conn as usize];
         self.ready.push_back(Completion::Accepted {
-            origin: self.slots[conn as usize].origin,
+            origin: self.slots[conn].origin,
             conn,
             peer: None,
             incoming_cpu: (res >= 0 && cpu >= 0).then_some(cpu as usize),

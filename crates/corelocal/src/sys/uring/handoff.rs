@@ -4,7 +4,7 @@
 //! free slot with `IORING_OP_FILES_UPDATE` and `IORING_FILE_INDEX_ALLOC`).
 
 use super::state::{
-    user_data, Detaching, RecvState, KIND_ADOPT, KIND_CLOSE, KIND_INSTALL, KIND_RECV,
+    request, user_data, Detaching, RecvState, KIND_ADOPT, KIND_CLOSE, KIND_INSTALL, KIND_RECV,
 };
 use super::UringBackend;
 use crate::backend::{Backend, Completion, ConnId, Origin};
@@ -22,9 +22,9 @@ impl UringBackend {
     /// Starts detaching: the receive (if one can still complete) is cancelled and the
     /// descriptor installed; `Detached` follows once both are over (see `detach_progress`).
     pub(super) fn detach(&mut self, conn: ConnId) {
-        let slot = &mut self.slots[conn as usize];
+        let key = self.slots.key(conn);
+        let slot = &mut self.slots[conn];
         debug_assert!(slot.send.is_none(), "detached with a send in flight");
-        let generation = slot.generation;
         let recv_live = matches!(slot.recv, RecvState::Armed | RecvState::First);
         slot.recv = RecvState::Off;
         slot.closing = true;
@@ -33,11 +33,11 @@ impl UringBackend {
             fd: None,
         });
         if recv_live {
-            self.cancel(user_data(KIND_RECV, generation, conn));
+            self.cancel(user_data(KIND_RECV, key));
         }
         let entry = opcode::FixedFdInstall::new(types::Fixed(conn), 0)
             .build()
-            .user_data(user_data(KIND_INSTALL, generation, conn));
+            .user_data(user_data(KIND_INSTALL, key));
         self.sqe(entry);
     }
 
@@ -49,7 +49,7 @@ impl UringBackend {
         } else {
             Err(io::Error::from_raw_os_error(-res))
         };
-        if let Some(d) = self.slots[conn as usize].detaching.as_mut() {
+        if let Some(d) = self.slots[conn].detaching.as_mut() {
             d.fd = Some(fd);
         }
         self.detach_progress(conn);
@@ -57,7 +57,7 @@ impl UringBackend {
 
     /// A detaching connection's receive gave its last completion.
     pub(super) fn on_detach_recv_over(&mut self, conn: ConnId) {
-        if let Some(d) = self.slots[conn as usize].detaching.as_mut() {
+        if let Some(d) = self.slots[conn].detaching.as_mut() {
             d.recv_live = false;
         }
         self.detach_progress(conn);
@@ -66,7 +66,8 @@ impl UringBackend {
     /// Once the receive is over and the descriptor installed: `Detached` (after every `Recv`
     /// of the connection), and the slot closes (its completion is not reported).
     fn detach_progress(&mut self, conn: ConnId) {
-        let slot = &mut self.slots[conn as usize];
+        let key = self.slots.key(conn);
+        let slot = &mut self.slots[conn];
         let done = slot
             .detaching
             .as_ref()
@@ -78,7 +79,7 @@ impl UringBackend {
         slot.detach_closing = true;
         let entry = opcode::Close::new(types::Fixed(conn))
             .build()
-            .user_data(user_data(KIND_CLOSE, slot.generation, conn));
+            .user_data(user_data(KIND_CLOSE, key));
         self.sqe(entry);
         self.ready.push_back(Completion::Detached { conn, fd });
     }
@@ -91,7 +92,7 @@ impl UringBackend {
         let entry = opcode::FilesUpdate::new(fds.as_mut_ptr().cast_const(), 1)
             .offset(FILE_INDEX_ALLOC)
             .build()
-            .user_data(user_data(KIND_ADOPT, 0, 0));
+            .user_data(request(KIND_ADOPT, 0));
         self.sqe(entry);
         for _ in 0..ADOPT_ENTERS_MAX {
             self.submit()?;

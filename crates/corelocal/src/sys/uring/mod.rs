@@ -10,7 +10,8 @@
 //!
 //! Multishot requests that end without `IORING_CQE_F_MORE` are re-armed; a receive starved of
 //! buffers (ENOBUFS) is re-armed once buffers come back; completions of a closed connection's
-//! requests are recognised by a per-slot generation in `user_data` and dropped.
+//! requests are recognised by their connection's key in `user_data` ([`ConnKey`]: the slot and
+//! its generation, checked by the slot table) and dropped.
 //!
 //! Layout: this file holds the backend, its config, the dispatch of operations and completions
 //! and the [`Backend`] impl; `accept`, `recv`, `send` and `close` submit and complete each
@@ -26,15 +27,18 @@ mod send;
 mod sqe;
 mod state;
 
-use crate::backend::{Backend, BackendEvents, BufId, Completion, ConnId, Op, Origin, Wake};
+use crate::backend::key::{Slots, PACKED_SLOTS};
+use crate::backend::{
+    Backend, BackendEvents, BufId, Completion, ConnId, ConnKey, Op, Origin, Wake,
+};
 use crate::sys::eventfd::EventFdWaker;
 use accept::ListenerState;
 use buf_ring::BufRing;
 use io_uring::{opcode, types, IoUring};
 use state::{
-    split, user_data, RecvState, Slot, KIND_ACCEPT, KIND_ACCEPT_ONE, KIND_ADOPT, KIND_CANCEL,
-    KIND_CLOSE, KIND_FILE_READ, KIND_INSTALL, KIND_RECV, KIND_SEND, KIND_SHUTDOWN, KIND_SOCKOPT,
-    KIND_STEAL, KIND_WAKE,
+    request, split, user_data, RecvState, Slot, KIND_ACCEPT, KIND_ACCEPT_ONE, KIND_ADOPT,
+    KIND_CANCEL, KIND_CLOSE, KIND_FILE_READ, KIND_INSTALL, KIND_RECV, KIND_SEND, KIND_SHUTDOWN,
+    KIND_SOCKOPT, KIND_STEAL, KIND_WAKE,
 };
 use std::collections::VecDeque;
 use std::io;
@@ -70,15 +74,15 @@ pub struct UringBackend {
     wake_buf: Box<u64>,
     /// SO_INCOMING_CPU results, one per slot (stable addresses for in-flight getsockopt).
     cpu_vals: Box<[i32]>,
-    /// Accepted connections waiting for their getsockopt: (slot, listener).
-    slots: Vec<Slot>,
+    /// The direct-descriptor table's slots, with the generation of each one's connection.
+    slots: Slots<Slot>,
     listeners: Vec<Option<ListenerState>>,
     ready: VecDeque<Completion>,
     /// Send buffers of closed connections, kept until the kernel is done with them.
     graveyard: Vec<(u64, Vec<u8>)>,
     starved: Vec<ConnId>,
-    /// Connections whose first receive completed: (slot, generation), see `ArmAtSubmit`.
-    arm_at_submit: Vec<(ConnId, u32)>,
+    /// Connections whose first receive completed, see `ArmAtSubmit`.
+    arm_at_submit: Vec<ConnKey>,
     queued_sqes: u64,
     /// Entry groups waiting for room in the submission queue (see `sqe`).
     unqueued: VecDeque<Vec<io_uring::squeue::Entry>>,
@@ -120,6 +124,14 @@ impl UringBackend {
             .setup_cqsize(config.sq_entries * 4)
             .build(config.sq_entries)?;
         ring.submitter().register_files_sparse(config.files)?;
+        if config.files > PACKED_SLOTS {
+            // A request's `user_data` packs its connection's slot in 24 bits; the kernel's
+            // limit (2^20) refuses larger tables before this.
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "io_uring: direct-descriptor table larger than 2^24 slots",
+            ));
+        }
         let bufs = BufRing::new(config.bufs, config.buf_bytes)?;
         // The ring memory stays allocated and unmoved (heap, owned by `bufs`) until
         // after the io_uring instance is dropped (field order above).
@@ -139,20 +151,17 @@ impl UringBackend {
             waker,
             wake_buf: Box::new(0),
             cpu_vals: vec![-1; config.files as usize].into_boxed_slice(),
-            slots: (0..config.files)
-                .map(|_| Slot {
-                    generation: 0,
-                    origin: Origin::Local(0),
-                    recv: RecvState::Off,
-                    send: None,
-                    closing: false,
-                    close_linked: false,
-                    detaching: None,
-                    detach_closing: false,
-                    shutdown_in_flight: false,
-                    close_after_shutdown: false,
-                })
-                .collect(),
+            slots: Slots::with(config.files, || Slot {
+                origin: Origin::Local(0),
+                recv: RecvState::Off,
+                send: None,
+                closing: false,
+                close_linked: false,
+                detaching: None,
+                detach_closing: false,
+                shutdown_in_flight: false,
+                close_after_shutdown: false,
+            }),
             listeners: Vec::new(),
             ready: VecDeque::new(),
             graveyard: Vec::new(),
@@ -176,7 +185,7 @@ impl UringBackend {
         let buf = &mut *self.wake_buf as *mut u64 as *mut u8;
         let entry = opcode::Read::new(types::Fd(fd), buf, 8)
             .build()
-            .user_data(user_data(KIND_WAKE, 0, 0));
+            .user_data(request(KIND_WAKE, 0));
         self.sqe(entry);
     }
 
@@ -193,17 +202,15 @@ impl UringBackend {
             Op::Recv { conn } => {
                 // A fresh connection's first receive is already on its way (`First`,
                 // `ArmAtSubmit`); resuming after a pause arms multishot.
-                if self.slots[conn as usize].recv == RecvState::Off {
+                if self.slots[conn].recv == RecvState::Off {
                     self.arm_recv(conn);
                 }
             }
             Op::RecvPause { conn } => {
-                let slot = &mut self.slots[conn as usize];
-                if matches!(slot.recv, RecvState::Armed | RecvState::First) {
-                    let generation = slot.generation;
-                    self.cancel(user_data(KIND_RECV, generation, conn));
+                if matches!(self.slots[conn].recv, RecvState::Armed | RecvState::First) {
+                    self.cancel(user_data(KIND_RECV, self.slots.key(conn)));
                 }
-                self.slots[conn as usize].recv = RecvState::Off;
+                self.slots[conn].recv = RecvState::Off;
             }
             Op::Send {
                 conn,
@@ -222,7 +229,8 @@ impl UringBackend {
     }
 
     fn complete(&mut self, ud: u64, res: i32, flags: u32) {
-        let (kind, generation, id) = split(ud);
+        let (kind, key) = split(ud);
+        let id = key.slot();
         match kind {
             KIND_WAKE => self.arm_waker(),
             KIND_ACCEPT => self.on_accept(id, res, flags),
@@ -230,30 +238,31 @@ impl UringBackend {
             KIND_STEAL => self.on_steal(id, res),
             KIND_CANCEL => {}
             KIND_ADOPT => self.adopted = Some(res),
-            _ => {
-                let Some(slot) = self.slots.get(id as usize) else {
-                    return;
-                };
-                if kind == KIND_SEND || kind == KIND_FILE_READ {
-                    if let Some(pos) = self.graveyard.iter().position(|(u, _)| *u == ud) {
-                        self.graveyard.swap_remove(pos);
-                        return;
-                    }
-                }
-                if slot.generation & 0x00ff_ffff != generation {
-                    return; // A request of a connection closed since.
-                }
-                match kind {
-                    KIND_SOCKOPT => self.on_sockopt(id, res),
-                    KIND_RECV => self.on_recv(id, res, flags),
-                    KIND_SEND => self.on_send(id, res),
-                    KIND_FILE_READ => self.on_file_read(id, res),
-                    KIND_CLOSE => self.on_close(id, res),
-                    KIND_SHUTDOWN => self.on_shutdown(id),
-                    KIND_INSTALL => self.on_install(id, res),
-                    _ => {}
-                }
+            _ => self.complete_conn(kind, key, ud, res, flags),
+        }
+    }
+
+    /// A connection's request completed: handled if its connection still holds the slot.
+    fn complete_conn(&mut self, kind: u64, key: ConnKey, ud: u64, res: i32, flags: u32) {
+        if kind == KIND_SEND || kind == KIND_FILE_READ {
+            if let Some(pos) = self.graveyard.iter().position(|(u, _)| *u == ud) {
+                self.graveyard.swap_remove(pos);
+                return;
             }
+        }
+        if self.slots.get(key).is_none() {
+            return; // A request of a connection closed since (or of no slot of the table).
+        }
+        let id = key.slot();
+        match kind {
+            KIND_SOCKOPT => self.on_sockopt(id, res),
+            KIND_RECV => self.on_recv(id, res, flags),
+            KIND_SEND => self.on_send(id, res),
+            KIND_FILE_READ => self.on_file_read(id, res),
+            KIND_CLOSE => self.on_close(id, res),
+            KIND_SHUTDOWN => self.on_shutdown(id),
+            KIND_INSTALL => self.on_install(id, res),
+            _ => {}
         }
     }
 

@@ -9,11 +9,11 @@ use std::io;
 
 impl UringBackend {
     pub(super) fn arm_recv(&mut self, conn: ConnId) {
-        let generation = self.slots[conn as usize].generation;
-        self.slots[conn as usize].recv = RecvState::Armed;
+        let key = self.slots.key(conn);
+        self.slots[conn].recv = RecvState::Armed;
         let entry = opcode::RecvMulti::new(types::Fixed(conn), BUF_GROUP)
             .build()
-            .user_data(user_data(KIND_RECV, generation, conn));
+            .user_data(user_data(KIND_RECV, key));
         self.sqe(entry);
     }
 
@@ -26,21 +26,20 @@ impl UringBackend {
                 buf: bid as BufId,
                 len: res as usize,
             });
-            let state = self.slots[conn as usize].recv;
+            let state = self.slots[conn].recv;
             if !more && state == RecvState::Armed {
                 self.events.rearms += 1;
                 self.arm_recv(conn);
             } else if state == RecvState::First {
-                let generation = self.slots[conn as usize].generation;
-                self.slots[conn as usize].recv = RecvState::ArmAtSubmit;
-                self.arm_at_submit.push((conn, generation));
+                self.slots[conn].recv = RecvState::ArmAtSubmit;
+                self.arm_at_submit.push(self.slots.key(conn));
             }
-            if !more && self.slots[conn as usize].detaching.is_some() {
+            if !more && self.slots[conn].detaching.is_some() {
                 self.on_detach_recv_over(conn);
             }
             return;
         }
-        let slot = &mut self.slots[conn as usize];
+        let slot = &mut self.slots[conn];
         let was_armed = matches!(slot.recv, RecvState::Armed | RecvState::First);
         if !more {
             slot.recv = RecvState::Off;
@@ -73,16 +72,18 @@ impl UringBackend {
     pub(super) fn arm_after_first_recv(&mut self) {
         let pending = std::mem::take(&mut self.arm_at_submit);
         let mut waiting = Vec::new();
-        for (conn, generation) in pending {
-            let slot = &self.slots[conn as usize];
-            if slot.generation != generation || slot.recv != RecvState::ArmAtSubmit || slot.closing
-            {
+        for key in pending {
+            // Closed since (and maybe the slot reused): nothing to arm.
+            let Some(slot) = self.slots.get(key) else {
+                continue;
+            };
+            if slot.recv != RecvState::ArmAtSubmit || slot.closing {
                 continue;
             }
             if slot.send.is_some() {
-                waiting.push((conn, generation));
+                waiting.push(key);
             } else {
-                self.arm_recv(conn);
+                self.arm_recv(key.slot());
             }
         }
         self.arm_at_submit = waiting;
@@ -92,9 +93,7 @@ impl UringBackend {
     pub(super) fn feed_starved(&mut self) {
         let starved = std::mem::take(&mut self.starved);
         for conn in starved {
-            if self.slots[conn as usize].recv == RecvState::Starved
-                && !self.slots[conn as usize].closing
-            {
+            if self.slots[conn].recv == RecvState::Starved && !self.slots[conn].closing {
                 self.events.rearms += 1;
                 self.arm_recv(conn);
             }

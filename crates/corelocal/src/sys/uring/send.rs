@@ -17,8 +17,8 @@ const FILE_CHUNK_BYTES: usize = 256 * 1024;
 
 impl UringBackend {
     fn send_next(&mut self, conn: ConnId) {
-        let slot = &mut self.slots[conn as usize];
-        let generation = slot.generation;
+        let key = self.slots.key(conn);
+        let slot = &mut self.slots[conn];
         let Some(send) = slot.send.as_mut() else {
             return;
         };
@@ -38,7 +38,7 @@ impl UringBackend {
         )
         .flags(flags)
         .build()
-        .user_data(user_data(KIND_SEND, generation, conn));
+        .user_data(user_data(KIND_SEND, key));
         if !last {
             self.sqe(entry);
             return;
@@ -48,11 +48,11 @@ impl UringBackend {
         slot.closing = true;
         slot.close_linked = true;
         if recv_in_flight {
-            self.cancel(user_data(KIND_RECV, generation, conn));
+            self.cancel(user_data(KIND_RECV, key));
         }
         let close = opcode::Close::new(types::Fixed(conn))
             .build()
-            .user_data(user_data(KIND_CLOSE, generation, conn));
+            .user_data(user_data(KIND_CLOSE, key));
         self.sqe_chain(&[entry, close]);
     }
 
@@ -63,7 +63,7 @@ impl UringBackend {
         file: Option<(FileRegion, u64)>,
         close_after: bool,
     ) {
-        let slot = &mut self.slots[conn as usize];
+        let slot = &mut self.slots[conn];
         assert!(slot.send.is_none(), "one send at a time per connection");
         slot.send = Some(SendState {
             buf,
@@ -77,8 +77,8 @@ impl UringBackend {
 
     /// Sends what is left; refills from the file region when the buffer is done.
     fn continue_send(&mut self, conn: ConnId) {
-        let slot = &mut self.slots[conn as usize];
-        let generation = slot.generation;
+        let key = self.slots.key(conn);
+        let slot = &mut self.slots[conn];
         let Some(send) = slot.send.as_mut() else {
             return;
         };
@@ -112,13 +112,13 @@ impl UringBackend {
         )
         .offset(region.offset)
         .build()
-        .user_data(user_data(KIND_FILE_READ, generation, conn));
+        .user_data(user_data(KIND_FILE_READ, key));
         self.sqe(entry);
     }
 
     /// A chunk of a file region was read (or not): send it, or end the send with the error.
     pub(super) fn on_file_read(&mut self, conn: ConnId, res: i32) {
-        let slot = &mut self.slots[conn as usize];
+        let slot = &mut self.slots[conn];
         let Some(send) = slot.send.as_mut() else {
             return;
         };
@@ -148,7 +148,7 @@ impl UringBackend {
     }
 
     pub(super) fn on_send(&mut self, conn: ConnId, res: i32) {
-        let slot = &mut self.slots[conn as usize];
+        let slot = &mut self.slots[conn];
         let Some(send) = slot.send.as_mut() else {
             return;
         };

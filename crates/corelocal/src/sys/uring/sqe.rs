@@ -6,7 +6,7 @@
 //! `unqueued` list, in order, and go first at the next `submit` (TigerBeetle's habit). Nothing
 //! spins, and any other error is kept and returned by that `submit` (monoio's habit).
 
-use super::state::{user_data, KIND_CANCEL};
+use super::state::{request, KIND_CANCEL};
 use super::UringBackend;
 use io_uring::{opcode, squeue, types};
 
@@ -120,14 +120,14 @@ impl UringBackend {
     pub(super) fn cancel_all(&mut self, target: u64) {
         let entry = opcode::AsyncCancel2::new(types::CancelBuilder::user_data(target).all())
             .build()
-            .user_data(user_data(KIND_CANCEL, 0, 0));
+            .user_data(request(KIND_CANCEL, 0));
         self.sqe(entry);
     }
 
     pub(super) fn cancel(&mut self, target: u64) {
         let entry = opcode::AsyncCancel::new(target)
             .build()
-            .user_data(user_data(KIND_CANCEL, 0, 0));
+            .user_data(request(KIND_CANCEL, 0));
         self.sqe(entry);
     }
 }

@@ -1,8 +1,10 @@
-//! Request identity and per-connection state: the `user_data` encoding (kind, slot
-//! generation, id) and each direct-descriptor slot's receive, send and close progress.
+//! Request identity and per-connection state: the `user_data` encoding (kind, and the
+//! connection's key or another id) and each direct-descriptor slot's receive, send and close
+//! progress.
 
+use crate::backend::key::PACKED_SLOTS;
 use crate::backend::FileRegion;
-use crate::backend::Origin;
+use crate::backend::{ConnKey, Origin};
 
 pub(super) const KIND_ACCEPT: u64 = 1;
 pub(super) const KIND_RECV: u64 = 2;
@@ -18,12 +20,23 @@ pub(super) const KIND_FILE_READ: u64 = 11;
 pub(super) const KIND_INSTALL: u64 = 12;
 pub(super) const KIND_ADOPT: u64 = 13;
 
-pub(super) fn user_data(kind: u64, generation: u32, id: u32) -> u64 {
-    (kind << 56) | ((generation as u64 & 0x00ff_ffff) << 32) | id as u64
+/// A connection's request: its kind in the top 8 bits, the connection's key below (see
+/// [`ConnKey::pack`]), so a completion that comes after the slot got a new connection is
+/// recognised as stale.
+pub(super) fn user_data(kind: u64, key: ConnKey) -> u64 {
+    (kind << 56) | key.pack()
 }
 
-pub(super) fn split(ud: u64) -> (u64, u32, u32) {
-    (ud >> 56, ((ud >> 32) & 0x00ff_ffff) as u32, ud as u32)
+/// A request of no connection (a listener's accept, a steal from a victim, a cancel, the
+/// waker): its kind and an id that fits where a key's slot goes (generation 0).
+pub(super) fn request(kind: u64, id: u32) -> u64 {
+    debug_assert!(id < PACKED_SLOTS, "request id {id} too large");
+    user_data(kind, ConnKey::new(id, 0))
+}
+
+/// The kind, and the key (of a connection's request) or the id (in the key's slot).
+pub(super) fn split(ud: u64) -> (u64, ConnKey) {
+    (ud >> 56, ConnKey::unpack(ud))
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,9 +87,9 @@ pub(super) struct Detaching {
     pub(super) fd: Option<std::io::Result<std::os::fd::OwnedFd>>,
 }
 
+/// A direct-descriptor slot's state (its generation is kept by the table, `Slots<Slot>`).
 #[derive(Debug)]
 pub(super) struct Slot {
-    pub(super) generation: u32,
     pub(super) origin: Origin,
     pub(super) recv: RecvState,
     pub(super) send: Option<SendState>,

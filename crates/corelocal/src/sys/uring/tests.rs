@@ -286,7 +286,7 @@ fn a_budget_accepts_exactly_as_many_as_allowed() {
 /// Holds the ring's io-wq threads (see `testing::IoWqHold`) until `release`.
 fn hold_iowq(b: &mut UringBackend) -> crate::testing::IoWqHold {
     let (hold, entries) =
-        crate::testing::IoWqHold::new(&b.ring.submitter(), user_data(KIND_CANCEL, 0, 0))
+        crate::testing::IoWqHold::new(&b.ring.submitter(), request(KIND_CANCEL, 0))
             .expect("io-wq held");
     for entry in entries {
         b.sqe(entry);
