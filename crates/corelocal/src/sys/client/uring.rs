@@ -734,3 +734,81 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod buffer_tests {
+    use super::*;
+    use std::io::Read;
+    use std::net::{SocketAddrV4, TcpListener};
+
+    fn client(listener: &TcpListener, direct: bool) -> Uring {
+        let std::net::SocketAddr::V4(target) = listener.local_addr().unwrap() else {
+            unreachable!("bound to IPv4");
+        };
+        let opts = SockOpts {
+            target: SocketAddrV4::new(*target.ip(), target.port()),
+            src: Vec::new().into(),
+            linger0: false,
+            nodelay: true,
+        };
+        Uring::new(2, 4096, opts, direct).unwrap()
+    }
+
+    /// A `send` while the slot's previous send is still in flight (here: the opening one, not
+    /// even submitted) queues the request: both go out once, in order, and the caller's
+    /// staging buffer is never the one the kernel reads.
+    #[test]
+    fn a_send_behind_one_in_flight_is_queued_not_overwritten() {
+        for direct in [false, true] {
+            let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+            let mut u = client(&listener, direct);
+            *u.out(0) = b"first;".to_vec();
+            u.open(0, None).unwrap();
+            *u.out(0) = b"second;".to_vec();
+            u.send(0);
+            // The staging buffer is the caller's again at once.
+            u.out(0).clear();
+            u.out(0).extend_from_slice(b"garbage");
+            assert_eq!(u.open(0, None), Err(libc::EBUSY));
+            let mut events = Vec::new();
+            for _ in 0..10 {
+                // A fresh vector each turn, as the engine's: `wait` only polls when given events.
+                let mut turn = Vec::new();
+                u.wait(10_000_000, &mut turn).unwrap();
+                events.extend(turn);
+            }
+            let (mut server, _) = listener.accept().unwrap();
+            server
+                .set_read_timeout(Some(std::time::Duration::from_millis(200)))
+                .unwrap();
+            let mut got = Vec::new();
+            let mut b = [0u8; 64];
+            while let Ok(n) = server.read(&mut b) {
+                if n == 0 {
+                    break;
+                }
+                got.extend_from_slice(&b[..n]);
+            }
+            assert_eq!(
+                got, b"first;second;",
+                "direct: {direct}, events: {events:?}"
+            );
+            let sent: usize = events
+                .iter()
+                .map(|e| if let Event::Sent(0, n) = e { *n } else { 0 })
+                .sum();
+            assert_eq!(sent, 13, "{events:?}");
+        }
+    }
+
+    /// The received bytes are not readable while a receive is armed into the buffer.
+    #[test]
+    #[should_panic(expected = "a receive is armed")]
+    fn received_bytes_are_refused_while_a_receive_is_armed() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut u = client(&listener, false);
+        *u.out(0) = b"ping".to_vec();
+        u.open(0, None).unwrap();
+        let _ = u.received(0);
+    }
+}
