@@ -1,4 +1,4 @@
-//! ClientIo events: connections established, bytes sent, errors, releases, and received bytes
+//! Backend events: connections established, bytes sent, errors, releases, and received bytes
 //! fed to the response parsers.
 
 use super::{AfterClose, ClientIo, Engine, Event, Phase};

@@ -1,12 +1,13 @@
 //! The client engine: one pinned thread runs many connection slots through a [`ClientIo`]
-//! (io_uring or epoll, in [`corelocal::sys::client`]). This module holds no syscalls: it is the state
-//! machine that turns backend events into script steps, measurements and new I/O.
+//! backend (io_uring or epoll, in [`corelocal::sys::client`], which also defines the
+//! [`Event`]s, the [`SockOpts`] and the rules on which slot buffer may be touched when). This
+//! module holds no syscalls: it is the state machine that turns backend events into script
+//! steps, measurements and new I/O.
 //!
-//! Layout: this file holds the [`Engine`] and its slot state; `backend` the [`ClientIo`] trait
-//! and what it exchanges with the engine; `plan` a thread's [`Plan`]; `run` the main loop;
-//! `schedule` arrivals, quota and script steps; `conn` opening and closing connections;
-//! `measure` session ends, errors, timeouts and what a transaction records; `events` the
-//! handling of backend events and received bytes.
+//! Layout: this file holds the [`Engine`] and its slot state; `plan` a thread's [`Plan`];
+//! `run` the main loop; `schedule` arrivals, quota and script steps; `conn` opening and
+//! closing connections; `measure` session ends, errors, timeouts and what a transaction
+//! records; `events` the handling of backend events and received bytes.
 
 mod conn;
 mod events;
