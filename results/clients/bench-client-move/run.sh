@@ -1,11 +1,11 @@
 #!/bin/bash
-# Runs inside `unshare -n`: one server, the two client builds alternated 3 times per engine.
+# Runs inside `unshare -n`: one server (BASE), the two client builds alternated REPS times per engine.
 set -e
 ip link set lo up
-BASE=/work/wt-client-base/target/release/corelocal
-NEW=/work/wt-client/target/release/corelocal
+BASE=${BASE:-/work/wt-client-base/target/release/corelocal}
+NEW=${NEW:-target/release/corelocal}
 OUT=${OUT:-/tmp/ab/json}
-mkdir -p $OUT
+mkdir -p $OUT /tmp/abroot /tmp/ab && printf "hello\n" >/tmp/abroot/hello
 $BASE serve http --root /tmp/abroot --listen 127.0.0.1:8080 --cpus 1 --stats-interval 0 >/tmp/ab/srv.log 2>&1 &
 SRV=$!
 sleep 1
