@@ -7,9 +7,9 @@
 //! operation (`--server-pid`) and its locality counters (`--server-stats`).
 //!
 //! Layout: [`proto`] and [`workload`] are sans-IO protocol clients and session scripts;
-//! [`engine`] is the per-thread state machine; [`sys`] holds every syscall; [`stats`],
-//! [`procstat`], [`serverstats`], [`ratesearch`] and [`report`] are the measurement and
-//! output; [`runner`] ties them; [`compare`] runs A/B rounds against peers; [`cli`] parses the
+//! [`engine`] is the per-thread state machine over `corelocal::sys::client` (the client I/O,
+//! with every syscall); [`stats`], [`procstat`], [`serverstats`], [`ratesearch`] and
+//! [`report`] are the measurement and output; [`runner`] ties them; [`compare`] runs A/B rounds against peers; [`cli`] parses the
 //! command line and dispatches. Imports run one way: [`options`] (flag values, the common
 //! options, target resolution) and [`runspec`] (a resolved run and its raw results) are leaves
 //! that `cli`, `runner`, `report` and `compare` share, and `compare` runs a round's bench
@@ -29,7 +29,6 @@ pub mod runner;
 pub mod runspec;
 pub mod serverstats;
 pub mod stats;
-pub mod sys;
 pub mod workload;
 
 pub use cli::Command;

@@ -1,12 +1,12 @@
 //! Runs a workload: pinned client threads, the measurement window, snapshots of the server's
 //! CPU and counters at the window's edges, the rate search, and the outputs.
 
-use crate::engine::{Backend, Engine, OpenLoop, Plan, SockOpts, Unit};
+use crate::engine::{ClientIo, Engine, OpenLoop, Plan, SockOpts, Unit};
 use crate::options::{ArrivalKind, Dur, EngineKind, ProgressKind};
 use crate::report::{self, Report};
 pub use crate::runspec::{RunSpec, ScriptKind, Snapshots, ThreadResult};
-use crate::sys;
 use corelocal::cpu::CpuSet;
+use corelocal::sys::client::{epoll::Epoll, uring::Uring};
 use std::io::IsTerminal;
 use std::net::{SocketAddrV4, TcpStream};
 use std::process::ExitCode;
@@ -44,7 +44,7 @@ fn run_thread(spec: &RunSpec, plan: Plan, cpu: usize) -> Result<ThreadResult, St
     };
     let slots = plan.slots;
     let recv = spec.common.recv_buf;
-    fn go<B: Backend>(
+    fn go<B: ClientIo>(
         b: B,
         plan: Plan,
         cpu: usize,
@@ -65,24 +65,24 @@ fn run_thread(spec: &RunSpec, plan: Plan, cpu: usize) -> Result<ThreadResult, St
     }
     match spec.common.engine {
         EngineKind::Epoll => go(
-            sys::epoll::Epoll::new(slots, recv, opts).map_err(|e| format!("epoll: {e}"))?,
+            Epoll::new(slots, recv, opts).map_err(|e| format!("epoll: {e}"))?,
             plan,
             cpu,
             None,
         ),
         EngineKind::Uring | EngineKind::UringFd => go(
-            sys::uring::Uring::new(slots, recv, opts, spec.common.engine == EngineKind::Uring)
+            Uring::new(slots, recv, opts, spec.common.engine == EngineKind::Uring)
                 .map_err(|e| format!("io_uring unavailable: {e}"))?,
             plan,
             cpu,
             None,
         ),
-        EngineKind::Auto => match sys::uring::Uring::new(slots, recv, opts.clone(), true) {
+        EngineKind::Auto => match Uring::new(slots, recv, opts.clone(), true) {
             Ok(u) => go(u, plan, cpu, None),
             Err(e) => {
                 let note = format!("io_uring unavailable ({e}); fell back to epoll");
                 go(
-                    sys::epoll::Epoll::new(slots, recv, opts).map_err(|e| format!("epoll: {e}"))?,
+                    Epoll::new(slots, recv, opts).map_err(|e| format!("epoll: {e}"))?,
                     plan,
                     cpu,
                     Some(note),
@@ -104,7 +104,7 @@ pub fn probe_target(target: SocketAddrV4) -> Result<(), String> {
 
 /// Runs once and builds the report.
 pub fn run_once(spec: &RunSpec, ov: Overrides) -> Result<Report, String> {
-    sys::raise_nofile();
+    corelocal::sys::process::raise_nofile();
     let c = &spec.common;
     let cpus: Vec<usize> = c.cpus.iter().collect();
     let nthreads = cpus.len();

@@ -143,6 +143,18 @@ pub enum ErrKind {
     HttpStatus,
 }
 
+impl From<corelocal::sys::client::ErrOp> for ErrKind {
+    fn from(op: corelocal::sys::client::ErrOp) -> Self {
+        use corelocal::sys::client::ErrOp;
+        match op {
+            ErrOp::Socket => ErrKind::Socket,
+            ErrOp::Connect => ErrKind::Connect,
+            ErrOp::Send => ErrKind::Send,
+            ErrOp::Recv => ErrKind::Recv,
+        }
+    }
+}
+
 /// Per-second buckets.
 #[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
 pub struct Tick {

@@ -199,7 +199,7 @@ pub fn round(
             a.server_cmd
         ))
     };
-    crate::sys::signal(pid, false);
+    let _ = corelocal::sys::signal::terminate(pid as i32);
     let t = Instant::now();
     while t.elapsed() < Duration::from_secs(3) {
         if let Ok(Some(_)) = child.try_wait() {
@@ -208,7 +208,7 @@ pub fn round(
         std::thread::sleep(Duration::from_millis(20));
     }
     if let Ok(None) = child.try_wait() {
-        crate::sys::signal(pid, true);
+        let _ = corelocal::sys::signal::kill(pid as i32);
         let _ = child.wait();
     }
     result

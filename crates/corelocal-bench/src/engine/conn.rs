@@ -1,10 +1,10 @@
 //! Connection lifecycle: opening (with source addresses spread on demand), closing, and
 //! ending or abandoning a slot's session.
 
-use super::{AfterClose, Backend, Engine, Phase};
+use super::{AfterClose, ClientIo, Engine, Phase};
 use crate::stats::ErrKind;
 
-impl<B: Backend> Engine<B> {
+impl<B: ClientIo> Engine<B> {
     pub(super) fn open(&mut self, i: usize, now: u64) {
         let src = if self.plan.src.is_empty() || !self.src_active {
             None
@@ -17,7 +17,7 @@ impl<B: Backend> Engine<B> {
         s.conn_start = now;
         s.connected = false;
         s.doomed = false;
-        self.b.buf(i).in_len = 0;
+        self.b.consume(i);
         self.slots[i].bound_src = src.is_some();
         let mut opened = self.b.open(i, src);
         if opened == Err(libc::EADDRNOTAVAIL) && self.spread_sources(i, now) {

@@ -1,11 +1,11 @@
 //! Backend events: connections established, bytes sent, errors, releases, and received bytes
 //! fed to the response parsers.
 
-use super::{AfterClose, Backend, Engine, Event, Phase};
+use super::{AfterClose, ClientIo, Engine, Event, Phase};
 use crate::proto::Progress;
 use crate::stats::ErrKind;
 
-impl<B: Backend> Engine<B> {
+impl<B: ClientIo> Engine<B> {
     pub(super) fn on_event(&mut self, ev: Event, now: u64) {
         match ev {
             Event::Released(i) => {
@@ -49,7 +49,7 @@ impl<B: Backend> Engine<B> {
                 if self.slots[i].phase == Phase::Closing {
                     return;
                 }
-                self.error(i, kind, errno, now);
+                self.error(i, ErrKind::from(kind), errno, now);
             }
             Event::Recv(i, n) => self.on_recv(i, n, now),
         }
@@ -92,18 +92,18 @@ impl<B: Backend> Engine<B> {
         }
         let mut off = 0;
         loop {
-            let buf = self.b.buf(i);
-            let len = buf.in_len;
+            let buf = self.b.received(i);
+            let len = buf.len();
             if off >= len {
                 break;
             }
             let s = &mut self.slots[i];
             let Some(p) = s.expect.front_mut() else {
-                buf.in_len = 0;
+                self.b.consume(i);
                 self.error(i, ErrKind::Unexpected, 0, now);
                 return;
             };
-            match p.feed(&buf.inbuf[off..len]) {
+            match p.feed(&buf[off..len]) {
                 Ok(Progress::NeedMore) => off = len,
                 Ok(Progress::Done { consumed, info }) => {
                     off += consumed;
@@ -111,13 +111,13 @@ impl<B: Backend> Engine<B> {
                     self.slots[i].expect.pop_front();
                 }
                 Err(_) => {
-                    self.b.buf(i).in_len = 0;
+                    self.b.consume(i);
                     self.error(i, ErrKind::Protocol, 0, now);
                     return;
                 }
             }
         }
-        self.b.buf(i).in_len = 0;
+        self.b.consume(i);
         let s = &self.slots[i];
         if s.expect.is_empty() && s.phase == Phase::Active {
             self.step(i, now);

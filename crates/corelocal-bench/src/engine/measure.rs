@@ -1,10 +1,10 @@
 //! Measurement: finished and failed sessions, errors, timeouts and completed transactions.
 
-use super::{AfterClose, Backend, Engine, Phase, Unit};
+use super::{AfterClose, ClientIo, Engine, Phase, Unit};
 use crate::stats::ErrKind;
 use std::sync::atomic::Ordering;
 
-impl<B: Backend> Engine<B> {
+impl<B: ClientIo> Engine<B> {
     pub(super) fn finish_session(&mut self, i: usize, now: u64, ok: bool) {
         let w = self.in_window(now);
         let s = &mut self.slots[i];

@@ -1,14 +1,14 @@
-//! The client engine: one pinned thread runs many connection slots through a [`Backend`]
-//! (io_uring or epoll, in [`crate::sys`]). This module holds no syscalls: it is the state
-//! machine that turns backend events into script steps, measurements and new I/O.
+//! The client engine: one pinned thread runs many connection slots through a [`ClientIo`]
+//! backend (io_uring or epoll, in [`corelocal::sys::client`], which also defines the
+//! [`Event`]s, the [`SockOpts`] and the rules on which slot buffer may be touched when). This
+//! module holds no syscalls: it is the state machine that turns backend events into script
+//! steps, measurements and new I/O.
 //!
-//! Layout: this file holds the [`Engine`] and its slot state; `backend` the [`Backend`] trait
-//! and what it exchanges with the engine; `plan` a thread's [`Plan`]; `run` the main loop;
-//! `schedule` arrivals, quota and script steps; `conn` opening and closing connections;
-//! `measure` session ends, errors, timeouts and what a transaction records; `events` the
-//! handling of backend events and received bytes.
+//! Layout: this file holds the [`Engine`] and its slot state; `plan` a thread's [`Plan`];
+//! `run` the main loop; `schedule` arrivals, quota and script steps; `conn` opening and
+//! closing connections; `measure` session ends, errors, timeouts and what a transaction
+//! records; `events` the handling of backend events and received bytes.
 
-mod backend;
 mod conn;
 mod events;
 mod measure;
@@ -16,7 +16,7 @@ mod plan;
 mod run;
 mod schedule;
 
-pub use backend::{Backend, ConnBuf, Event, SockOpts};
+pub use corelocal::sys::client::{ClientIo, ErrOp, Event, SockOpts};
 pub use plan::{OpenLoop, Plan, Unit};
 
 use crate::stats::Stats;
@@ -62,7 +62,7 @@ struct Slot {
 }
 
 /// The per-thread engine state.
-pub struct Engine<B: Backend> {
+pub struct Engine<B: ClientIo> {
     b: B,
     plan: Plan,
     slots: Vec<Slot>,
@@ -80,7 +80,7 @@ pub struct Engine<B: Backend> {
     events: Vec<Event>,
 }
 
-impl<B: Backend> Engine<B> {
+impl<B: ClientIo> Engine<B> {
     /// An engine over backend `b`.
     pub fn new(b: B, plan: Plan) -> Self {
         let mut rng = Rng::new(plan.seed);

@@ -1,10 +1,10 @@
 //! The engine's main loop: dispatch, stop and drain, wait for and hand out backend events.
 
-use super::{Backend, Engine, Phase, Unit};
+use super::{ClientIo, Engine, Phase, Unit};
 use std::cmp::Reverse;
 use std::sync::atomic::Ordering;
 
-impl<B: Backend> Engine<B> {
+impl<B: ClientIo> Engine<B> {
     /// Runs until the end time, the quota, or a stop request; then closes every connection.
     pub fn run(&mut self) -> std::io::Result<()> {
         let mut next_scan = 0u64;
@@ -16,7 +16,7 @@ impl<B: Backend> Engine<B> {
         loop {
             let now = self.now();
             if cpu_start.is_none() && now >= self.plan.warmup_end_ns {
-                cpu_start = Some(crate::sys::thread_cpu_ns());
+                cpu_start = Some(corelocal::sys::process::thread_cpu_ns());
             }
             if !self.stopping
                 && (now >= self.plan.end_ns
@@ -25,7 +25,7 @@ impl<B: Backend> Engine<B> {
             {
                 self.stopping = true;
                 stop_at = now;
-                cpu_end = Some(crate::sys::thread_cpu_ns());
+                cpu_end = Some(corelocal::sys::process::thread_cpu_ns());
             }
             if self.stopping {
                 if !closed_all

@@ -1,11 +1,11 @@
 //! Scheduling: taking units (quota, open-loop arrivals), starting sessions on free slots,
 //! asking scripts for their next step and issuing requests.
 
-use super::{AfterClose, Backend, Engine, Phase, Unit};
+use super::{AfterClose, ClientIo, Engine, Phase, Unit};
 use crate::workload::{Step, StepIo};
 use std::cmp::Reverse;
 
-impl<B: Backend> Engine<B> {
+impl<B: ClientIo> Engine<B> {
     fn take_unit(&mut self, now: u64) -> Option<Option<u64>> {
         if self.stopping || self.quota == Some(0) {
             return None;
@@ -84,10 +84,10 @@ impl<B: Backend> Engine<B> {
     pub(super) fn step(&mut self, i: usize, now: u64) {
         loop {
             let s = &mut self.slots[i];
-            let buf = self.b.buf(i);
-            buf.out.clear();
+            let out = self.b.out(i);
+            out.clear();
             let step = s.script.next(StepIo {
-                out: &mut buf.out,
+                out,
                 expect: &mut s.expect,
                 rng: &mut s.rng,
             });

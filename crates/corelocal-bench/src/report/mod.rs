@@ -373,7 +373,7 @@ pub fn build(inp: Inputs<'_>) -> Report {
                 b,
                 units,
                 w,
-                crate::sys::clk_tck(),
+                corelocal::sys::process::clock_ticks_per_second(),
             ))
         }
         _ => None,

@@ -1,9 +1,8 @@
 //! All operating-system code of the library lives here (mio's rule): every `unsafe` block, every
 //! syscall. The rest of the crate is either pure (policy, protocols, encoders) or calls these
 //! safe wrappers, and so do the workspace's tools (`corelocal-cli`, `-steer`, `-sweep`, `-top`,
-//! `-bench`) for what `rustix` does not cover safely: apart from the load generator's io_uring
-//! submission push (`corelocal-bench`) and test code, the workspace has no `unsafe` block
-//! outside this module.
+//! `-bench`) for what `rustix` does not cover safely: apart from test code, the workspace has no
+//! `unsafe` block outside this module (the load generator's client I/O is [`client`]).
 //!
 //! Where `rustix` covers a call these modules are thin typed layers over it: sockets and their
 //! options, descriptor passing, sock_diag's netlink socket, pidfds, eventfd, epoll, poll,
@@ -48,6 +47,9 @@
 //! - [`scm`]: unix `SOCK_SEQPACKET` sockets and descriptor passing (`SCM_RIGHTS`) for handing
 //!   listening sockets to a successor process.
 //! - [`epoll`]: the epoll [`Backend`](crate::backend::Backend); [`uring`]: the io_uring one.
+//! - [`client`]: the load generator's side (`corelocal bench`): connection slots over io_uring
+//!   or epoll behind [`client::ClientIo`], with buffers the caller cannot free or move while
+//!   the kernel uses them. The server runtime does not use it.
 //! - `eventfd`: the eventfd waker both backends share.
 //!
 //! Every backend provides the same completion-style interface (see
@@ -59,6 +61,7 @@
 
 pub mod affinity;
 pub mod bpf;
+pub mod client;
 pub mod epoll;
 pub mod ethtool;
 mod eventfd;

@@ -21,6 +21,31 @@ pub fn nofile_limit() -> io::Result<(u64, u64)> {
     ))
 }
 
+/// Raises RLIMIT_NOFILE's soft limit to the hard limit; returns the new soft limit
+/// (`RLIM_INFINITY` when unlimited).
+pub fn raise_nofile() -> u64 {
+    use rustix::process::{getrlimit, setrlimit, Resource};
+    let mut rl = getrlimit(Resource::Nofile);
+    rl.current = rl.maximum;
+    let _ = setrlimit(Resource::Nofile, rl);
+    // None is RLIM_INFINITY.
+    rl.current.unwrap_or(libc::RLIM_INFINITY)
+}
+
+/// Clock ticks per second of /proc CPU times (`_SC_CLK_TCK`; 100 when unknown).
+pub fn clock_ticks_per_second() -> u64 {
+    match rustix::param::clock_ticks_per_second() {
+        0 => 100,
+        t => t,
+    }
+}
+
+/// CPU time the calling thread has used (ns): CLOCK_THREAD_CPUTIME_ID.
+pub fn thread_cpu_ns() -> u64 {
+    let ts = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
 /// Makes syscall `nr` fail with `errno` in the calling thread and the processes it starts
 /// (seccomp filter; sets no_new_privs). Used to reproduce a container that refuses io_uring.
 pub fn deny_syscall(nr: u32, errno: u32) -> io::Result<()> {

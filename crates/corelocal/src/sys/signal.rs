@@ -86,6 +86,19 @@ pub fn terminate(pid: i32) -> io::Result<()> {
     Ok(())
 }
 
+/// Sends SIGKILL to process `pid` (a child that ignored [`terminate`]). Refuses pids ≤ 1.
+pub fn kill(pid: i32) -> io::Result<()> {
+    if pid <= 1 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("refusing to signal pid {pid}"),
+        ));
+    }
+    let pid = rustix::process::Pid::from_raw(pid).expect("pid > 1");
+    rustix::process::kill_process(pid, rustix::process::Signal::KILL)?;
+    Ok(())
+}
+
 /// Signal numbers [`flag_on`] takes: 1 to 64 (`SIGRTMAX`).
 const SIGNALS_MAX: usize = 64;
 

@@ -1,9 +1,10 @@
-//! The epoll backend: non-blocking sockets, level-triggered readiness (the fallback and the
-//! baseline; it does what crr_client does).
+//! The epoll client: non-blocking sockets, level-triggered readiness (the fallback and the
+//! baseline; it does what crr_client does). Its I/O are synchronous calls on buffers borrowed
+//! for the call, so no buffer is in the kernel's hands between calls.
 
-use super::{client_socket, connect, read, send, so_error};
-use crate::engine::{Backend, ConnBuf, Event, SockOpts};
-use crate::stats::ErrKind;
+use super::{
+    client_socket, connect, read, send, so_error, ClientIo, ConnBuf, ErrOp, Event, SockOpts,
+};
 use rustix::event::epoll::{self, EventData, EventFlags};
 use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4};
@@ -19,7 +20,7 @@ struct SlotIo {
     sending: bool,
 }
 
-/// epoll backend.
+/// The epoll client.
 pub struct Epoll {
     // Sockets close before the epoll instance (field order), as they always did.
     io: Vec<SlotIo>,
@@ -65,18 +66,18 @@ impl Epoll {
     fn try_send(&mut self, slot: usize) {
         loop {
             let off = self.io[slot].send_off;
-            let out = &self.bufs[slot].out;
+            let out = &self.bufs[slot].sending;
             if off >= out.len() {
                 self.io[slot].sending = false;
                 if let Err(e) = self.set_interest(slot, EventFlags::IN) {
-                    self.ready.push(Event::Error(slot, ErrKind::Send, e));
+                    self.ready.push(Event::Error(slot, ErrOp::Send, e));
                 }
                 return;
             }
             let Some(fd) = &self.io[slot].fd else {
                 // A free slot: what send on -1 answered.
                 self.ready
-                    .push(Event::Error(slot, ErrKind::Send, libc::EBADF));
+                    .push(Event::Error(slot, ErrOp::Send, libc::EBADF));
                 return;
             };
             match send(fd, &out[off..]) {
@@ -87,12 +88,12 @@ impl Epoll {
                 Err(libc::EAGAIN) => {
                     self.io[slot].sending = true;
                     if let Err(e) = self.set_interest(slot, EventFlags::IN | EventFlags::OUT) {
-                        self.ready.push(Event::Error(slot, ErrKind::Send, e));
+                        self.ready.push(Event::Error(slot, ErrOp::Send, e));
                     }
                     return;
                 }
                 Err(e) => {
-                    self.ready.push(Event::Error(slot, ErrKind::Send, e));
+                    self.ready.push(Event::Error(slot, ErrOp::Send, e));
                     return;
                 }
             }
@@ -111,7 +112,7 @@ impl Epoll {
                 let e = so_error(fd);
                 self.io[slot].connecting = false;
                 if e != 0 {
-                    out.push(Event::Error(slot, ErrKind::Connect, e));
+                    out.push(Event::Error(slot, ErrOp::Connect, e));
                     return;
                 }
                 out.push(Event::Connected(slot));
@@ -135,18 +136,33 @@ impl Epoll {
                     out.push(Event::Recv(slot, n));
                 }
                 Err(libc::EAGAIN) => {}
-                Err(e) => out.push(Event::Error(slot, ErrKind::Recv, e)),
+                Err(e) => out.push(Event::Error(slot, ErrOp::Recv, e)),
             }
         }
     }
 }
 
-impl Backend for Epoll {
-    fn buf(&mut self, slot: usize) -> &mut ConnBuf {
-        &mut self.bufs[slot]
+impl ClientIo for Epoll {
+    #[inline]
+    fn out(&mut self, slot: usize) -> &mut Vec<u8> {
+        &mut self.bufs[slot].out
+    }
+
+    #[inline]
+    fn received(&self, slot: usize) -> &[u8] {
+        let b = &self.bufs[slot];
+        &b.inbuf[..b.in_len]
+    }
+
+    #[inline]
+    fn consume(&mut self, slot: usize) {
+        self.bufs[slot].in_len = 0;
     }
 
     fn open(&mut self, slot: usize, src: Option<Ipv4Addr>) -> Result<(), i32> {
+        if self.io[slot].fd.is_some() {
+            return Err(libc::EBUSY);
+        }
         // On an error the socket closes when `fd` drops.
         let fd = client_socket(true, src, self.opts.linger0, self.opts.nodelay)?;
         connect(&fd, &self.dst)?;
@@ -164,10 +180,12 @@ impl Backend for Epoll {
             send_off: 0,
             sending: false,
         };
+        self.bufs[slot].stage();
         Ok(())
     }
 
     fn send(&mut self, slot: usize) {
+        self.bufs[slot].stage();
         self.io[slot].send_off = 0;
         self.try_send(slot);
     }

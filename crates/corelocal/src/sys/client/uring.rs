@@ -1,4 +1,4 @@
-//! The io_uring backend: connect → send → recv submitted as one linked chain per new
+//! The io_uring client: connect → send → recv submitted as one linked chain per new
 //! connection, closes and cancels submitted asynchronously, one `io_uring_enter` per loop
 //! turn for everything (MegaPipe's batching, on today's kernels).
 //!
@@ -7,13 +7,24 @@
 //! setsockopt → bind → connect → send → recv is one linked chain into a fixed-file slot, and
 //! close is a ring op too: no fd table, no per-connection syscall (MegaPipe's lwsocket).
 //!
-//! Buffer lifetime: a slot's buffers (`ConnBuf`) and the destination address live in this
-//! struct, which outlives every operation: a slot is reused only after all its operations
-//! completed (`pending == 0`), and `Drop` cancels and reaps everything before freeing.
+//! Buffer lifetime (the parent module's doc says what the caller may touch when): requests
+//! point into a slot's sending buffer (a send), the free tail of its receive buffer (a
+//! receive), its source address (a bind), the destination address (a connect) and the statics
+//! `ONE` / `LINGER0` (setsockopt). All of them are heap blocks owned by this struct or statics:
+//!
+//! - the sending buffer is written (the caller's staging buffer copied in, or the queued
+//!   request swapped in) only by `open` on a free slot, by `send` when `SlotIo::sending` is
+//!   false and by the completion of the send in flight; neither buffer is ever handed out;
+//! - the receive buffer is a boxed slice never replaced; the caller reads `inbuf[..in_len]`
+//!   and resets `in_len` only while `SlotIo::recv_armed` is false, and a receive is armed only
+//!   into `inbuf[in_len..]`;
+//! - a slot's source address is rewritten only by `open` on a free slot, and a slot is free
+//!   again (`Released`) only once all its requests completed (`pending == 0`; the setup steps
+//!   that post no completion run before the connect linked after them, which is counted);
+//! - `Drop` cancels and reaps every request before freeing, and leaks the buffers and
+//!   addresses when some request does not complete in time.
 
-use super::{client_socket, sockaddr};
-use crate::engine::{Backend, ConnBuf, Event, SockOpts};
-use crate::stats::ErrKind;
+use super::{client_socket, sockaddr, ClientIo, ConnBuf, ErrOp, Event, SockOpts};
 use io_uring::{opcode, squeue, types, IoUring};
 use std::io;
 use std::net::Ipv4Addr;
@@ -45,10 +56,14 @@ struct SlotIo {
     closing: bool,
     failed: bool,
     recv_armed: bool,
+    /// A send of the slot's sending buffer is in flight.
+    sending: bool,
+    /// A request waits in the queued buffer for the send in flight to complete.
+    queued: bool,
     send_off: usize,
 }
 
-/// io_uring backend.
+/// The io_uring client.
 pub struct Uring {
     ring: IoUring,
     opts: SockOpts,
@@ -77,6 +92,11 @@ macro_rules! with_fd {
             $body
         }
     };
+}
+
+/// The unspecified address, port 0.
+fn sockaddr_any() -> libc::sockaddr_in {
+    sockaddr(std::net::SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0))
 }
 
 fn ud(slot: usize, op: u64) -> u64 {
@@ -134,8 +154,7 @@ impl Uring {
             inflight: 0,
             flags,
             direct: false,
-            srcs: vec![sockaddr(std::net::SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0)); slots]
-                .into_boxed_slice(),
+            srcs: vec![sockaddr_any(); slots].into_boxed_slice(),
             owned: (0..slots).map(|_| None).collect(),
         };
         if direct {
@@ -218,10 +237,10 @@ impl Uring {
     }
 
     fn push(&mut self, e: squeue::Entry) {
-        // Entries point only into `self.dst` / `self.srcs` / `self.bufs[slot]` (heap memory
-        // owned by `self`, neither freed nor moved while that slot has requests pending: module
-        // comment) or at the statics `ONE` / `LINGER0`.
-        // SAFETY: every buffer an entry points at outlives its request (above).
+        // SAFETY: entries point only into `self.dst`, `self.srcs[slot]`, the slot's sending
+        // buffer or the free tail of its receive buffer (heap blocks owned by `self`, neither
+        // freed, moved nor handed to safe code while the slot has requests pending: module
+        // doc) or at the statics `ONE` / `LINGER0`, so every buffer outlives its request.
         while unsafe { self.ring.submission().push(&e) }.is_err() {
             let _ = self.ring.submit();
         }
@@ -229,7 +248,7 @@ impl Uring {
 
     fn send_entry(&mut self, slot: usize) -> squeue::Entry {
         let off = self.io[slot].send_off;
-        let out = &self.bufs[slot].out;
+        let out = &self.bufs[slot].sending;
         let (ptr, len) = (out[off..].as_ptr(), (out.len() - off) as u32);
         with_fd!(self, slot, |f| opcode::Send::new(f, ptr, len)
             .flags(libc::MSG_NOSIGNAL)
@@ -321,8 +340,10 @@ impl Uring {
             fd: slot as i32,
             pending: 0,
             recv_armed: true,
+            sending: true,
             ..Default::default()
         };
+        self.bufs[slot].stage();
         chain.push(self.send_entry(slot).flags(squeue::Flags::IO_LINK));
         chain.push(self.recv_entry(slot));
         // socket / setsockopt / bind post a completion only when they fail.
@@ -374,21 +395,26 @@ impl Uring {
         if op == OP_RECV {
             s.recv_armed = false;
         }
+        if op == OP_SEND {
+            s.sending = false;
+        }
         if s.closing {
             self.release_if_idle(slot);
             out.append(&mut self.ready);
             return;
         }
         if res == -libc::ECANCELED && s.failed {
+            s.queued = false;
             return;
         }
         if res < 0 {
             s.failed = true;
+            s.queued = false;
             let kind = match op {
-                OP_SOCKET => ErrKind::Socket,
-                OP_CONNECT => ErrKind::Connect,
-                OP_SEND => ErrKind::Send,
-                _ => ErrKind::Recv,
+                OP_SOCKET => ErrOp::Socket,
+                OP_CONNECT => ErrOp::Connect,
+                OP_SEND => ErrOp::Send,
+                _ => ErrOp::Recv,
             };
             out.push(Event::Error(slot, kind, -res));
             return;
@@ -400,9 +426,20 @@ impl Uring {
                 let n = res as usize;
                 s.send_off += n;
                 out.push(Event::Sent(slot, n));
-                if s.send_off < self.bufs[slot].out.len() {
+                if s.send_off < self.bufs[slot].sending.len() {
                     let e = self.send_entry(slot);
                     self.io[slot].pending += 1;
+                    self.io[slot].sending = true;
+                    self.inflight += 1;
+                    self.push(e);
+                } else if s.queued {
+                    // The request `send` queued behind this one.
+                    s.queued = false;
+                    s.send_off = 0;
+                    self.bufs[slot].dequeue();
+                    let e = self.send_entry(slot);
+                    self.io[slot].pending += 1;
+                    self.io[slot].sending = true;
                     self.inflight += 1;
                     self.push(e);
                 }
@@ -416,12 +453,29 @@ impl Uring {
     }
 }
 
-impl Backend for Uring {
-    fn buf(&mut self, slot: usize) -> &mut ConnBuf {
-        &mut self.bufs[slot]
+impl ClientIo for Uring {
+    #[inline]
+    fn out(&mut self, slot: usize) -> &mut Vec<u8> {
+        &mut self.bufs[slot].out
+    }
+
+    #[inline]
+    fn received(&self, slot: usize) -> &[u8] {
+        assert!(!self.io[slot].recv_armed, "slot {slot}: a receive is armed");
+        let b = &self.bufs[slot];
+        &b.inbuf[..b.in_len]
+    }
+
+    #[inline]
+    fn consume(&mut self, slot: usize) {
+        assert!(!self.io[slot].recv_armed, "slot {slot}: a receive is armed");
+        self.bufs[slot].in_len = 0;
     }
 
     fn open(&mut self, slot: usize, src: Option<Ipv4Addr>) -> Result<(), i32> {
+        if self.io[slot].fd >= 0 || self.io[slot].pending > 0 {
+            return Err(libc::EBUSY);
+        }
         if self.direct {
             return self.open_direct(slot, src);
         }
@@ -432,8 +486,10 @@ impl Backend for Uring {
             fd,
             pending: 3,
             recv_armed: true,
+            sending: true,
             ..Default::default()
         };
+        self.bufs[slot].stage();
         self.inflight += 3;
         let connect = opcode::Connect::new(
             types::Fd(fd),
@@ -453,6 +509,22 @@ impl Backend for Uring {
     }
 
     fn send(&mut self, slot: usize) {
+        if self.io[slot].fd < 0 {
+            // A free slot: what a send on no socket answers.
+            self.ready
+                .push(Event::Error(slot, ErrOp::Send, libc::EBADF));
+            return;
+        }
+        if self.io[slot].sending {
+            // The previous send's completion is not reaped yet (its bytes may be out, the
+            // response in): the sending buffer is the kernel's until then.
+            self.bufs[slot].queue();
+            self.io[slot].queued = true;
+            self.recv(slot);
+            return;
+        }
+        self.bufs[slot].stage();
+        self.io[slot].sending = true;
         self.io[slot].send_off = 0;
         let arm = !self.io[slot].recv_armed;
         let mut send = self.send_entry(slot);
@@ -580,8 +652,11 @@ impl Drop for Uring {
         // Closes the sockets no close request took over.
         self.owned.clear();
         if self.inflight > 0 {
-            // Operations still hold pointers into our buffers: leak them rather than free.
+            // Operations still hold pointers into our buffers and addresses: leak them rather
+            // than free.
             std::mem::forget(std::mem::take(&mut self.bufs));
+            std::mem::forget(std::mem::replace(&mut self.dst, Box::new(sockaddr_any())));
+            std::mem::forget(std::mem::take(&mut self.srcs));
         }
     }
 }
@@ -604,7 +679,7 @@ mod tests {
 
     /// Opens slot 0 to the listener; returns the server's side of the connection.
     fn connect(u: &mut Uring, listener: &TcpListener) -> std::net::TcpStream {
-        u.buf(0).out = b"ping".to_vec();
+        *u.out(0) = b"ping".to_vec();
         u.open(0, None).unwrap();
         let events = turns(u, 5, 10); // submits the connect
         let (server, _) = listener.accept().unwrap();
@@ -635,7 +710,7 @@ mod tests {
         }
         let _first = connect(&mut u, &listener);
         let (hold, entries) =
-            corelocal::testing::IoWqHold::new(&u.ring.submitter(), ud(0, OP_UNTRACKED)).unwrap();
+            crate::testing::IoWqHold::new(&u.ring.submitter(), ud(0, OP_UNTRACKED)).unwrap();
         for e in entries {
             u.push(e);
         }
@@ -657,5 +732,83 @@ mod tests {
             !events.contains(&Event::Recv(0, 0)),
             "the slot's next connection read an EOF nobody sent: {events:?}"
         );
+    }
+}
+
+#[cfg(test)]
+mod buffer_tests {
+    use super::*;
+    use std::io::Read;
+    use std::net::{SocketAddrV4, TcpListener};
+
+    fn client(listener: &TcpListener, direct: bool) -> Uring {
+        let std::net::SocketAddr::V4(target) = listener.local_addr().unwrap() else {
+            unreachable!("bound to IPv4");
+        };
+        let opts = SockOpts {
+            target: SocketAddrV4::new(*target.ip(), target.port()),
+            src: Vec::new().into(),
+            linger0: false,
+            nodelay: true,
+        };
+        Uring::new(2, 4096, opts, direct).unwrap()
+    }
+
+    /// A `send` while the slot's previous send is still in flight (here: the opening one, not
+    /// even submitted) queues the request: both go out once, in order, and the caller's
+    /// staging buffer is never the one the kernel reads.
+    #[test]
+    fn a_send_behind_one_in_flight_is_queued_not_overwritten() {
+        for direct in [false, true] {
+            let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+            let mut u = client(&listener, direct);
+            *u.out(0) = b"first;".to_vec();
+            u.open(0, None).unwrap();
+            *u.out(0) = b"second;".to_vec();
+            u.send(0);
+            // The staging buffer is the caller's again at once.
+            u.out(0).clear();
+            u.out(0).extend_from_slice(b"garbage");
+            assert_eq!(u.open(0, None), Err(libc::EBUSY));
+            let mut events = Vec::new();
+            for _ in 0..10 {
+                // A fresh vector each turn, as the engine's: `wait` only polls when given events.
+                let mut turn = Vec::new();
+                u.wait(10_000_000, &mut turn).unwrap();
+                events.extend(turn);
+            }
+            let (mut server, _) = listener.accept().unwrap();
+            server
+                .set_read_timeout(Some(std::time::Duration::from_millis(200)))
+                .unwrap();
+            let mut got = Vec::new();
+            let mut b = [0u8; 64];
+            while let Ok(n) = server.read(&mut b) {
+                if n == 0 {
+                    break;
+                }
+                got.extend_from_slice(&b[..n]);
+            }
+            assert_eq!(
+                got, b"first;second;",
+                "direct: {direct}, events: {events:?}"
+            );
+            let sent: usize = events
+                .iter()
+                .map(|e| if let Event::Sent(0, n) = e { *n } else { 0 })
+                .sum();
+            assert_eq!(sent, 13, "{events:?}");
+        }
+    }
+
+    /// The received bytes are not readable while a receive is armed into the buffer.
+    #[test]
+    #[should_panic(expected = "a receive is armed")]
+    fn received_bytes_are_refused_while_a_receive_is_armed() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut u = client(&listener, false);
+        *u.out(0) = b"ping".to_vec();
+        u.open(0, None).unwrap();
+        let _ = u.received(0);
     }
 }
