@@ -123,9 +123,10 @@ pub fn fork_single_threaded() -> io::Result<Forked> {
              it has one"
         )));
     }
-    // SAFETY: the process has exactly one thread (checked above): no lock can be held by a
-    // thread missing in the child, whose memory is a consistent copy of the caller's. libc's
-    // fork (not a raw syscall) runs the atfork handlers and resets its cached thread id.
+    // With one thread no lock can be held by a thread missing in the child, whose memory is a
+    // consistent copy of the caller's; libc's fork (not a raw syscall) runs the atfork
+    // handlers and resets its cached thread id.
+    // SAFETY: the process has exactly one thread (checked above).
     let pid = unsafe { libc::fork() };
     match pid {
         -1 => Err(io::Error::last_os_error()),

@@ -237,10 +237,11 @@ impl Uring {
     }
 
     fn push(&mut self, e: squeue::Entry) {
-        // SAFETY: entries point only into `self.dst`, `self.srcs[slot]`, the slot's sending
-        // buffer or the free tail of its receive buffer (heap blocks owned by `self`, neither
-        // freed, moved nor handed to safe code while the slot has requests pending: module
-        // doc) or at the statics `ONE` / `LINGER0`, so every buffer outlives its request.
+        // Entries point only into `self.dst`, `self.srcs[slot]`, the slot's sending buffer or
+        // the free tail of its receive buffer (heap blocks owned by `self`, neither freed,
+        // moved nor handed to safe code while the slot has requests pending: module doc) or
+        // at the statics `ONE` / `LINGER0`.
+        // SAFETY: every buffer an entry points at outlives its request (above).
         while unsafe { self.ring.submission().push(&e) }.is_err() {
             let _ = self.ring.submit();
         }
