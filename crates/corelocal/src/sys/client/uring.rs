@@ -679,6 +679,21 @@ mod tests {
     }
 
     /// Opens slot 0 to the listener; returns the server's side of the connection.
+    /// A two-slot client of `listener`, with direct descriptors when `direct` (and the kernel
+    /// has them).
+    pub(super) fn client(listener: &TcpListener, direct: bool) -> Uring {
+        let std::net::SocketAddr::V4(target) = listener.local_addr().unwrap() else {
+            unreachable!("bound to IPv4");
+        };
+        let opts = SockOpts {
+            target: SocketAddrV4::new(*target.ip(), target.port()),
+            src: Vec::new().into(),
+            linger0: false,
+            nodelay: true,
+        };
+        Uring::new(2, 4096, opts, direct).unwrap()
+    }
+
     fn connect(u: &mut Uring, listener: &TcpListener) -> std::net::TcpStream {
         *u.out(0) = b"ping".to_vec();
         u.open(0, None).unwrap();
@@ -695,16 +710,7 @@ mod tests {
     #[test]
     fn a_late_shutdown_never_reaches_the_slots_next_connection() {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let std::net::SocketAddr::V4(target) = listener.local_addr().unwrap() else {
-            unreachable!("bound to IPv4");
-        };
-        let opts = SockOpts {
-            target: SocketAddrV4::new(*target.ip(), target.port()),
-            src: Vec::new().into(),
-            linger0: false,
-            nodelay: true,
-        };
-        let mut u = Uring::new(2, 4096, opts, true).unwrap();
+        let mut u = client(&listener, true);
         if !u.is_direct() {
             eprintln!("skipping: this kernel has no direct-descriptor sockets");
             return;
@@ -738,22 +744,10 @@ mod tests {
 
 #[cfg(test)]
 mod buffer_tests {
+    use super::tests::client;
     use super::*;
     use std::io::Read;
-    use std::net::{SocketAddrV4, TcpListener};
-
-    fn client(listener: &TcpListener, direct: bool) -> Uring {
-        let std::net::SocketAddr::V4(target) = listener.local_addr().unwrap() else {
-            unreachable!("bound to IPv4");
-        };
-        let opts = SockOpts {
-            target: SocketAddrV4::new(*target.ip(), target.port()),
-            src: Vec::new().into(),
-            linger0: false,
-            nodelay: true,
-        };
-        Uring::new(2, 4096, opts, direct).unwrap()
-    }
+    use std::net::TcpListener;
 
     /// A `send` while the slot's previous send is still in flight (here: the opening one, not
     /// even submitted) queues the request: both go out once, in order, and the caller's
