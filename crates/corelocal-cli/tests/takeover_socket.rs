@@ -123,11 +123,29 @@ fn old_server(sock: &Path, extra: &[&str]) -> Served {
 fn a_mismatched_takeover_is_refused_and_the_old_server_keeps_serving() {
     let dir = TempDir::new("takeover-mismatch");
     let sock = dir.0.join("upgrade.sock");
-    let old = old_server(&sock, &[]);
+    let pid_file = dir.0.join("rpc.pid");
+    let old = old_server(&sock, &["--pid-file", path_str(&pid_file)]);
     let addr = old.hostport();
+    // Written just after the "listening on" line the spawn waits for.
+    let old_pid = (0..500)
+        .find_map(|_| {
+            std::fs::read_to_string(&pid_file).ok().or_else(|| {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+                None
+            })
+        })
+        .expect("the old server's pid file");
+    assert_eq!(old_pid.trim(), old.pid().to_string());
     let refused = run_bounded(rpc(
         &addr,
-        &["--mode", "fine", "--takeover", path_str(&sock)],
+        &[
+            "--mode",
+            "fine",
+            "--takeover",
+            path_str(&sock),
+            "--pid-file",
+            path_str(&pid_file),
+        ],
     ));
     let err = stderr_of(&refused);
     assert_eq!(refused.status.code(), Some(1), "{err}");
@@ -137,6 +155,14 @@ fn a_mismatched_takeover_is_refused_and_the_old_server_keeps_serving() {
         "{err}"
     );
     assert!(one_request(old.addr).is_ok(), "the old server still serves");
+    // The refused successor left the old server's pid file as it was, and nothing aside.
+    assert_eq!(std::fs::read_to_string(&pid_file).unwrap(), old_pid);
+    let names: Vec<String> = std::fs::read_dir(&dir.0)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(!names.iter().any(|n| n.contains(".tmp-")), "{names:?}");
     // It also still hands over: its steering was restored, its upgrade socket still listens.
     let new = Served::spawn(rpc(&addr, &["--takeover", path_str(&sock)]), false);
     let (code, rest) = old.wait_exit(EXIT_LIMIT);
