@@ -153,6 +153,17 @@ impl BusyTracker {
     /// `queue_cap`, the max local queue), updates the EWMA and the busy status, and writes the
     /// worker's bit in `set` when the status changes. Never allocates.
     pub fn observe(&mut self, set: &BusySet, queue_len: u32, queue_cap: u32) -> Option<BusyChange> {
+        let change = self.update(queue_len, queue_cap);
+        if change.is_some() {
+            set.set(self.worker, self.busy);
+        }
+        change
+    }
+
+    /// [`Self::observe`] without writing a [`BusySet`]: for a caller that combines this
+    /// tracker's verdict with other rules before writing the worker's bit
+    /// ([`super::WorkerHealth`]).
+    pub fn update(&mut self, queue_len: u32, queue_cap: u32) -> Option<BusyChange> {
         assert!(
             queue_cap > 0 && queue_cap <= QUEUE_CAP_MAX,
             "queue_cap out of range"
@@ -186,7 +197,6 @@ impl BusyTracker {
         };
         if change.is_some() {
             self.transitions += 1;
-            set.set(self.worker, self.busy);
         }
         change
     }

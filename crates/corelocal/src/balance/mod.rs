@@ -55,14 +55,29 @@
 //! ```
 //!
 //! The simulator ([`sim`]) drives exactly these calls on simulated cores.
+//!
+//! # Busy from outside the worker, and redirecting SYNs
+//!
+//! Where we cannot steal from a queue (another process's listeners, `corelocal steer`) or a
+//! worker's thread can block (`corelocal-tokio`), [`WorkerHealth`] adds two rules to the
+//! watermarks that react within milliseconds: a worker that is not running (stopped, starved,
+//! blocked: [`Liveness`]) or whose queue stays non-empty with nothing accepted is busy
+//! ([`health`]). [`cpu_targets`] then says where a busy worker's CPU sends its SYNs: the
+//! closest non-busy workers, spread, back home as soon as it drains ([`redirect`]).
 
 mod busy;
 mod groups;
+pub mod health;
+pub mod redirect;
 pub mod sim;
 mod steal;
 
 pub use busy::{BusyChange, BusySet, BusyTracker};
 pub use groups::{FlowGroupTable, Move};
+pub use health::{
+    Activity, BusyReason, HealthChange, Liveness, Observation, StallConfig, WorkerHealth,
+};
+pub use redirect::{cpu_targets, CpuTargets, WorkerPlace};
 pub use steal::{AcceptFrom, Balancer, BalancerStats, MigrationRequest};
 
 /// The most workers a [`BusySet`], [`Balancer`] or [`FlowGroupTable`] supports.

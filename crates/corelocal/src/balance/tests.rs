@@ -520,3 +520,280 @@ proptest! {
         t.check();
     }
 }
+
+mod health_rules {
+    //! The stall rules and redirect targets, driven with simulated time.
+    use super::super::health::*;
+    use super::super::redirect::*;
+    use super::super::{BalanceConfig, BusySet};
+
+    const MS: u64 = 1_000_000;
+
+    fn idle(len: u32) -> Observation {
+        Observation {
+            queue_len: len,
+            queue_cap: 511,
+            accepted: None,
+            activity: Activity::Idle,
+        }
+    }
+
+    fn with(len: u32, activity: Activity, accepted: Option<u64>) -> Observation {
+        Observation {
+            queue_len: len,
+            queue_cap: 511,
+            accepted,
+            activity,
+        }
+    }
+
+    fn health(workers: usize, worker: usize) -> (BusySet, WorkerHealth) {
+        let c = BalanceConfig::new(workers);
+        (
+            BusySet::new(workers),
+            WorkerHealth::new(worker, &c, StallConfig::default()),
+        )
+    }
+
+    /// Rule: a stopped thread is busy at the first observation, empty queue or not, and is
+    /// back the first time it runs with its queue empty. (Fails without the liveness rule.)
+    #[test]
+    fn stopped_worker_is_busy_at_once_and_back_when_running() {
+        let (set, mut h) = health(2, 1);
+        assert_eq!(h.observe(&set, idle(0), 0), None);
+        let change = h.observe(&set, with(0, Activity::Stopped, None), MS);
+        assert_eq!(
+            change,
+            Some(HealthChange {
+                busy: true,
+                reason: BusyReason::NotRunning
+            })
+        );
+        assert!(set.is_busy(1) && !set.is_busy(0));
+        // Still stopped, a connection queued meanwhile: stays busy, same reason, no change.
+        assert_eq!(
+            h.observe(&set, with(1, Activity::Stopped, None), 2 * MS),
+            None
+        );
+        // Continued but not yet drained: still busy.
+        assert_eq!(
+            h.observe(
+                &set,
+                with(1, Activity::Working { progress: 9 }, None),
+                3 * MS
+            ),
+            None
+        );
+        assert!(set.is_busy(1));
+        // Drained: back at once (first stall, no hold).
+        let back = h.observe(&set, idle(0), 4 * MS);
+        assert_eq!(
+            back,
+            Some(HealthChange {
+                busy: false,
+                reason: BusyReason::NotRunning
+            })
+        );
+        assert!(!set.is_busy(1));
+    }
+
+    /// Rule: working without progress for the stall window (starved or blocked) is not
+    /// running; progress within the window keeps it running. (Fails without `Liveness`.)
+    #[test]
+    fn no_progress_for_the_window_is_not_running() {
+        let cfg = StallConfig::default();
+        let mut l = Liveness::default();
+        let w = |p| Activity::Working { progress: p };
+        assert_eq!(l.observe(w(10), 0, &cfg), Some(true));
+        assert_eq!(l.observe(w(10), 4 * MS, &cfg), Some(true));
+        assert_eq!(
+            l.observe(w(11), 5 * MS, &cfg),
+            Some(true),
+            "progress resets the wait"
+        );
+        assert_eq!(l.observe(w(11), 9 * MS, &cfg), Some(true));
+        assert_eq!(
+            l.observe(w(11), 10 * MS, &cfg),
+            Some(false),
+            "5 ms without progress"
+        );
+        assert_eq!(l.observe(Activity::Idle, 11 * MS, &cfg), Some(true));
+        assert_eq!(
+            l.observe(w(11), 12 * MS, &cfg),
+            Some(true),
+            "idle restarts the wait"
+        );
+        assert_eq!(l.observe(Activity::Unknown, 30 * MS, &cfg), None);
+    }
+
+    /// Rule: a queue non-empty at every observation for the stall window while nothing is
+    /// accepted is busy (stalled) — at 1 queued connection, not at 384. Accepts by the owner
+    /// restart the window. (Fails without the queue stall rule.)
+    #[test]
+    fn queue_not_drained_for_the_window_is_stalled() {
+        let (set, mut h) = health(2, 0);
+        let run = |p| Activity::Working { progress: p };
+        // Running (progress grows) but not accepting: stalled after 5 ms.
+        assert_eq!(h.observe(&set, with(1, run(1), Some(7)), 0), None);
+        assert_eq!(h.observe(&set, with(2, run(2), Some(7)), 4 * MS), None);
+        let c = h.observe(&set, with(2, run(3), Some(7)), 5 * MS);
+        assert_eq!(
+            c.map(|c| (c.busy, c.reason)),
+            Some((true, BusyReason::Stalled))
+        );
+        // A healthy worker under load: non-empty at every look, but accepting.
+        let (set2, mut ok) = health(2, 1);
+        for i in 0..20u64 {
+            assert_eq!(ok.observe(&set2, with(3, run(i), Some(i)), i * MS), None);
+        }
+        assert!(!set2.is_busy(1));
+        // An empty look restarts the window too.
+        let (set3, mut h3) = health(2, 1);
+        assert_eq!(h3.observe(&set3, idle(1), 0), None);
+        assert_eq!(h3.observe(&set3, idle(0), 3 * MS), None);
+        assert_eq!(h3.observe(&set3, idle(1), 4 * MS), None);
+        assert_eq!(h3.observe(&set3, idle(1), 8 * MS), None);
+        assert!(h3.observe(&set3, idle(1), 9 * MS).is_some());
+    }
+
+    /// Rule: the paper's watermark still applies, reported as `queue`.
+    #[test]
+    fn watermark_is_reason_queue() {
+        let (set, mut h) = health(2, 0);
+        let c = h.observe(&set, with(400, Activity::Idle, Some(1)), 0);
+        assert_eq!(c.map(|c| c.reason), Some(BusyReason::Queue));
+        assert_eq!(h.busy(), Some(BusyReason::Queue));
+    }
+
+    /// Rule: a worker that stalls again soon after recovering must stay healthy for a hold
+    /// that doubles per repeat; a stall long after starts afresh. (Fails without damping.)
+    #[test]
+    fn repeated_stalls_are_damped() {
+        let (set, mut h) = health(2, 1);
+        let stop = with(0, Activity::Stopped, None);
+        let mut t = 0;
+        // First stall: back at once.
+        h.observe(&set, stop, t);
+        t += MS;
+        assert!(h.observe(&set, idle(0), t).is_some_and(|c| !c.busy));
+        // Second, 10 ms later: 50 ms hold.
+        t += 10 * MS;
+        assert!(h.observe(&set, stop, t).is_some_and(|c| c.busy));
+        t += MS;
+        assert_eq!(h.observe(&set, idle(0), t), None);
+        assert_eq!(h.observe(&set, idle(0), t + 49 * MS), None);
+        assert!(h
+            .observe(&set, idle(0), t + 50 * MS)
+            .is_some_and(|c| !c.busy));
+        t += 50 * MS;
+        // Third: 100 ms, and a relapse during the hold restarts it.
+        assert!(h.observe(&set, stop, t + MS).is_some_and(|c| c.busy));
+        t += 2 * MS;
+        assert_eq!(h.observe(&set, idle(0), t), None);
+        assert_eq!(
+            h.observe(&set, idle(1), t + 60 * MS),
+            None,
+            "queued: not healthy"
+        );
+        assert_eq!(h.observe(&set, idle(0), t + 61 * MS), None);
+        assert_eq!(h.observe(&set, idle(0), t + 160 * MS), None);
+        assert!(h
+            .observe(&set, idle(0), t + 161 * MS)
+            .is_some_and(|c| !c.busy));
+        // A stall long after: back at once again.
+        t += 161 * MS + 31_000 * MS;
+        assert!(h.observe(&set, stop, t).is_some_and(|c| c.busy));
+        assert!(h.observe(&set, idle(0), t + MS).is_some_and(|c| !c.busy));
+        assert_eq!(h.busy_counts()[BusyReason::NotRunning.index()], 4);
+    }
+
+    fn places(cpus: &[(usize, usize, usize)]) -> Vec<WorkerPlace> {
+        cpus.iter()
+            .map(|&(cpu, llc, node)| WorkerPlace { cpu, llc, node })
+            .collect()
+    }
+
+    /// Rule: a CPU's SYNs go to its own non-busy workers; when all are busy, to the closest
+    /// tier's non-busy workers, spread; when everyone is busy, home. (Fails if a tier or the
+    /// all-busy fallback is removed.)
+    #[test]
+    fn targets_prefer_home_then_llc_then_node_then_any() {
+        // 8 workers on CPUs 0..8: LLCs {0-3}, {4-7}; nodes {0-3} = 0, {4-7} = 1.
+        let p = places(&(0..8).map(|c| (c, c / 4 * 4, c / 4)).collect::<Vec<_>>());
+        let set = BusySet::new(8);
+        assert_eq!(
+            cpu_targets(&p, &set, 2, 16),
+            CpuTargets {
+                workers: vec![2],
+                redirected: false
+            }
+        );
+        set.set(2, true);
+        let t = cpu_targets(&p, &set, 2, 16);
+        assert_eq!(
+            t.workers,
+            vec![3, 0, 1],
+            "same LLC, from one past the busy worker"
+        );
+        assert!(t.redirected);
+        for w in [0, 1, 3] {
+            set.set(w, true);
+        }
+        assert_eq!(cpu_targets(&p, &set, 2, 16).workers, vec![4, 5, 6, 7]);
+        assert_eq!(
+            cpu_targets(&p, &set, 2, 2).workers,
+            vec![4, 5],
+            "at most max"
+        );
+        for w in 4..8 {
+            set.set(w, true);
+        }
+        assert_eq!(
+            cpu_targets(&p, &set, 2, 16),
+            CpuTargets {
+                workers: vec![2],
+                redirected: false
+            },
+            "all busy: home, never refused"
+        );
+        // No worker on the CPU: nothing (the kernel's hash).
+        let none = cpu_targets(&p[..4], &BusySet::new(4), 6, 16);
+        assert!(none.workers.is_empty() && !none.redirected);
+    }
+
+    /// Rule: several workers on one CPU: the non-busy ones keep it; neighbours on the same
+    /// CPU are not a redirect target for each other.
+    #[test]
+    fn shared_cpu_keeps_its_free_workers() {
+        let p = places(&[(0, 0, 0), (0, 0, 0), (1, 0, 0)]);
+        let set = BusySet::new(3);
+        set.set(0, true);
+        assert_eq!(cpu_targets(&p, &set, 0, 16).workers, vec![1]);
+        set.set(1, true);
+        assert_eq!(cpu_targets(&p, &set, 0, 16).workers, vec![2]);
+    }
+
+    #[test]
+    fn longest_run_of_workers() {
+        assert_eq!(longest_run(&[]), None);
+        assert_eq!(longest_run(&[5]), Some((5, 1)));
+        assert_eq!(longest_run(&[7, 1, 2, 3, 9, 8]), Some((1, 3)));
+        assert_eq!(longest_run(&[4, 0, 5, 1]), Some((0, 2)));
+    }
+
+    #[test]
+    fn stall_config_ranges() {
+        assert!(StallConfig::default().validate().is_ok());
+        let bad = StallConfig {
+            stall_after_ns: 0,
+            ..StallConfig::default()
+        };
+        assert!(bad.validate().is_err());
+        let bad = StallConfig {
+            recover_hold_min_ns: 10,
+            recover_hold_max_ns: 1,
+            ..StallConfig::default()
+        };
+        assert!(bad.validate().is_err());
+    }
+}

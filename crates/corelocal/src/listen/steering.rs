@@ -35,6 +35,37 @@ impl ListenerGroup {
     pub fn flow_groups(&self) -> u32 {
         self.config.flow_groups
     }
+
+    /// Sends the SYNs processed on `cpu` to the `count` consecutive workers from `first`
+    /// (`Some((first, count))`: a busy worker's CPU redirected, see
+    /// [`crate::balance::redirect`]), or back to the CPU's own live workers (`None`). Only
+    /// with eBPF steering; flow-group overrides still come first.
+    pub fn redirect_cpu(&self, cpu: usize, to: Option<(usize, usize)>) -> Result<(), ListenError> {
+        if let Some((first, count)) = to {
+            if count == 0 || first + count > self.workers() {
+                return Err(ListenError::Config("no such workers".into()));
+            }
+        }
+        for g in &self.groups {
+            let Some(sel) = &g.ebpf else {
+                return Err(ListenError::Config(
+                    "redirecting a CPU's SYNs needs eBPF steering".into(),
+                ));
+            };
+            let run = match to {
+                Some((first, count)) => Some((first as u32, count as u32)),
+                None => {
+                    let live: Vec<bool> = g.listeners.iter().map(Option::is_some).collect();
+                    cpu_worker_runs(&self.config.worker_cpus, &live)
+                        .into_iter()
+                        .find(|r| r.cpu == cpu)
+                        .map(|r| (r.first as u32, r.count as u32))
+                }
+            };
+            sel.map_cpu(cpu as u32, run)?;
+        }
+        Ok(())
+    }
 }
 
 pub(super) fn first_listener(group: &AddrGroup) -> Option<RawFd> {
