@@ -5,8 +5,9 @@
 //! SYNs steered vs fallen back to the kernel's hash.
 //!
 //! Maps (names are how another `corelocal` process finds them again, see [`CpuPick::open`]):
-//! - `cl_pick_cpu`: ARRAY u32 → u32 indexed by CPU: how many listeners have their worker
-//!   pinned there (0 = none: the kernel's hash); with several, the SYN's 4-tuple hash picks;
+//! - `cl_pick_cpu`: ARRAY u32 → u32 indexed by CPU: how many listeners its row holds (0 =
+//!   none: the kernel's hash; with several, the SYN's 4-tuple hash picks), ORed with
+//!   [`REDIRECT_FLAG`] while the row holds other CPUs' workers (the CPU's own are busy);
 //! - `cl_pick_list`: ARRAY u32 → u32, row `cpu` (16 entries from `cpu * 16`): `slot + 1`;
 //! - `cl_pick_socks`: REUSEPORT_SOCKARRAY u32 → u64: slot = one listener of the group;
 //! - `cl_pick_count`: PERCPU_ARRAY u32 → u64, [`COUNTERS`] entries (see [`PickCounts`]).
@@ -15,7 +16,7 @@
 //! attached, the loading process may exit. A sockarray entry does not keep a socket alive: a
 //! closing listener removes itself, and SYNs for its CPU fall back to the hash (counted).
 
-use super::insn::{self, Cond, EbpfInsn, Size, R0, R1, R10, R2, R3, R4, R6, R7, R8};
+use super::insn::{self, Cond, EbpfInsn, Size, R0, R1, R10, R2, R3, R4, R6, R7, R8, R9};
 use super::programs::{
     HELPER_GET_SMP_PROCESSOR_ID, HELPER_MAP_LOOKUP_ELEM, HELPER_SK_SELECT_REUSEPORT, SK_PASS,
 };
@@ -40,8 +41,15 @@ pub const COUNT_STEERED: u32 = 0;
 pub const COUNT_NO_WORKER: u32 = 1;
 /// Counter key: SYNs whose worker's listener is gone from the sockarray (kernel hash).
 pub const COUNT_LISTENER_GONE: u32 = 2;
+/// Counter key: SYNs sent to another CPU's worker because their own CPU's were busy.
+pub const COUNT_REDIRECTED: u32 = 3;
 /// Number of counters.
-pub const COUNTERS: u32 = 3;
+pub const COUNTERS: u32 = 4;
+/// Bit of a `cl_pick_cpu` value that marks its row as redirected (other CPUs' workers).
+pub const REDIRECT_FLAG: u32 = 1 << REDIRECT_SHIFT;
+const REDIRECT_SHIFT: i32 = 31;
+/// Bits of a `cl_pick_cpu` value that hold the row's length.
+pub const COUNT_MASK: u32 = 0xffff;
 /// Upper bound on listeners (slots) per group.
 pub const SLOTS_MAX: u32 = 4096;
 /// Upper bound on CPU ids covered.
@@ -91,16 +99,20 @@ fn rsh64_imm(dst: insn::Reg, imm: i32) -> EbpfInsn {
 ///
 /// ```text
 /// cpu = smp_processor_id()
-/// n = cpu_count[cpu]                              // listeners of workers pinned on cpu
+/// v = cpu_count[cpu]                              // listeners for cpu, | REDIRECT_FLAG
+/// n = v & COUNT_MASK; done = v & REDIRECT_FLAG ? REDIRECTED : STEERED
 /// if !n                                           { key = NO_WORKER }
 /// else {
-///     i = n == 1 ? 0 : (md->hash * n) >> 32       // several workers on one CPU: by hash
+///     i = n == 1 ? 0 : (md->hash * n) >> 32       // several listeners: by hash
 ///     slot = cpu_list[cpu * 16 + i] - 1
-///     key = sk_select_reuseport(md, socks, slot) ? LISTENER_GONE : STEERED
+///     key = sk_select_reuseport(md, socks, slot) ? LISTENER_GONE : done
 /// }
 /// counts[key] += 1                                // this CPU's copy: no atomics needed
 /// return SK_PASS                                  // without a selection: the kernel's hash
 /// ```
+///
+/// A row marked with [`REDIRECT_FLAG`] holds other CPUs' workers: its CPU's own are all busy
+/// (`steer`'s balancer, see [`corelocal::balance::redirect`](crate::balance::redirect)).
 pub fn reuseport_cpu_pick(maps: PickMaps) -> Vec<EbpfInsn> {
     let [cn0, cn1] = insn::ld_map_fd(R1, maps.cpu_count_fd);
     let [li0, li1] = insn::ld_map_fd(R1, maps.cpu_list_fd);
@@ -117,49 +129,55 @@ pub fn reuseport_cpu_pick(maps: PickMaps) -> Vec<EbpfInsn> {
         /* 7 */ insn::mov64_reg(R2, R10),
         /* 8 */ insn::add64_imm(R2, -4),
         /* 9 */ insn::call(HELPER_MAP_LOOKUP_ELEM),
-        /* 10 */ insn::jmp_imm(Cond::Eq, R0, 0, 30), // -> 41 (count)
+        /* 10 */ insn::jmp_imm(Cond::Eq, R0, 0, 36), // -> 47 (count)
         /* 11 */ insn::ldx_mem(Size::W, R2, R0, 0),
-        /* 12 */ insn::jmp_imm(Cond::Eq, R2, 0, 28), // -> 41 (count)
-        /* 13 */ insn::mov64_imm(R3, 0),
-        /* 14 */ insn::jmp_imm(Cond::Eq, R2, 1, 3), // -> 18 (one listener)
-        /* 15 */ insn::ldx_mem(Size::W, R3, R6, super::programs::MD_HASH_OFFSET),
-        /* 16 */ mul64_reg(R3, R2),
-        /* 17 */ rsh64_imm(R3, 32),
-        /* 18 */ insn::lsh64_imm(R8, ROW_SHIFT),
-        /* 19 */ insn::add64_reg(R8, R3),
-        /* 20 */ insn::stx_mem(Size::W, R10, R8, -8),
-        /* 21 */ li0,
-        /* 22 */ li1,
-        /* 23 */ insn::mov64_reg(R2, R10),
-        /* 24 */ insn::add64_imm(R2, -8),
-        /* 25 */ insn::call(HELPER_MAP_LOOKUP_ELEM),
-        /* 26 */ insn::jmp_imm(Cond::Eq, R0, 0, 14), // -> 41 (count)
-        /* 27 */ insn::ldx_mem(Size::W, R2, R0, 0),
-        /* 28 */ insn::jmp_imm(Cond::Eq, R2, 0, 12), // -> 41 (count)
-        /* 29 */ insn::add64_imm(R2, -1),
-        /* 30 */ insn::stx_mem(Size::W, R10, R2, -12),
-        /* 31 */ insn::mov64_reg(R1, R6),
-        /* 32 */ sa0,
-        /* 33 */ sa1,
-        /* 34 */ insn::mov64_reg(R3, R10),
-        /* 35 */ insn::add64_imm(R3, -12),
-        /* 36 */ insn::mov64_imm(R4, 0),
-        /* 37 */ insn::call(HELPER_SK_SELECT_REUSEPORT),
-        /* 38 */ insn::mov64_imm(R7, COUNT_LISTENER_GONE as i32),
-        /* 39 */ insn::jmp_imm(Cond::Ne, R0, 0, 1), // -> 41 (count)
-        /* 40 */ insn::mov64_imm(R7, COUNT_STEERED as i32),
-        /* 41 */ insn::stx_mem(Size::W, R10, R7, -16),
-        /* 42 */ ct0,
-        /* 43 */ ct1,
-        /* 44 */ insn::mov64_reg(R2, R10),
-        /* 45 */ insn::add64_imm(R2, -16),
-        /* 46 */ insn::call(HELPER_MAP_LOOKUP_ELEM),
-        /* 47 */ insn::jmp_imm(Cond::Eq, R0, 0, 3), // -> 51 (pass)
-        /* 48 */ insn::ldx_mem(Size::DW, R1, R0, 0),
-        /* 49 */ insn::add64_imm(R1, 1),
-        /* 50 */ insn::stx_mem(Size::DW, R0, R1, 0),
-        /* 51 */ insn::mov64_imm(R0, SK_PASS),
-        /* 52 */ insn::exit(),
+        /* 12 */ insn::mov64_imm(R9, COUNT_STEERED as i32),
+        /* 13 */ insn::mov64_reg(R3, R2),
+        /* 14 */ rsh64_imm(R3, REDIRECT_SHIFT),
+        /* 15 */ insn::jmp_imm(Cond::Eq, R3, 0, 1), // -> 17 (own workers)
+        /* 16 */ insn::mov64_imm(R9, COUNT_REDIRECTED as i32),
+        /* 17 */ insn::and64_imm(R2, COUNT_MASK as i32),
+        /* 18 */ insn::jmp_imm(Cond::Eq, R2, 0, 28), // -> 47 (count)
+        /* 19 */ insn::mov64_imm(R3, 0),
+        /* 20 */ insn::jmp_imm(Cond::Eq, R2, 1, 3), // -> 24 (one listener)
+        /* 21 */ insn::ldx_mem(Size::W, R3, R6, super::programs::MD_HASH_OFFSET),
+        /* 22 */ mul64_reg(R3, R2),
+        /* 23 */ rsh64_imm(R3, 32),
+        /* 24 */ insn::lsh64_imm(R8, ROW_SHIFT),
+        /* 25 */ insn::add64_reg(R8, R3),
+        /* 26 */ insn::stx_mem(Size::W, R10, R8, -8),
+        /* 27 */ li0,
+        /* 28 */ li1,
+        /* 29 */ insn::mov64_reg(R2, R10),
+        /* 30 */ insn::add64_imm(R2, -8),
+        /* 31 */ insn::call(HELPER_MAP_LOOKUP_ELEM),
+        /* 32 */ insn::jmp_imm(Cond::Eq, R0, 0, 14), // -> 47 (count)
+        /* 33 */ insn::ldx_mem(Size::W, R2, R0, 0),
+        /* 34 */ insn::jmp_imm(Cond::Eq, R2, 0, 12), // -> 47 (count)
+        /* 35 */ insn::add64_imm(R2, -1),
+        /* 36 */ insn::stx_mem(Size::W, R10, R2, -12),
+        /* 37 */ insn::mov64_reg(R1, R6),
+        /* 38 */ sa0,
+        /* 39 */ sa1,
+        /* 40 */ insn::mov64_reg(R3, R10),
+        /* 41 */ insn::add64_imm(R3, -12),
+        /* 42 */ insn::mov64_imm(R4, 0),
+        /* 43 */ insn::call(HELPER_SK_SELECT_REUSEPORT),
+        /* 44 */ insn::mov64_imm(R7, COUNT_LISTENER_GONE as i32),
+        /* 45 */ insn::jmp_imm(Cond::Ne, R0, 0, 1), // -> 47 (count)
+        /* 46 */ insn::mov64_reg(R7, R9),
+        /* 47 */ insn::stx_mem(Size::W, R10, R7, -16),
+        /* 48 */ ct0,
+        /* 49 */ ct1,
+        /* 50 */ insn::mov64_reg(R2, R10),
+        /* 51 */ insn::add64_imm(R2, -16),
+        /* 52 */ insn::call(HELPER_MAP_LOOKUP_ELEM),
+        /* 53 */ insn::jmp_imm(Cond::Eq, R0, 0, 3), // -> 57 (pass)
+        /* 54 */ insn::ldx_mem(Size::DW, R1, R0, 0),
+        /* 55 */ insn::add64_imm(R1, 1),
+        /* 56 */ insn::stx_mem(Size::DW, R0, R1, 0),
+        /* 57 */ insn::mov64_imm(R0, SK_PASS),
+        /* 58 */ insn::exit(),
     ]
 }
 
@@ -168,6 +186,8 @@ pub fn reuseport_cpu_pick(maps: PickMaps) -> Vec<EbpfInsn> {
 pub struct PickCounts {
     /// SYNs steered to the listener of the worker on this CPU.
     pub steered: u64,
+    /// SYNs sent to another CPU's worker while this CPU's were busy.
+    pub redirected: u64,
     /// SYNs on this CPU while no worker was mapped to it (kernel hash).
     pub no_worker: u64,
     /// SYNs whose mapped listener had left the sockarray (closed; kernel hash).
@@ -335,16 +355,32 @@ impl CpuPick {
     /// when `slots` is empty. The row is written before the count grows and after it shrinks,
     /// so the program never reads an entry that is not there yet.
     pub fn map_cpu(&self, cpu: u32, slots: &[u32]) -> Result<(), BpfError> {
+        self.route_cpu(cpu, slots, false)
+    }
+
+    /// [`Self::map_cpu`], marking the row as `redirected` (other CPUs' workers, counted as
+    /// [`PickCounts::redirected`]) or not.
+    pub fn route_cpu(&self, cpu: u32, slots: &[u32], redirected: bool) -> Result<(), BpfError> {
         let slots = &slots[..slots.len().min(WORKERS_PER_CPU_MAX as usize)];
-        let old = self.cpu_count.lookup_u32(cpu)?.unwrap_or(0);
+        let old = self.cpu_count.lookup_u32(cpu)?.unwrap_or(0) & COUNT_MASK;
+        let flag = if redirected && !slots.is_empty() {
+            REDIRECT_FLAG
+        } else {
+            0
+        };
         if (slots.len() as u32) < old {
-            self.cpu_count.update_u32(cpu, slots.len() as u32)?;
+            self.cpu_count.update_u32(cpu, slots.len() as u32 | flag)?;
         }
         for (i, &slot) in slots.iter().enumerate() {
             self.cpu_list
                 .update_u32(cpu * WORKERS_PER_CPU_MAX + i as u32, slot + 1)?;
         }
-        self.cpu_count.update_u32(cpu, slots.len() as u32)
+        self.cpu_count.update_u32(cpu, slots.len() as u32 | flag)
+    }
+
+    /// Whether `cpu`'s row is marked redirected.
+    pub fn cpu_redirected(&self, cpu: u32) -> Result<bool, BpfError> {
+        Ok(self.cpu_count.lookup_u32(cpu)?.unwrap_or(0) & REDIRECT_FLAG != 0)
     }
 
     /// The slots SYNs on `cpu` go to (empty: the kernel's hash).
@@ -352,7 +388,7 @@ impl CpuPick {
         let n = self
             .cpu_count
             .lookup_u32(cpu)?
-            .unwrap_or(0)
+            .map_or(0, |v| v & COUNT_MASK)
             .min(WORKERS_PER_CPU_MAX);
         let mut out = Vec::new();
         for i in 0..n {
@@ -383,9 +419,12 @@ impl CpuPick {
         let steered = read(COUNT_STEERED)?;
         let no_worker = read(COUNT_NO_WORKER)?;
         let gone = read(COUNT_LISTENER_GONE)?;
+        // A program loaded by an older build has no such counter.
+        let redirected = read(COUNT_REDIRECTED).unwrap_or_default();
         Ok((0..possible_cpus)
             .map(|c| PickCounts {
                 steered: steered.get(c).copied().unwrap_or(0),
+                redirected: redirected.get(c).copied().unwrap_or(0),
                 no_worker: no_worker.get(c).copied().unwrap_or(0),
                 listener_gone: gone.get(c).copied().unwrap_or(0),
             })
@@ -407,15 +446,17 @@ mod tests {
             sockarray_fd: 5,
             counts_fd: 6,
         });
-        assert_eq!(p.len(), 53);
+        assert_eq!(p.len(), 59);
         let target = |i: usize| (i as i64 + 1 + p[i].off as i64) as usize;
-        for jump in [10, 12, 26, 28, 39] {
-            assert_eq!(target(jump), 41, "insn {jump}");
+        for jump in [10, 18, 32, 34, 45] {
+            assert_eq!(target(jump), 47, "insn {jump}");
         }
-        assert_eq!(target(14), 18);
-        assert_eq!(target(47), 51);
-        assert_eq!(p[37].imm, HELPER_SK_SELECT_REUSEPORT);
-        assert_eq!(p[51].imm, SK_PASS);
+        assert_eq!(target(15), 17);
+        assert_eq!(target(20), 24);
+        assert_eq!(target(53), 57);
+        assert_eq!(p[43].imm, HELPER_SK_SELECT_REUSEPORT);
+        assert_eq!(p[57].imm, SK_PASS);
+        assert_eq!(p[16].imm, COUNT_REDIRECTED as i32);
         assert_eq!(1 << ROW_SHIFT, WORKERS_PER_CPU_MAX);
     }
 
@@ -436,6 +477,12 @@ mod tests {
         assert_eq!(again.cpu_slots_of(0).unwrap(), vec![0, 1]);
         pick.map_cpu(0, &[]).unwrap();
         assert_eq!(again.cpu_slots_of(0).unwrap(), Vec::<u32>::new());
+        pick.route_cpu(0, &[1], true).unwrap();
+        assert_eq!(again.cpu_slots_of(0).unwrap(), vec![1]);
+        assert!(again.cpu_redirected(0).unwrap());
+        pick.route_cpu(0, &[0], false).unwrap();
+        assert!(!again.cpu_redirected(0).unwrap());
+        assert_eq!(again.cpu_slots_of(0).unwrap(), vec![0]);
         let l = socket::listen(
             "127.0.0.1:0".parse().unwrap(),
             socket::ListenOptions {
