@@ -58,11 +58,14 @@
 
 #![deny(missing_docs)]
 
+mod balance;
 pub mod http;
 pub mod metrics;
 mod server;
 mod worker;
 
+pub use balance::{BalanceSnapshot, WorkerBalance};
+pub use corelocal::balance::BusyReason;
 pub use corelocal::cpu::CpuSet;
 pub use corelocal::listen::{ActiveSteering, Migration, Mode, Steering};
 pub use corelocal::runtime::{ErrorKind, ShutdownReport, Snapshot, WorkerSnapshot};

@@ -6,16 +6,119 @@
 //! `corelocal_requests_total`, `corelocal_received_bytes_total`, `corelocal_sent_bytes_total`,
 //! `corelocal_conn_limit_pauses_total`, `corelocal_drain_accepted_total`,
 //! `corelocal_open_connections`, `corelocal_errors_total{kind}`; and the network namespace's
-//! listen-path counters `corelocal_net_*_total`. The runtime's balancer and batching metrics
-//! (stolen, queue samples, busy) have no meaning here and are left out.
+//! listen-path counters `corelocal_net_*_total`. With the balancer on
+//! ([`Builder::balance`](crate::Builder::balance)) also the runtime's `corelocal_stolen_total`,
+//! `corelocal_stolen_from_total{victim}`, `corelocal_busy`, `corelocal_busy_transitions_total`,
+//! `corelocal_accept_queue_length` and `corelocal_accept_queue_capacity`, and this crate's
+//! `corelocal_busy_entered_total{reason}` (queue, stalled, not_running) and
+//! `corelocal_redirects_total` (times the worker's CPU had its SYNs sent to other workers).
+//! The runtime's flow-group and I/O-loop metrics have no meaning here and are left out.
 
+use crate::balance::BalanceSnapshot;
+use corelocal::balance::BusyReason;
 use corelocal::runtime::prometheus::Families;
-use corelocal::runtime::Snapshot;
+use corelocal::runtime::{Snapshot, WorkerSnapshot};
+use std::fmt::Write as _;
 
 /// Formats `snap` in the Prometheus text format; `info` labels go on one `corelocal_info`
 /// sample. The runtime's formatter, without the balancer and I/O-loop families.
 pub fn prometheus(snap: &Snapshot, info: &[(&str, String)]) -> String {
     corelocal::runtime::prometheus::prometheus(snap, info, Families::AcceptOnly)
+}
+
+type Field = fn(&WorkerSnapshot) -> u64;
+
+/// The runtime's balancer families that mean the same here: (name, type, help, value).
+const BALANCED: &[(&str, &str, &str, Field)] = &[
+    (
+        "corelocal_stolen_total",
+        "counter",
+        "Accepted connections taken from another worker's listener.",
+        |w| w.stolen,
+    ),
+    (
+        "corelocal_busy_transitions_total",
+        "counter",
+        "Changes between busy and not busy.",
+        |w| w.busy_transitions,
+    ),
+    (
+        "corelocal_busy",
+        "gauge",
+        "1 when the balancer marked the worker busy at the last sample.",
+        |w| u64::from(w.busy),
+    ),
+    (
+        "corelocal_accept_queue_length",
+        "gauge",
+        "Accept-queue length at the last sample.",
+        |w| w.queue_len,
+    ),
+    (
+        "corelocal_accept_queue_capacity",
+        "gauge",
+        "Accept-queue cap at the last sample.",
+        |w| w.queue_cap,
+    ),
+];
+
+/// [`prometheus`], plus the balancer's families when it runs (see the module docs).
+pub fn prometheus_balanced(
+    snap: &Snapshot,
+    balance: &BalanceSnapshot,
+    info: &[(&str, String)],
+) -> String {
+    let mut s = prometheus(snap, info);
+    if !balance.enabled {
+        return s;
+    }
+    let label = |w: &WorkerSnapshot| format!("worker=\"{}\",cpu=\"{}\"", w.worker, w.cpu);
+    for (name, kind, help, field) in BALANCED {
+        let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for w in &snap.workers {
+            let _ = writeln!(s, "{name}{{{}}} {}", label(w), field(w));
+        }
+    }
+    let name = "corelocal_stolen_from_total";
+    let _ = writeln!(
+        s,
+        "# HELP {name} Connections the worker stole, by victim worker.\n# TYPE {name} counter"
+    );
+    for w in &snap.workers {
+        for (victim, n) in w.stolen_from.iter().enumerate() {
+            let _ = writeln!(s, "{name}{{{},victim=\"{victim}\"}} {n}", label(w));
+        }
+    }
+    let name = "corelocal_busy_entered_total";
+    let _ = writeln!(
+        s,
+        "# HELP {name} Times the worker became busy (or changed reason while busy), by reason.\n# TYPE {name} counter"
+    );
+    for w in &balance.workers {
+        for r in BusyReason::ALL {
+            let _ = writeln!(
+                s,
+                "{name}{{worker=\"{}\",cpu=\"{}\",reason=\"{}\"}} {}",
+                w.worker,
+                w.cpu,
+                r.as_str(),
+                w.busy[r.index()]
+            );
+        }
+    }
+    let name = "corelocal_redirects_total";
+    let _ = writeln!(
+        s,
+        "# HELP {name} Times the worker's CPU had its new connections sent to other workers while it was busy.\n# TYPE {name} counter"
+    );
+    for w in &balance.workers {
+        let _ = writeln!(
+            s,
+            "{name}{{worker=\"{}\",cpu=\"{}\"}} {}",
+            w.worker, w.cpu, w.redirects
+        );
+    }
+    s
 }
 
 #[cfg(test)]

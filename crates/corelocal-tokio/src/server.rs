@@ -1,6 +1,7 @@
 //! [`Server`]: binds the listener group, starts one pinned current-thread runtime per CPU,
 //! stops without losing a queued connection.
 
+use crate::balance::{self, BalanceSnapshot};
 use crate::worker::{self, WorkerCtx, WorkerInfo, WorkerSetup, DRAIN_QUIESCE};
 use corelocal::cpu::{current_affinity, CpuSet};
 use corelocal::listen::{ActiveSteering, GroupConfig, ListenError, ListenerGroup, Mode, Steering};
@@ -97,6 +98,7 @@ pub struct Builder {
     backlog: u32,
     defer_accept_s: Option<u32>,
     limits: Limits,
+    balance: bool,
 }
 
 impl Default for Builder {
@@ -108,6 +110,7 @@ impl Default for Builder {
             backlog: 4096,
             defer_accept_s: None,
             limits: Limits::default(),
+            balance: true,
         }
     }
 }
@@ -180,6 +183,20 @@ impl Builder {
         self
     }
 
+    /// The balancer for workers that stop serving (default on): a worker whose runtime is
+    /// neither waiting for events nor turning its loop for 5 ms (a handler that blocks its
+    /// thread: `std::thread::sleep`, a blocking read, a lock; a starved or dead thread), or
+    /// whose queue holds connections it does not accept, is busy. While it is, the other
+    /// workers accept from its listener (stealing, 5:1 with their own), and with eBPF
+    /// steering its CPU's new SYNs go to the closest non-busy workers; they come back as soon
+    /// as it drains. A monitor thread per server watches every worker each 1 ms (8 ms while
+    /// everything is idle). `false`: no monitor, no stealing: a blocked worker's connections
+    /// wait for it. Counters: [`Stats::balance`], `stolen` in the [`Snapshot`].
+    pub fn balance(mut self, on: bool) -> Builder {
+        self.balance = on;
+        self
+    }
+
     /// Binds every worker's listener on `addr` (port 0: one ephemeral port for all).
     pub fn listen(self, addr: impl ToSocketAddrs) -> Result<Server, Error> {
         let addrs: Vec<SocketAddr> = addr
@@ -230,14 +247,23 @@ impl Builder {
         let group = Arc::new(ListenerGroup::bind(config).map_err(Error::Listen)?);
         let mut limits = self.limits;
         limits.accept_quiesce = group.stop_quiesce().unwrap_or(DRAIN_QUIESCE);
+        let balance = match self.balance {
+            true => balance::Shared::for_group(&group).map_err(|source| Error::Io {
+                context: "duplicating the listeners for stealing".into(),
+                source,
+            })?,
+            false => None,
+        };
         let stats = Stats {
             reader: StatsReader::for_group(group.clone()),
             group: group.clone(),
+            balance: balance.clone(),
         };
         Ok(Server {
             group,
             limits,
             stats,
+            balance,
         })
     }
 }
@@ -249,6 +275,7 @@ impl Builder {
 pub struct Stats {
     reader: StatsReader,
     group: Arc<ListenerGroup>,
+    balance: Option<Arc<balance::Shared>>,
 }
 
 impl fmt::Debug for Stats {
@@ -273,11 +300,17 @@ impl Stats {
         self.reader.sample_net();
     }
 
+    /// The balancer's counters ([`Builder::balance`]): busy transitions by reason and
+    /// redirect episodes per worker.
+    pub fn balance(&self) -> BalanceSnapshot {
+        BalanceSnapshot::of(self.balance.as_deref(), |w| self.group.worker_cpu(w))
+    }
+
     /// [`Stats::sample_net`], then the counters in the Prometheus text format with
-    /// corelocal's metric names (see [`crate::metrics`]).
+    /// corelocal's metric names (see [`crate::metrics`]), the balancer's with them.
     pub fn prometheus(&self) -> String {
         self.sample_net();
-        crate::metrics::prometheus(&self.snapshot(), &self.info())
+        crate::metrics::prometheus_balanced(&self.snapshot(), &self.balance(), &self.info())
     }
 
     /// The labels of the `corelocal_info` sample.
@@ -301,6 +334,7 @@ pub struct Server {
     group: Arc<ListenerGroup>,
     limits: Limits,
     stats: Stats,
+    balance: Option<Arc<balance::Shared>>,
 }
 
 impl fmt::Debug for Server {
@@ -399,6 +433,7 @@ impl Server {
                 all_stats: self.stats.clone(),
                 stop: stop_rx.clone(),
                 limits: self.limits,
+                balance: self.balance.clone(),
             };
             let f = f.clone();
             let ready = ready_tx.clone();
@@ -426,11 +461,25 @@ impl Server {
                 Err(_) => break,
             }
         }
-        let running = Running {
+        let mut running = Running {
             shared,
             threads,
             stats: self.stats,
+            monitor: None,
         };
+        if failure.is_none() {
+            if let Some(b) = self.balance {
+                match balance::spawn_monitor(b, self.group.clone(), &running.stats) {
+                    Ok(m) => running.monitor = Some(m),
+                    Err(source) => {
+                        failure = Some(Error::Io {
+                            context: "starting the balancer's monitor thread".into(),
+                            source,
+                        })
+                    }
+                }
+            }
+        }
         if let Some(e) = failure {
             running.stop();
             let _ = running.join();
@@ -502,6 +551,8 @@ pub struct Running {
     shared: Arc<Shared>,
     threads: Vec<JoinHandle<io::Result<()>>>,
     stats: Stats,
+    /// The balancer's monitor; it ends after the workers.
+    monitor: Option<JoinHandle<()>>,
 }
 
 impl fmt::Debug for Running {
@@ -560,6 +611,10 @@ impl Running {
             if let Err(source) = r {
                 failure.get_or_insert(Error::Worker { worker, source });
             }
+        }
+        if let Some(m) = self.monitor {
+            // It sees the workers gone within one sampling period.
+            let _ = m.join();
         }
         self.stats.sample_net();
         let report = ShutdownReport {

@@ -1,6 +1,7 @@
 //! One worker: a pinned thread, its current-thread runtime and `LocalSet`, its listeners, the
 //! counted accept loop ([`WorkerCtx::accept`]) with the zero-loss stop, and [`Stream`].
 
+use crate::balance::{self, Thief};
 use crate::server::{Limits, Stats};
 use corelocal::cpu::{pin_current_thread, CpuSet};
 use corelocal::runtime::{ErrorKind, WorkerStats};
@@ -48,6 +49,8 @@ pub(crate) struct WorkerSetup {
     pub(crate) all_stats: Stats,
     pub(crate) stop: watch::Receiver<bool>,
     pub(crate) limits: Limits,
+    /// The balancer (`None`: off, or nothing to balance).
+    pub(crate) balance: Option<Arc<balance::Shared>>,
 }
 
 type Ready = mpsc::Sender<(usize, io::Result<()>)>;
@@ -65,14 +68,22 @@ where
         let _ = ready.send((index, Err(io::Error::new(e.kind(), e.to_string()))));
         Err(e)
     };
+    // Counted alive from here; dropped (a return or a panic): the balancer sees it stopped.
+    let _alive = setup.balance.clone().map(|b| Alive::new(b, index));
     if let Err(e) = pin_current_thread(&CpuSet::single(setup.info.cpu)) {
         return fail(e, &format!("pin to CPU {}", setup.info.cpu));
     }
-    let rt = match tokio::runtime::Builder::new_current_thread()
-        .enable_io()
-        .enable_time()
-        .build()
-    {
+    let mut builder = tokio::runtime::Builder::new_current_thread();
+    builder.enable_io().enable_time();
+    if let Some(b) = &setup.balance {
+        // The liveness the monitor reads: parked = waiting for events; each park and unpark is
+        // one turn of the loop, so a handler that blocks the thread freezes the count.
+        let (p, u) = (b.clone(), b.clone());
+        builder
+            .on_thread_park(move || p.parked(index))
+            .on_thread_unpark(move || u.unparked(index));
+    }
+    let rt = match builder.build() {
         Ok(rt) => rt,
         Err(e) => return fail(e, "building the current-thread runtime"),
     };
@@ -106,6 +117,7 @@ where
                 drain: Cell::new(None),
                 accept_done: Cell::new(false),
                 next_listener: Cell::new(0),
+                thief: setup.balance.map(|b| Thief::new(index, b)),
             }),
         };
         let served = f(ctx.clone()).await;
@@ -116,6 +128,25 @@ where
     drop(local);
     drop(rt);
     result
+}
+
+/// A worker thread alive for the balancer while this lives.
+struct Alive {
+    shared: Arc<balance::Shared>,
+    worker: usize,
+}
+
+impl Alive {
+    fn new(shared: Arc<balance::Shared>, worker: usize) -> Alive {
+        shared.started();
+        Alive { shared, worker }
+    }
+}
+
+impl Drop for Alive {
+    fn drop(&mut self) {
+        self.shared.exited(self.worker);
+    }
 }
 
 /// The phases of a stop, fixed when it begins.
@@ -146,6 +177,8 @@ struct Inner {
     drain: Cell<Option<Drain>>,
     accept_done: Cell<bool>,
     next_listener: Cell<usize>,
+    /// Stealing from busy workers (`None`: balance off).
+    thief: Option<Thief>,
 }
 
 /// What the closure given to [`Server::serve`](crate::Server::serve) /
@@ -262,16 +295,20 @@ impl WorkerCtx {
                 }
                 continue;
             }
+            if let Some(c) = self.steal_turn().await {
+                return Some(c);
+            }
             match inner.drain.get() {
                 None => {
                     tokio::select! {
                         biased;
                         _ = self.stopping() => self.begin_drain(),
                         r = self.accept_any() => {
-                            if let Some(c) = self.on_accept(r, false).await {
+                            if let Some(c) = self.on_accept(r, None).await {
                                 return Some(c);
                             }
                         }
+                        _ = self.steal_wake() => {}
                     }
                 }
                 Some(d) => {
@@ -280,11 +317,12 @@ impl WorkerCtx {
                     }
                     tokio::select! {
                         r = self.accept_any() => {
-                            if let Some(c) = self.on_accept(r, true).await {
+                            if let Some(c) = self.on_accept(r, None).await {
                                 return Some(c);
                             }
                         }
                         _ = tokio::time::sleep(DRAIN_POLL) => {}
+                        _ = self.steal_wake() => {}
                     }
                 }
             }
@@ -294,12 +332,23 @@ impl WorkerCtx {
     /// Counts a connection accepted some other way (e.g. from [`WorkerCtx::listener`]) like
     /// [`WorkerCtx::accept`] does and wraps it.
     pub fn track(&self, stream: TcpStream) -> Stream {
+        self.track_from(stream, None)
+    }
+
+    /// Counts a connection from this worker's queue (`victim` `None`) or stolen from
+    /// `victim`'s, and wraps it.
+    fn track_from(&self, stream: TcpStream, victim: Option<usize>) -> Stream {
         let incoming_cpu = socket::incoming_cpu(stream.as_raw_fd())
             .ok()
             .and_then(|c| usize::try_from(c).ok());
         let local = incoming_cpu == Some(self.inner.info.cpu);
         let track = &self.inner.track;
-        track.stats.accepted(local, false);
+        track.stats.accepted(local, victim.is_some());
+        match (victim, &self.inner.thief) {
+            (Some(v), _) => track.stats.stole_from(v),
+            (None, Some(t)) => t.record_local(),
+            (None, None) => {}
+        }
         track.open.set(track.open.get() + 1);
         Stream {
             io: stream,
@@ -339,30 +388,90 @@ impl WorkerCtx {
     }
 
     fn accept_any(&self) -> impl Future<Output = io::Result<(TcpStream, SocketAddr)>> + '_ {
-        let inner = &*self.inner;
-        poll_fn(move |cx| {
-            let n = inner.listeners.len();
-            let start = inner.next_listener.get();
-            for i in 0..n {
-                let k = (start + i) % n;
-                if let Poll::Ready(r) = inner.listeners[k].poll_accept(cx) {
-                    inner.next_listener.set((k + 1) % n);
-                    return Poll::Ready(r);
-                }
-            }
-            Poll::Pending
+        poll_fn(move |cx| self.poll_accept_any(cx))
+    }
+
+    /// A connection from this worker's queues if one is there now (never waits).
+    fn accept_ready(
+        &self,
+    ) -> impl Future<Output = Option<io::Result<(TcpStream, SocketAddr)>>> + '_ {
+        poll_fn(move |cx| match self.poll_accept_any(cx) {
+            Poll::Ready(r) => Poll::Ready(Some(r)),
+            Poll::Pending => Poll::Ready(None),
         })
+    }
+
+    fn poll_accept_any(&self, cx: &mut Context<'_>) -> Poll<io::Result<(TcpStream, SocketAddr)>> {
+        let inner = &*self.inner;
+        let n = inner.listeners.len();
+        let start = inner.next_listener.get();
+        for i in 0..n {
+            let k = (start + i) % n;
+            if let Poll::Ready(r) = inner.listeners[k].poll_accept(cx) {
+                inner.next_listener.set((k + 1) % n);
+                return Poll::Ready(r);
+            }
+        }
+        Poll::Pending
+    }
+
+    /// Resolves when the balancer asks this worker to steal (never with balance off).
+    async fn steal_wake(&self) {
+        match &self.inner.thief {
+            Some(t) => t.woken().await,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// While another worker is busy and this one is not: one connection from a busy worker's
+    /// queue, or from this worker's own when the 5:1 share says so (Affinity-Accept §3.3.1).
+    /// `None`: nothing to steal now, or take the own queue's next connection.
+    async fn steal_turn(&self) -> Option<(Stream, SocketAddr)> {
+        let thief = self.inner.thief.as_ref()?;
+        if !thief.should_steal() {
+            return None;
+        }
+        if let Some(v) = thief.steal_due() {
+            if let r @ Some(_) = thief.steal_from(v, true).transpose() {
+                return self.on_accept_stolen(r?).await;
+            }
+        }
+        if let Some(r) = self.accept_ready().await {
+            return self.on_accept(r, None).await;
+        }
+        match thief.steal_any() {
+            Ok(None) => None,
+            r => self.on_accept_stolen(r.transpose()?).await,
+        }
+    }
+
+    async fn on_accept_stolen(
+        &self,
+        r: io::Result<balance::Stolen>,
+    ) -> Option<(Stream, SocketAddr)> {
+        // A steal is a plain accept(2), outside tokio's accounting: spend the task's budget as
+        // tokio's own accept does, so a long queue is taken over several turns of the loop and
+        // the connections already taken get served in between.
+        tokio::task::coop::consume_budget().await;
+        let r = r.and_then(|s| {
+            s.stream.set_nonblocking(true)?;
+            Ok((TcpStream::from_std(s.stream)?, s.peer, s.victim))
+        });
+        match r {
+            Ok((stream, peer, victim)) => self.on_accept(Ok((stream, peer)), Some(victim)).await,
+            Err(e) => self.on_accept(Err(e), None).await,
+        }
     }
 
     async fn on_accept(
         &self,
         r: io::Result<(TcpStream, SocketAddr)>,
-        draining: bool,
+        victim: Option<usize>,
     ) -> Option<(Stream, SocketAddr)> {
         match r {
             Ok((stream, peer)) => {
-                let s = self.track(stream);
-                if draining {
+                let s = self.track_from(stream, victim);
+                if self.inner.drain.get().is_some() {
                     self.inner.track.stats.drain_accepted();
                 }
                 Some((s, peer))
