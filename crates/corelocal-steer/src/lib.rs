@@ -15,6 +15,8 @@
 //! the kernel's hash.
 
 pub mod apply;
+pub mod background;
+pub mod balance;
 pub mod discover;
 pub mod measure;
 pub mod metrics;
@@ -143,6 +145,12 @@ enum Action {
         /// Print the result as JSON.
         #[arg(long)]
         json: bool,
+        /// on: leave a balancer running (`steer watch` in the background, until the server
+        /// exits or `detach`): a stopped, starved, blocked or overloaded worker's CPU sends
+        /// its SYNs to the closest workers that can serve them until it drains. off: steering
+        /// only (and a balancer `attach` started is stopped).
+        #[arg(long, value_enum, default_value = "on")]
+        balance: OnOff,
     },
     /// Per group: listeners, worker PID → CPU, method, per-CPU steered vs fallback counts
     /// and the locality they give.
@@ -202,6 +210,14 @@ enum Action {
         /// SYN counts, steered share, what watch did.
         #[arg(long)]
         metrics: Option<String>,
+        /// on: a worker that is stopped, starved, blocked or not draining its queue is busy,
+        /// and its CPU's SYNs go to the closest workers that are not until it drains (eBPF
+        /// groups); off: every SYN to its CPU's worker, whatever state that worker is in.
+        #[arg(long, value_enum, default_value = "on")]
+        balance: OnOff,
+        /// Marks the balancer `attach` starts (found again by `detach` and `status`).
+        #[arg(long = "started-by-attach", hide = true)]
+        started_by_attach: bool,
     },
     /// What steering saves on the live server, from the traffic it has (none is generated):
     /// windows alternate steering on and off (ABBA); each reads the server's CPU time
@@ -228,6 +244,13 @@ enum Action {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// `--balance on|off`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum OnOff {
+    On,
+    Off,
 }
 
 /// `--duration` / `--window` values.
@@ -312,7 +335,8 @@ pub fn run(cmd: Command) -> ExitCode {
             method,
             force,
             json,
-        } => attach_cmd(&target, method, force, json),
+            balance,
+        } => attach_cmd(&target, method, force, json, balance == OnOff::On),
         Action::Status {
             server,
             listen,
@@ -339,8 +363,11 @@ pub fn run(cmd: Command) -> ExitCode {
             detach_on_exit,
             start_timeout_s,
             metrics,
+            balance,
+            started_by_attach: _,
         } => {
             let mut cfg = WatchConfig::new(target.server.source());
+            cfg.balance = balance == OnOff::On;
             cfg.filters = target.listen.clone();
             cfg.method = method;
             cfg.interval = Duration::from_millis(interval_ms);
@@ -367,17 +394,39 @@ fn log_line(msg: String) {
     eprintln!("{msg}");
 }
 
-fn attach_cmd(t: &Target, method: Method, force: bool, json: bool) -> Result<(), SteerError> {
-    let (plan, dups) = apply::discover(t.pid()?, &t.listen)?;
+fn attach_cmd(
+    t: &Target,
+    method: Method,
+    force: bool,
+    json: bool,
+    balance: bool,
+) -> Result<(), SteerError> {
+    let pid = t.pid()?;
+    let (plan, dups) = apply::discover(pid, &t.listen)?;
     let done = apply::attach(&plan, &dups, method, force, &mut log_line)?;
     drop(dups);
+    let balancer = attach_balancer(pid, &t.listen, balance, &done)?;
     if json {
         out!(
             "{}",
-            serde_json::to_string_pretty(&serde_json::json!({"plan": plan, "attached": done}))
-                .expect("serialisable")
+            serde_json::to_string_pretty(&serde_json::json!({
+                "plan": plan, "attached": done, "balancer_pid": balancer
+            }))
+            .expect("serialisable")
         );
         return Ok(());
+    }
+    match balancer {
+        Some(b) => out!(
+            "balancer: pid {b} (`corelocal steer watch --pid {pid}` in the background): a busy \
+             worker's CPU sends its SYNs to other workers until it drains; stops with the server \
+             or `steer detach`"
+        ),
+        None if balance => out!(
+            "balancer: none (needs eBPF steering; SO_INCOMING_CPU cannot route around a busy \
+             worker)"
+        ),
+        None => out!("balancer: off (steering only)"),
     }
     for (a, g) in done.iter().zip(&plan.groups) {
         let how = match a.prog_id {
@@ -391,6 +440,26 @@ fn attach_cmd(t: &Target, method: Method, force: bool, json: bool) -> Result<(),
         }
     }
     Ok(())
+}
+
+/// Starts (or, with `balance` off, stops) the background balancer for server `pid`. Only
+/// eBPF groups can be balanced.
+fn attach_balancer(
+    pid: u32,
+    listen: &[String],
+    balance: bool,
+    done: &[apply::Attached],
+) -> Result<Option<u32>, SteerError> {
+    if !balance {
+        background::stop(pid);
+        return Ok(None);
+    }
+    if !done.iter().any(|a| a.prog_id.is_some()) {
+        return Ok(None);
+    }
+    background::start(pid, listen)
+        .map(Some)
+        .map_err(|e| SteerError(format!("attached, but the balancer did not start: {e}")))
 }
 
 pub(crate) fn describe_map(g: &plan::GroupPlan) -> String {
@@ -483,7 +552,10 @@ fn status_cmd(
         None
     };
     if json {
-        let v = serde_json::json!({"groups": st, "connections": conns, "live": live});
+        let v = serde_json::json!({
+            "groups": st, "connections": conns, "live": live,
+            "balancer_pid": background::find(pid).first(),
+        });
         out!(
             "{}",
             serde_json::to_string_pretty(&v).expect("serialisable")
@@ -492,6 +564,12 @@ fn status_cmd(
     }
     if st.is_empty() {
         out!("pid {pid}: no listening TCP socket in its process tree");
+    }
+    match background::find(pid).first() {
+        Some(b) => out!("balancer: running (pid {b}, started by `steer attach`)"),
+        None => out!(
+            "balancer: none started by `steer attach` (a `steer watch` balances while it runs)"
+        ),
     }
     for (i, s) in st.iter().enumerate() {
         print_status(s);
@@ -578,10 +656,16 @@ fn print_status(s: &apply::GroupStatus) {
     }
     for c in &s.counts {
         out!(
-            "  cpu {}: {} SYNs steered, {} fell back to the hash ({} no worker, {} listener \
-             gone)",
+            "  cpu {}: {} SYNs steered, {} redirected to another CPU's worker{}, {} fell back to \
+             the hash ({} no worker, {} listener gone)",
             c.cpu,
             c.steered,
+            c.redirected,
+            if c.redirected_now {
+                " (now: its worker is busy)"
+            } else {
+                ""
+            },
             c.fallback,
             c.no_worker,
             c.listener_gone
@@ -689,7 +773,16 @@ fn measure_cmd(
             );
         }
     };
-    let report = measure::measure(t.pid()?, &cfg, &mut pause, &mut progress)?;
+    let pid = t.pid()?;
+    // A balancer `attach` left would attach again in the off windows: paused meanwhile.
+    let had_balancer = !background::stop(pid).is_empty();
+    let report = measure::measure(pid, &cfg, &mut pause, &mut progress);
+    if had_balancer {
+        if let Err(e) = background::start(pid, &t.listen) {
+            eprintln!("corelocal steer: the balancer did not restart: {e}");
+        }
+    }
+    let report = report?;
     if json {
         out!(
             "{}",
@@ -702,7 +795,12 @@ fn measure_cmd(
 }
 
 fn detach_cmd(t: &Target) -> Result<(), SteerError> {
-    let (plan, dups) = apply::discover(t.pid()?, &t.listen)?;
+    let pid = t.pid()?;
+    // The balancer first: it would attach again.
+    for b in background::stop(pid) {
+        out!("stopped the balancer (pid {b})");
+    }
+    let (plan, dups) = apply::discover(pid, &t.listen)?;
     let done = apply::detach(&plan, &dups)?;
     drop(dups);
     for d in done {
@@ -742,14 +840,27 @@ fn watch_cmd(
         }
         limit.is_some_and(|l| start.elapsed() >= l)
     };
-    let mut log = |e: &watch::Event| {
+    let print = move |e: &watch::Event| {
         if json {
             out!("{}", serde_json::to_string(e).expect("serialisable"));
         } else {
             eprintln!("{} {}", watch::clock(), e.message);
         }
     };
-    watch::watch(cfg, &mut pause, &mut log, &state)
+    let balancer = if cfg.balance {
+        Some(
+            balance::Handle::start(Box::new(print))
+                .map_err(|e| SteerError(format!("starting the balancer thread: {e}")))?,
+        )
+    } else {
+        None
+    };
+    let mut log = print;
+    let stopped = watch::watch(cfg, &mut pause, &mut log, &state, balancer.as_deref());
+    if let Some(b) = balancer {
+        b.stop();
+    }
+    stopped
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@
 
 use crate::discover;
 use crate::watch::WatchState;
+use corelocal::balance::BusyReason;
 use corelocal::bpf::cpu_pick::{CpuPick, PickCounts};
 use std::fmt::Write as _;
 use std::io::{Read, Write};
@@ -35,7 +36,8 @@ pub fn render(state: &WatchState, counts: &[(String, Vec<PickCounts>)]) -> Strin
         "corelocal_steer_syns_total",
         "counter",
         "SYNs seen by the steering program since it was attached, by group, CPU and outcome \
-         (steered: to the worker pinned to that CPU; no_worker, listener_gone: the kernel's hash).",
+         (steered: to the worker pinned to that CPU; redirected: to another CPU's worker while \
+         that CPU's were busy; no_worker, listener_gone: the kernel's hash).",
     );
     for (group, per_cpu) in counts {
         for (cpu, c) in per_cpu.iter().enumerate() {
@@ -44,6 +46,7 @@ pub fn render(state: &WatchState, counts: &[(String, Vec<PickCounts>)]) -> Strin
             }
             for (outcome, v) in [
                 ("steered", c.steered),
+                ("redirected", c.redirected),
                 ("no_worker", c.no_worker),
                 ("listener_gone", c.listener_gone),
             ] {
@@ -63,7 +66,11 @@ pub fn render(state: &WatchState, counts: &[(String, Vec<PickCounts>)]) -> Strin
     );
     for (group, per_cpu) in counts {
         let steered: u64 = per_cpu.iter().map(|c| c.steered).sum();
-        let total: u64 = steered + per_cpu.iter().map(|c| c.fallback()).sum::<u64>();
+        let total: u64 = steered
+            + per_cpu
+                .iter()
+                .map(|c| c.fallback() + c.redirected)
+                .sum::<u64>();
         if total > 0 {
             let _ = writeln!(
                 o,
@@ -116,6 +123,7 @@ pub fn render(state: &WatchState, counts: &[(String, Vec<PickCounts>)]) -> Strin
             gs.cpus_mapped
         );
     }
+    render_balance(&mut o, state);
     family(
         &mut o,
         "corelocal_steer_server_pid",
@@ -149,6 +157,83 @@ pub fn render(state: &WatchState, counts: &[(String, Vec<PickCounts>)]) -> Strin
         let _ = writeln!(o, "{name} {v}");
     }
     o
+}
+
+/// The balancer's families: busy workers, per reason; redirected CPUs.
+fn render_balance(o: &mut String, state: &WatchState) {
+    let family = |o: &mut String, name: &str, kind: &str, help: &str| {
+        let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    };
+    family(
+        o,
+        "corelocal_steer_worker_busy",
+        "gauge",
+        "1 while the balancer holds the worker busy, by reason (queue: above the high \
+         watermark; stalled: queue not drained; not_running: stopped, starved or blocked).",
+    );
+    for (g, gb) in &state.balance {
+        for m in &gb.members {
+            for reason in BusyReason::ALL {
+                let r = reason.as_str();
+                let _ = writeln!(
+                    o,
+                    "corelocal_steer_worker_busy{{group=\"{}\",cpu=\"{}\",pid=\"{}\",reason=\"{r}\"}} {}",
+                    label(g),
+                    m.cpu,
+                    m.tid,
+                    u8::from(m.busy == Some(r))
+                );
+            }
+        }
+    }
+    family(
+        o,
+        "corelocal_steer_worker_busy_total",
+        "counter",
+        "Times the worker became busy, by reason.",
+    );
+    for (g, gb) in &state.balance {
+        for m in &gb.members {
+            for (r, v) in &m.busy_total {
+                let _ = writeln!(
+                    o,
+                    "corelocal_steer_worker_busy_total{{group=\"{}\",cpu=\"{}\",pid=\"{}\",reason=\"{r}\"}} {v}",
+                    label(g),
+                    m.cpu,
+                    m.tid
+                );
+            }
+        }
+    }
+    family(
+        o,
+        "corelocal_steer_cpu_redirected",
+        "gauge",
+        "1 while the CPU's SYNs go to other CPUs' workers (its own are busy).",
+    );
+    for (g, gb) in &state.balance {
+        for cpu in gb.redirected.keys() {
+            let _ = writeln!(
+                o,
+                "corelocal_steer_cpu_redirected{{group=\"{}\",cpu=\"{cpu}\"}} 1",
+                label(g)
+            );
+        }
+    }
+    family(
+        o,
+        "corelocal_steer_redirects_total",
+        "counter",
+        "Times a CPU's SYNs were sent to other CPUs' workers.",
+    );
+    for (g, gb) in &state.balance {
+        let _ = writeln!(
+            o,
+            "corelocal_steer_redirects_total{{group=\"{}\"}} {}",
+            label(g),
+            gb.redirects_total
+        );
+    }
 }
 
 /// Reads the counters of every eBPF group in `state` (programs that went away are skipped).
@@ -232,17 +317,32 @@ mod tests {
                 cpus_mapped: 2,
             },
         );
+        st.balance.insert(
+            "127.0.0.1:80".into(),
+            crate::balance::GroupState {
+                members: vec![crate::balance::MemberState {
+                    cpu: 1,
+                    pid: 43,
+                    tid: 43,
+                    busy: Some("not_running"),
+                    busy_total: [("not_running", 3)].into_iter().collect(),
+                    queue_len: 2,
+                }],
+                redirected: [(1, vec![0])].into_iter().collect(),
+                redirects_total: 3,
+            },
+        );
         let counts = vec![(
             "127.0.0.1:80".to_string(),
             vec![
                 PickCounts {
                     steered: 30,
-                    no_worker: 0,
-                    listener_gone: 0,
+                    ..Default::default()
                 },
                 PickCounts::default(),
                 PickCounts {
                     steered: 9,
+                    redirected: 2,
                     no_worker: 1,
                     listener_gone: 0,
                 },
@@ -256,7 +356,18 @@ mod tests {
             "corelocal_steer_syns_total{group=\"127.0.0.1:80\",cpu=\"2\",outcome=\"no_worker\"} 1"
         ));
         assert!(!text.contains("cpu=\"1\""), "idle CPUs are left out");
-        assert!(text.contains("corelocal_steer_steered_ratio{group=\"127.0.0.1:80\"} 0.975"));
+        assert!(text.contains(
+            "corelocal_steer_syns_total{group=\"127.0.0.1:80\",cpu=\"2\",outcome=\"redirected\"} 2"
+        ));
+        assert!(text
+            .contains("corelocal_steer_steered_ratio{group=\"127.0.0.1:80\"} 0.9285714285714286"));
+        assert!(text.contains(
+            "corelocal_steer_worker_busy{group=\"127.0.0.1:80\",cpu=\"1\",pid=\"43\",reason=\"not_running\"} 1"
+        ));
+        assert!(text.contains("corelocal_steer_cpu_redirected{group=\"127.0.0.1:80\",cpu=\"1\"} 1"));
+        assert!(text.contains(
+            "corelocal_steer_worker_busy_total{group=\"127.0.0.1:80\",cpu=\"1\",pid=\"43\",reason=\"not_running\"} 3"
+        ));
         assert!(text.contains(
             "corelocal_steer_group_info{group=\"127.0.0.1:80\",method=\"ebpf\",prog_id=\"7\"} 1"
         ));

@@ -69,6 +69,16 @@ pub struct Event {
 }
 
 impl Event {
+    /// An event of the balancer (`busy`, `recovered`, `redirect`, `home`).
+    pub(crate) fn for_balance(
+        event: &'static str,
+        pid: u32,
+        group: SocketAddr,
+        msg: String,
+    ) -> Self {
+        Event::new(event, Some(pid), Some(group), msg)
+    }
+
     fn new(event: &'static str, pid: Option<u32>, group: Option<SocketAddr>, msg: String) -> Self {
         Event {
             ts: timestamp(),
@@ -107,6 +117,8 @@ pub struct WatchConfig {
     /// Detach on a requested stop (the unit's `ExecStop` semantics: stopping the service
     /// restores the kernel's hash).
     pub detach_on_exit: bool,
+    /// Route a busy worker's SYNs to other workers ([`crate::balance`]); eBPF groups only.
+    pub balance: bool,
 }
 
 impl WatchConfig {
@@ -120,6 +132,7 @@ impl WatchConfig {
             force: false,
             start_timeout: Duration::from_secs(30),
             detach_on_exit: false,
+            balance: true,
         }
     }
 }
@@ -152,6 +165,8 @@ pub struct WatchState {
     pub target_changes: u64,
     /// Failed attempts (refusals after start, errors).
     pub failures: u64,
+    /// The balancer's view per group (busy workers, redirected CPUs), when it runs.
+    pub balance: BTreeMap<String, crate::balance::GroupState>,
 }
 
 /// What `watch` remembers across ticks and across the processes it follows: per group, the
@@ -159,6 +174,9 @@ pub struct WatchState {
 /// once); the listeners of the last full scan (to find the process that holds them next).
 #[derive(Default)]
 struct Memory {
+    /// What the balancer balances, per group, as last known with every worker's thread
+    /// (kept while a re-scan cannot tell a busy thread's listener: exactly when it matters).
+    balanced: BTreeMap<SocketAddr, crate::balance::Group>,
     applied: BTreeMap<SocketAddr, BTreeMap<usize, Vec<u64>>>,
     refused: BTreeMap<SocketAddr, String>,
     listeners: BTreeSet<u64>,
@@ -282,6 +300,7 @@ pub fn watch(
     pause: &mut dyn FnMut(Duration) -> bool,
     log: &mut dyn FnMut(&Event),
     state: &Mutex<WatchState>,
+    balancer: Option<&crate::balance::Handle>,
 ) -> Result<Stopped, SteerError> {
     let started = Instant::now();
     let mut mem = Memory::default();
@@ -293,6 +312,10 @@ pub fn watch(
     let mut last_failure: Option<String> = None;
     loop {
         if stopping {
+            if let Some(b) = balancer {
+                // Rows it redirected go home before anything else happens.
+                b.stop();
+            }
             let pid = session.as_ref().map(|s| s.root);
             if cfg.detach_on_exit {
                 if let Some(pid) = pid {
@@ -437,7 +460,11 @@ pub fn watch(
         }
         let s = session.as_mut().expect("a session");
         let first = !ever_attached;
-        match tick(cfg, s, first, &mut mem, log, state) {
+        let ticked = tick(cfg, s, first, &mut mem, log, state, balancer);
+        if let Some(b) = balancer {
+            state.lock().expect("watch state").balance = b.snapshot();
+        }
+        match ticked {
             Ok(Some(tree)) => {
                 last_tree = tree;
                 last_failure = None;
@@ -469,6 +496,7 @@ fn tick(
     mem: &mut Memory,
     log: &mut dyn FnMut(&Event),
     state: &Mutex<WatchState>,
+    balancer: Option<&crate::balance::Handle>,
 ) -> Result<Option<discover::Fingerprint>, SteerError> {
     let pid = s.root;
     // Cheap check first: nothing about the processes changed and the last full scan is
@@ -646,8 +674,58 @@ fn tick(
     // Groups that went away (listeners closed) leave the map.
     mem.applied
         .retain(|a, _| plan.groups.iter().any(|g| g.addr == *a));
+    if let Some(b) = balancer {
+        b.publish(balance_target(pid, &plan, &st_groups, &mut mem.balanced));
+    }
     state.lock().expect("watch state").groups = st_groups;
     Ok(print)
+}
+
+/// The groups the balancer can act on: steered by our program, each listener's worker pinned.
+///
+/// A group refused now but attached before (a threaded server whose busy thread is not in its
+/// poll call, so its listener cannot be told) keeps its last members: the steering stays as it
+/// was, and so does the balancing.
+fn balance_target(
+    server_pid: u32,
+    plan: &plan::Plan,
+    states: &BTreeMap<String, GroupState>,
+    last: &mut BTreeMap<SocketAddr, crate::balance::Group>,
+) -> crate::balance::Target {
+    last.retain(|a, _| plan.groups.iter().any(|g| g.addr == *a));
+    let groups = plan
+        .groups
+        .iter()
+        .filter_map(|g| {
+            let gs = states.get(&g.addr.to_string())?;
+            if gs.method == "refused" {
+                return last.get(&g.addr).cloned();
+            }
+            let prog_id = gs.prog_id.filter(|_| gs.method == "ebpf")?;
+            let members = g
+                .listeners
+                .iter()
+                .filter_map(|l| {
+                    let w = l.workers.first()?;
+                    Some(crate::balance::Member {
+                        cookie: l.cookie,
+                        inode: l.inode,
+                        cpu: l.cpu?,
+                        pid: w.pid,
+                        tid: w.tid.unwrap_or(w.pid),
+                    })
+                })
+                .collect();
+            let group = crate::balance::Group {
+                addr: g.addr,
+                prog_id,
+                members,
+            };
+            last.insert(g.addr, group.clone());
+            Some(group)
+        })
+        .collect();
+    crate::balance::Target { server_pid, groups }
 }
 
 #[cfg(test)]

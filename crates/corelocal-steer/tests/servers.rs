@@ -31,6 +31,20 @@ const HELD: usize = 200;
 /// Set for the probe run of this binary under reduced privileges.
 const PROBE_ENV: &str = "CORELOCAL_STEER_PROBE";
 
+/// Tests that starve a CPU ([`Starved`]) run alone: a busy loop in a cgroup with the most
+/// CPU share would starve every other test's servers on that CPU too.
+static CPU_USE: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+/// Taken by every test that does not starve a CPU.
+fn cpus_shared() -> std::sync::RwLockReadGuard<'static, ()> {
+    CPU_USE.read().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Taken by the tests that starve a CPU.
+fn cpus_exclusive() -> std::sync::RwLockWriteGuard<'static, ()> {
+    CPU_USE.write().unwrap_or_else(|p| p.into_inner())
+}
+
 fn two_cpus() -> Option<CpuSet> {
     let cpus: CpuSet = current_affinity().unwrap().iter().take(2).collect();
     if cpus.len() < 2 {
@@ -343,6 +357,7 @@ struct Watcher {
     handle: Option<std::thread::JoinHandle<Result<Stopped, apply::SteerError>>>,
     events: Arc<Mutex<Vec<Event>>>,
     state: Arc<Mutex<WatchState>>,
+    balancer: Option<Arc<corelocal_steer::balance::Handle>>,
 }
 
 impl Watcher {
@@ -350,8 +365,17 @@ impl Watcher {
         let stop = Arc::new(AtomicBool::new(false));
         let events = Arc::new(Mutex::new(Vec::new()));
         let state = Arc::new(Mutex::new(WatchState::default()));
+        let balancer = cfg.balance.then(|| {
+            let events = events.clone();
+            corelocal_steer::balance::Handle::start(Box::new(move |e: &Event| {
+                eprintln!("balance: {} {}", e.event, e.message);
+                events.lock().unwrap().push(e.clone());
+            }))
+            .unwrap()
+        });
         let handle = {
             let (stop, events, state) = (stop.clone(), events.clone(), state.clone());
+            let balancer = balancer.clone();
             std::thread::spawn(move || {
                 let mut pause = |d: Duration| {
                     std::thread::sleep(d);
@@ -361,7 +385,13 @@ impl Watcher {
                     eprintln!("watch: {} {}", e.event, e.message);
                     events.lock().unwrap().push(e.clone());
                 };
-                corelocal_steer::watch::watch(&cfg, &mut pause, &mut log, &state)
+                corelocal_steer::watch::watch(
+                    &cfg,
+                    &mut pause,
+                    &mut log,
+                    &state,
+                    balancer.as_deref(),
+                )
             })
         };
         Watcher {
@@ -369,6 +399,7 @@ impl Watcher {
             handle: Some(handle),
             events,
             state,
+            balancer,
         }
     }
 
@@ -397,18 +428,26 @@ impl Watcher {
 
     fn stop(mut self) -> Stopped {
         self.stop.store(true, Ordering::Relaxed);
-        self.handle.take().unwrap().join().unwrap().unwrap()
+        let stopped = self.handle.take().unwrap().join().unwrap().unwrap();
+        if let Some(b) = self.balancer.take() {
+            b.stop();
+        }
+        stopped
     }
 }
 
 impl Drop for Watcher {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
+        if let Some(b) = self.balancer.take() {
+            b.stop();
+        }
     }
 }
 
 #[test]
 fn nginx_attach_makes_accept_local_and_detach_restores_the_hash() {
+    let _cpus = cpus_shared();
     if !inside_private_netns("nginx_attach_makes_accept_local_and_detach_restores_the_hash") {
         return;
     }
@@ -467,6 +506,7 @@ fn nginx_attach_makes_accept_local_and_detach_restores_the_hash() {
 
 #[test]
 fn nginx_ipv4_and_ipv6_listeners_are_separate_groups_both_steered() {
+    let _cpus = cpus_shared();
     if !inside_private_netns("nginx_ipv4_and_ipv6_listeners_are_separate_groups_both_steered") {
         return;
     }
@@ -497,6 +537,7 @@ fn nginx_ipv4_and_ipv6_listeners_are_separate_groups_both_steered() {
 
 #[test]
 fn nginx_two_workers_per_cpu_share_their_cpus_syns() {
+    let _cpus = cpus_shared();
     if !inside_private_netns("nginx_two_workers_per_cpu_share_their_cpus_syns") {
         return;
     }
@@ -528,6 +569,7 @@ fn nginx_two_workers_per_cpu_share_their_cpus_syns() {
 
 #[test]
 fn nginx_reload_that_moves_workers_needs_watch() {
+    let _cpus = cpus_shared();
     if !inside_private_netns("nginx_reload_that_moves_workers_needs_watch") {
         return;
     }
@@ -676,6 +718,7 @@ fn assert_local(nginx: &Nginx, cpus: [usize; 2], when: &str) {
 /// stop and start (found again by the PID file, attached again), ≥ 99% local after each.
 #[test]
 fn watch_follows_nginx_by_pid_file_across_reload_upgrade_and_restart() {
+    let _cpus = cpus_shared();
     if !inside_private_netns("watch_follows_nginx_by_pid_file_across_reload_upgrade_and_restart") {
         return;
     }
@@ -757,6 +800,7 @@ fn watch_follows_nginx_by_pid_file_across_reload_upgrade_and_restart() {
 /// master it left (its former child, now holding the listeners) is followed.
 #[test]
 fn watch_by_pid_follows_the_new_master_of_a_binary_upgrade() {
+    let _cpus = cpus_shared();
     if !inside_private_netns("watch_by_pid_follows_the_new_master_of_a_binary_upgrade") {
         return;
     }
@@ -875,6 +919,7 @@ impl Drop for Haproxy {
 /// worker leaves): under `watch --pid-file` the map follows, ≥ 99% local before and after.
 #[test]
 fn haproxy_master_worker_seamless_reload_under_watch() {
+    let _cpus = cpus_shared();
     if !inside_private_netns("haproxy_master_worker_seamless_reload_under_watch") {
         return;
     }
@@ -931,6 +976,7 @@ fn haproxy_master_worker_seamless_reload_under_watch() {
 /// nothing attached, then attached.
 #[test]
 fn measure_alternates_windows_and_restores_what_it_found() {
+    let _cpus = cpus_shared();
     if !inside_private_netns("measure_alternates_windows_and_restores_what_it_found") {
         return;
     }
@@ -1000,6 +1046,7 @@ fn measure_alternates_windows_and_restores_what_it_found() {
 
 #[test]
 fn nginx_rps_spread_flows_are_accepted_on_the_cpu_that_processed_the_syn() {
+    let _cpus = cpus_shared();
     if !inside_private_netns(
         "nginx_rps_spread_flows_are_accepted_on_the_cpu_that_processed_the_syn",
     ) {
@@ -1109,6 +1156,7 @@ fn python_locality(cpu: usize, addr: SocketAddr) -> f64 {
 
 #[test]
 fn python_per_cpu_server_is_steered_too() {
+    let _cpus = cpus_shared();
     if !inside_private_netns("python_per_cpu_server_is_steered_too") {
         return;
     }
@@ -1141,6 +1189,7 @@ fn python_per_cpu_server_is_steered_too() {
 /// found, reported by `status`, and left alone by `attach`; `--force` replaces it.
 #[test]
 fn a_foreign_reuseport_program_is_detected_and_left_alone() {
+    let _cpus = cpus_shared();
     if !inside_private_netns("a_foreign_reuseport_program_is_detected_and_left_alone") {
         return;
     }
@@ -1390,6 +1439,7 @@ fn probe(setpriv: &str, action: &str, pid: u32, method: &str) -> String {
 /// Not a test by itself: the body run by [`probe`] under reduced privileges.
 #[test]
 fn probe_from_env() {
+    let _cpus = cpus_shared();
     let Ok(spec) = std::env::var(PROBE_ENV) else {
         return;
     };
@@ -1433,6 +1483,7 @@ fn assert_untouched(pid: u32) {
 
 #[test]
 fn refusals_say_why_and_change_nothing() {
+    let _cpus = cpus_shared();
     if !inside_private_netns("refusals_say_why_and_change_nothing") {
         return;
     }
@@ -1556,6 +1607,7 @@ fn unit_capabilities() -> Vec<String> {
 /// the unit's DynamicUser does) attaches with eBPF; without any one of them it cannot.
 #[test]
 fn the_units_capabilities_are_enough_and_each_is_needed() {
+    let _cpus = cpus_shared();
     if !inside_private_netns("the_units_capabilities_are_enough_and_each_is_needed") {
         return;
     }
@@ -1602,6 +1654,7 @@ fn the_units_capabilities_are_enough_and_each_is_needed() {
 
 #[test]
 fn without_cap_bpf_auto_uses_so_incoming_cpu() {
+    let _cpus = cpus_shared();
     if !inside_private_netns("without_cap_bpf_auto_uses_so_incoming_cpu") {
         return;
     }
@@ -1630,4 +1683,313 @@ fn without_cap_bpf_auto_uses_so_incoming_cpu() {
         "{out}"
     );
     assert_untouched(nginx.master);
+}
+
+/// What happened to one fresh client: answered after this long, or not within its timeout.
+type Outcome = Option<Duration>;
+
+/// `n` fresh one-shot requests, one after another, from a thread pinned to `cpu` (its SYNs
+/// processed there); each gets `timeout` from connect to the whole answer. Beside a
+/// [`Starved`] worker the client thread joins the hog's group at nice −20 (the hog must starve
+/// the worker, not the client).
+fn fresh_clients(
+    cpu: usize,
+    addr: SocketAddr,
+    n: usize,
+    timeout: Duration,
+    beside: Option<&Starved>,
+) -> Vec<Outcome> {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            pin_current_thread(&CpuSet::single(cpu)).unwrap();
+            if let Some(starved) = beside {
+                starved.join_hog_group();
+            }
+            (0..n).map(|_| one_request(addr, timeout)).collect()
+        })
+        .join()
+        .unwrap()
+    })
+}
+
+/// Where the test mounts cgroup v1's cpu controller (its private mount namespace's own sysfs
+/// hides the host's `/sys/fs/cgroup`).
+const CPU_CGROUP: &str = "/tmp/corelocal-steer-cpu-cgroup";
+
+/// Mounts the cpu controller at [`CPU_CGROUP`] (the same hierarchy as the host's); whether it
+/// could.
+fn mount_cpu_cgroup() -> bool {
+    if Path::new(CPU_CGROUP).join("tasks").exists() {
+        return true;
+    }
+    let _ = std::fs::create_dir_all(CPU_CGROUP);
+    Command::new("mount")
+        .args(["-t", "cgroup", "-o", "cpu", "cgroup", CPU_CGROUP])
+        .status()
+        .is_ok_and(|s| s.success())
+        && Path::new(CPU_CGROUP).join("tasks").exists()
+}
+
+/// Worker threads starved of CPU: they go to a cpu cgroup with the least share (2), a busy
+/// loop pinned to their CPU to one with the most (262,144). Nice alone starves nothing here:
+/// with autogroups a daemon's session competes as a whole with the hog's session. Undone on
+/// drop (threads back to the root group, the groups removed).
+struct Starved {
+    victims: Vec<u32>,
+    low: std::path::PathBuf,
+    high: std::path::PathBuf,
+    _hog: Option<Spawned>,
+}
+
+impl Starved {
+    fn new(name: &str, cpu: usize, victims: &[u32]) -> Option<Starved> {
+        if !mount_cpu_cgroup() {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "no cgroup v1 cpu controller to mount and CI=true forbids skipping"
+            );
+            eprintln!("skipping: no cgroup v1 cpu controller to mount");
+            return None;
+        }
+        let group = |suffix: &str, shares: u32| {
+            let dir = Path::new(CPU_CGROUP).join(format!("corelocal-{name}-{suffix}"));
+            let _ = std::fs::create_dir(&dir);
+            std::fs::write(dir.join("cpu.shares"), shares.to_string()).unwrap();
+            dir
+        };
+        let mut s = Starved {
+            victims: victims.to_vec(),
+            low: group("starved", 2),
+            high: group("hog", 262_144),
+            _hog: None,
+        };
+        for v in victims {
+            std::fs::write(s.low.join("tasks"), v.to_string()).unwrap();
+        }
+        let hog = spawn_group(&format!(
+            "echo $$ > {}/tasks && exec taskset -c {cpu} sh -c 'while :; do :; done'",
+            s.high.display()
+        ));
+        s._hog = Some(hog);
+        std::thread::sleep(Duration::from_millis(100));
+        Some(s)
+    }
+
+    /// Moves the calling thread into the hog's group at nice −20.
+    fn join_hog_group(&self) {
+        // SAFETY: gettid and setpriority on the calling thread touch no memory of ours.
+        let tid = unsafe { libc::gettid() };
+        std::fs::write(self.high.join("tasks"), tid.to_string()).unwrap();
+        // SAFETY: as above (who = 0: the calling thread).
+        let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, -20) };
+        assert_eq!(rc, 0, "setpriority -20");
+    }
+
+    /// Ends the starvation now (the hog stops, the victims get their share back).
+    fn end(mut self) {
+        self.release();
+    }
+
+    fn release(&mut self) {
+        self._hog.take();
+        let root = Path::new(CPU_CGROUP).join("tasks");
+        for v in &self.victims {
+            let _ = std::fs::write(&root, v.to_string());
+        }
+        for dir in [&self.low, &self.high] {
+            // Threads that exited left it; give the kernel a moment to notice.
+            for _ in 0..100 {
+                if std::fs::remove_dir(dir).is_ok() || !dir.exists() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+    }
+}
+
+impl Drop for Starved {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+fn one_request(addr: SocketAddr, timeout: Duration) -> Outcome {
+    let start = Instant::now();
+    let mut c = TcpStream::connect_timeout(&addr, timeout).ok()?;
+    c.write_all(b"GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        .ok()?;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !got.ends_with(b"ok\n") {
+        let left = timeout.checked_sub(start.elapsed())?;
+        c.set_read_timeout(Some(left.max(Duration::from_millis(1))))
+            .ok()?;
+        match c.read(&mut buf) {
+            Ok(0) | Err(_) => return None,
+            Ok(k) => got.extend_from_slice(&buf[..k]),
+        }
+    }
+    let took = start.elapsed();
+    (took <= timeout).then_some(took)
+}
+
+fn answered(outcomes: &[Outcome]) -> usize {
+    outcomes.iter().filter(|o| o.is_some()).count()
+}
+
+/// The worker of `nginx` pinned to `cpu`.
+fn nginx_worker_on(nginx: &Nginx, cpu: usize) -> u32 {
+    *nginx
+        .workers()
+        .iter()
+        .find(|&&p| pidfd::affinity_of(p).is_ok_and(|a| a == CpuSet::single(cpu)))
+        .expect("a worker pinned there")
+}
+
+/// After the worker serves again: every fresh client from `cpu` is accepted on `cpu` within a
+/// second (the balancer's row goes home as it drains).
+fn assert_local_again(nginx: &Nginx, cpu: usize) {
+    std::thread::sleep(Duration::from_secs(1));
+    let back = nginx.locality(cpu);
+    eprintln!("locality on cpu {cpu} a second later: {back}");
+    in_range("locality after recovery", back, 0.99, 1.0);
+}
+
+fn nginx_balanced(name: &str, port: u16, cpus: &CpuSet) -> (Nginx, Watcher) {
+    let (c0, c1) = (cpus.iter().next().unwrap(), cpus.iter().nth(1).unwrap());
+    let nginx = Nginx::start(
+        name,
+        port,
+        &format!("{} {}", bin_mask(c0), bin_mask(c1)),
+        true,
+    );
+    let watcher = Watcher::start(WatchConfig {
+        method: Method::Ebpf,
+        ..WatchConfig::new(PidSource::Pid(nginx.master))
+    });
+    watcher.wait_for("attached", 1, Duration::from_secs(5));
+    wait_steered(nginx.master);
+    (nginx, watcher)
+}
+
+/// Issue 33: an nginx worker stopped (SIGSTOP) under `watch`: ≥ 99 of 100 fresh clients from
+/// its CPU answered within 1 s, none refused (the balancer routes its CPU's SYNs to the other
+/// worker); after SIGCONT its CPU's connections are local again within a second. Nothing busy:
+/// locality 1.0 and no redirect. Without the balancer none of these clients is answered.
+#[test]
+fn nginx_stopped_worker_is_routed_around_and_locality_comes_back() {
+    let _cpus = cpus_shared();
+    if !inside_private_netns("nginx_stopped_worker_is_routed_around_and_locality_comes_back") {
+        return;
+    }
+    let Some(cpus) = two_cpus() else { return };
+    if !have("nginx") {
+        return;
+    }
+    set_up_loopback(None);
+    let c0 = cpus.iter().next().unwrap();
+    let (nginx, watcher) = nginx_balanced("balance-stop", 18096, &cpus);
+    in_range("locality, nothing busy", nginx.locality(c0), 0.99, 1.0);
+    assert!(
+        !watcher.kinds().contains(&"redirect"),
+        "{:?}",
+        watcher.kinds()
+    );
+    let victim = nginx_worker_on(&nginx, c0);
+    sh(&format!("kill -STOP {victim}"));
+    let outcomes = fresh_clients(c0, nginx.addr, 100, Duration::from_secs(1), None);
+    sh(&format!("kill -CONT {victim}"));
+    eprintln!(
+        "stopped worker: {} of 100 answered within 1 s",
+        answered(&outcomes)
+    );
+    assert!(answered(&outcomes) >= 99, "{outcomes:?}");
+    watcher.wait_for("busy", 1, Duration::from_secs(1));
+    watcher.wait_for("redirect", 1, Duration::from_secs(1));
+    let st = status(nginx.master);
+    let redirected: u64 = st[0].counts.iter().map(|c| c.redirected).sum();
+    assert!(redirected >= 98, "{st:?}");
+    assert_local_again(&nginx, c0);
+    assert!(watcher.kinds().contains(&"home"), "{:?}", watcher.kinds());
+    let reasons = watcher.state.lock().unwrap().balance.clone();
+    eprintln!("balance state: {reasons:?}");
+    assert_eq!(watcher.stop(), Stopped::Asked);
+}
+
+/// Issue 33: an nginx worker starved (its CPU taken by a busy loop: [`Starved`]): the same
+/// bounds; once the hog stops, locality is back within a second.
+#[test]
+fn nginx_starved_worker_is_routed_around() {
+    let _cpus = cpus_exclusive();
+    if !inside_private_netns("nginx_starved_worker_is_routed_around") {
+        return;
+    }
+    let Some(cpus) = two_cpus() else { return };
+    if !have("nginx") || !have("taskset") {
+        return;
+    }
+    set_up_loopback(None);
+    let c0 = cpus.iter().next().unwrap();
+    let (nginx, watcher) = nginx_balanced("balance-starve", 18097, &cpus);
+    let victim = nginx_worker_on(&nginx, c0);
+    let Some(starved) = Starved::new("nginx", c0, &[victim]) else {
+        return;
+    };
+    let outcomes = fresh_clients(c0, nginx.addr, 100, Duration::from_secs(1), Some(&starved));
+    starved.end();
+    eprintln!(
+        "starved worker: {} of 100 answered within 1 s",
+        answered(&outcomes)
+    );
+    assert!(answered(&outcomes) >= 99, "{outcomes:?}");
+    watcher.wait_for("busy", 1, Duration::from_secs(1));
+    assert_local_again(&nginx, c0);
+    assert_eq!(watcher.stop(), Stopped::Asked);
+}
+
+/// Issue 33: HAProxy with `nbthread 2`, the thread on one CPU starved ([`Starved`]): ≥ 99 of
+/// 100 fresh clients from that CPU answered within 1 s, locality back a second after.
+#[test]
+fn haproxy_starved_thread_is_routed_around() {
+    let _cpus = cpus_exclusive();
+    if !inside_private_netns("haproxy_starved_thread_is_routed_around") {
+        return;
+    }
+    let Some(cpus) = two_cpus() else { return };
+    if !have("haproxy") || !have("taskset") {
+        return;
+    }
+    set_up_loopback(None);
+    let (c0, c1) = (cpus.iter().next().unwrap(), cpus.iter().nth(1).unwrap());
+    let hap = Haproxy::start("haproxy-starve", 18098, [c0, c1]);
+    let watcher = Watcher::start(WatchConfig {
+        method: Method::Ebpf,
+        ..WatchConfig::new(PidSource::PidFile(hap.dir.join("haproxy.pid")))
+    });
+    watcher.wait_for("attached", 1, Duration::from_secs(5));
+    wait_steered(hap.master);
+    in_range("haproxy, nothing busy", hap.locality(c0), 0.99, 1.0);
+    let (plan, _) = apply::discover(hap.master, &[]).unwrap();
+    let thread = plan.groups[0]
+        .listeners
+        .iter()
+        .flat_map(|l| &l.workers)
+        .find(|w| w.cpu == Some(c0))
+        .and_then(|w| w.tid)
+        .expect("the thread pinned to c0");
+    let Some(starved) = Starved::new("haproxy", c0, &[thread]) else {
+        return;
+    };
+    let outcomes = fresh_clients(c0, hap.addr, 100, Duration::from_secs(1), Some(&starved));
+    starved.end();
+    eprintln!(
+        "haproxy starved thread: {} of 100 answered within 1 s",
+        answered(&outcomes)
+    );
+    assert!(answered(&outcomes) >= 99, "{outcomes:?}");
+    watcher.wait_for("busy", 1, Duration::from_secs(1));
+    std::thread::sleep(Duration::from_secs(1));
+    in_range("haproxy locality after", hap.locality(c0), 0.99, 1.0);
+    assert_eq!(watcher.stop(), Stopped::Asked);
 }

@@ -25,6 +25,10 @@ pub struct CpuCounts {
     pub no_worker: u64,
     /// Of those: the mapped listener was closed.
     pub listener_gone: u64,
+    /// SYNs sent to another CPU's worker while this CPU's were busy (the balancer).
+    pub redirected: u64,
+    /// Whether this CPU's SYNs go to other CPUs' workers now.
+    pub redirected_now: bool,
 }
 
 /// `status` of one group.
@@ -113,21 +117,31 @@ pub fn status(plan: &Plan, dups: &Dups) -> Result<Vec<GroupStatus>, SteerError> 
             let counts = pick
                 .counts(discover::possible_cpus())
                 .map_err(|e| SteerError(e.to_string()))?;
+            let now_redirected = |cpu: usize| pick.cpu_redirected(cpu as u32).unwrap_or(false);
             st.counts = counts
                 .iter()
                 .enumerate()
-                .filter(|(_, c)| **c != PickCounts::default())
+                .filter(|&(cpu, c)| *c != PickCounts::default() || now_redirected(cpu))
                 .map(|(cpu, c)| CpuCounts {
                     cpu,
                     steered: c.steered,
                     fallback: c.fallback(),
                     no_worker: c.no_worker,
                     listener_gone: c.listener_gone,
+                    redirected: c.redirected,
+                    redirected_now: now_redirected(cpu),
                 })
                 .collect();
             let (steered, fallback) = st.totals();
             st.steered_share = share(steered, fallback);
-            let have = installed_map(&pick);
+            let mut have = installed_map(&pick);
+            // A row the balancer redirected is where it should be for now.
+            for c in st.counts.iter().filter(|c| c.redirected_now) {
+                match want.get(&c.cpu) {
+                    Some(w) => have.insert(c.cpu, w.clone()),
+                    None => have.remove(&c.cpu),
+                };
+            }
             if have != want {
                 st.stale = true;
                 st.stale_detail.push(format!(

@@ -11,8 +11,12 @@
 //!   (runnable but starved of CPU; blocked in a sleep, a disk read, a lock). A worker waiting
 //!   for events is running: it serves as soon as one comes.
 //! - **stalled**: its accept queue has held connections at every observation for
-//!   `stall_after_ns` while its owner accepted none (or, where accepts cannot be counted, at all):
-//!   a worker that runs but does not serve (a long regex or Lua job, a busy loop).
+//!   `stall_after_ns` while its owner accepted none (where accepts cannot be counted: while
+//!   the queue never got shorter): a worker that runs but does not serve (a long regex or Lua
+//!   job, a busy loop).
+//! - **starved**: a thread that just waited at least `stall_after_ns` for a CPU
+//!   ([`WorkerHealth::note_run_wait`]) counts as not running for as long again (at most
+//!   500 ms): one slice that drained its queue does not make it available.
 //!
 //! A worker busy for either rule becomes non-busy the moment it drains (queue empty, running
 //! again) the first time. A worker that stalls again soon after recovering — a starved worker
@@ -74,6 +78,9 @@ pub struct StallConfig {
     pub recover_hold_max_ns: u64,
     /// A stall more than this long after the last recovery starts the count afresh (30 s).
     pub flap_memory_ns: u64,
+    /// Longest a starved thread stays busy after one long runqueue wait (500 ms): long enough
+    /// to outlast a slice, short enough that a worker whose CPU is free again is back soon.
+    pub starved_hold_max_ns: u64,
 }
 
 impl Default for StallConfig {
@@ -83,6 +90,7 @@ impl Default for StallConfig {
             recover_hold_min_ns: 50_000_000,
             recover_hold_max_ns: 5_000_000_000,
             flap_memory_ns: 30_000_000_000,
+            starved_hold_max_ns: 500_000_000,
         }
     }
 }
@@ -195,6 +203,12 @@ pub struct WorkerHealth {
     /// The bit as last written, with its reason.
     busy: Option<BusyReason>,
     transitions: [u64; 3],
+    /// Cumulative runqueue wait last seen ([`Self::note_run_wait`]).
+    run_wait_ns: Option<u64>,
+    /// Not running until then: it just waited this long for a CPU, and likely will again.
+    starved_until_ns: u64,
+    /// Queue length at the last observation (a drop means its owner accepted).
+    last_queue_len: u32,
 }
 
 impl WorkerHealth {
@@ -211,7 +225,26 @@ impl WorkerHealth {
             last_recovery_ns: None,
             busy: None,
             transitions: [0; 3],
+            run_wait_ns: None,
+            starved_until_ns: 0,
+            last_queue_len: 0,
         }
+    }
+
+    /// Records the worker thread's cumulative time spent runnable but waiting for a CPU
+    /// (`/proc/PID/task/TID/schedstat`, second field; the kernel adds a wait when it ends). A
+    /// wait of at least the stall window means the thread is starved: it counts as not running
+    /// for as long again (at most `starved_hold_max_ns`), since the next wait is likely as
+    /// long — a starved worker that got one slice and drained its queue is not back.
+    pub fn note_run_wait(&mut self, run_wait_ns: u64, now_ns: u64) {
+        if let Some(last) = self.run_wait_ns {
+            let waited = run_wait_ns.saturating_sub(last);
+            if waited >= self.cfg.stall_after_ns {
+                let until = now_ns.saturating_add(waited.min(self.cfg.starved_hold_max_ns));
+                self.starved_until_ns = self.starved_until_ns.max(until);
+            }
+        }
+        self.run_wait_ns = Some(run_wait_ns);
     }
 
     /// Feeds one observation at `now_ns`, writes the worker's bit in `set` when it changes and
@@ -223,7 +256,10 @@ impl WorkerHealth {
         now_ns: u64,
     ) -> Option<HealthChange> {
         self.tracker.update(obs.queue_len, obs.queue_cap.max(1));
-        let running = self.liveness.observe(obs.activity, now_ns, &self.cfg);
+        let mut running = self.liveness.observe(obs.activity, now_ns, &self.cfg);
+        if now_ns < self.starved_until_ns {
+            running = Some(false);
+        }
         let queue_stalled = self.queue_stalled(&obs, now_ns);
         match self.stalled {
             None => {
@@ -250,11 +286,19 @@ impl WorkerHealth {
 
     /// Tracks how long the queue has held connections with nothing accepted.
     fn queue_stalled(&mut self, obs: &Observation, now_ns: u64) -> bool {
+        let shrank = obs.queue_len < self.last_queue_len;
+        self.last_queue_len = obs.queue_len;
         if obs.queue_len == 0 {
             self.nonempty_since = None;
             return false;
         }
         match self.nonempty_since {
+            // Where accepts cannot be counted, a shorter queue than at the last look says
+            // its owner took some (arrivals only lengthen it).
+            Some(_) if obs.accepted.is_none() && shrank => {
+                self.nonempty_since = Some((now_ns, None));
+                false
+            }
             Some((_, accepted)) if accepted.is_some() && accepted != obs.accepted => {
                 // The owner accepted since: it drains, the wait starts again.
                 self.nonempty_since = Some((now_ns, obs.accepted));

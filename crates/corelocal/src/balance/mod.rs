@@ -77,7 +77,7 @@ pub use groups::{FlowGroupTable, Move};
 pub use health::{
     Activity, BusyReason, HealthChange, Liveness, Observation, StallConfig, WorkerHealth,
 };
-pub use redirect::{cpu_targets, CpuTargets, WorkerPlace};
+pub use redirect::{cpu_targets, cpu_targets_tiered, CpuTargets, WorkerPlace};
 pub use steal::{AcceptFrom, Balancer, BalancerStats, MigrationRequest};
 
 /// The most workers a [`BusySet`], [`Balancer`] or [`FlowGroupTable`] supports.

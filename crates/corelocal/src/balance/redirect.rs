@@ -78,6 +78,31 @@ pub fn cpu_targets(places: &[WorkerPlace], busy: &BusySet, cpu: usize, max: usiz
     }
 }
 
+/// [`cpu_targets`] over sets of decreasing strictness: the first set under which the CPU's
+/// SYNs have somewhere to go decides. With `[busy, not_running]`, a CPU whose worker is not
+/// running sends its SYNs to workers that are merely busy (a queue above the watermark, a
+/// slow drain) when every worker is busy, rather than home to a worker that will not serve.
+pub fn cpu_targets_tiered(
+    places: &[WorkerPlace],
+    tiers: &[&BusySet],
+    cpu: usize,
+    max: usize,
+) -> CpuTargets {
+    let mut last = None;
+    for busy in tiers {
+        let t = cpu_targets(places, busy, cpu, max);
+        let own_free = (0..places.len()).any(|w| places[w].cpu == cpu && !busy.is_busy(w));
+        if t.redirected || own_free || t.workers.is_empty() {
+            return t;
+        }
+        last = Some(t);
+    }
+    last.unwrap_or(CpuTargets {
+        workers: Vec::new(),
+        redirected: false,
+    })
+}
+
 /// The non-busy workers of the closest tier to worker `from` (same LLC, same node, any),
 /// starting one past `from` so that different busy workers lean on different neighbours.
 pub fn closest_free(places: &[WorkerPlace], busy: &BusySet, from: usize, max: usize) -> Vec<usize> {

@@ -773,6 +773,29 @@ mod health_rules {
         assert_eq!(cpu_targets(&p, &set, 0, 16).workers, vec![2]);
     }
 
+    /// Rule: when every worker is busy, a CPU whose worker is not running leans on the
+    /// workers that are only busy; a CPU whose worker is only busy stays home.
+    #[test]
+    fn not_running_leans_on_merely_busy_workers() {
+        let p = places(&[(0, 0, 0), (1, 0, 0)]);
+        let busy = BusySet::new(2);
+        let severe = BusySet::new(2);
+        busy.set(0, true);
+        busy.set(1, true);
+        severe.set(0, true);
+        let t = cpu_targets_tiered(&p, &[&busy, &severe], 0, 16);
+        assert_eq!((t.workers, t.redirected), (vec![1], true));
+        let t = cpu_targets_tiered(&p, &[&busy, &severe], 1, 16);
+        assert_eq!((t.workers, t.redirected), (vec![1], false));
+        severe.set(1, true);
+        let t = cpu_targets_tiered(&p, &[&busy, &severe], 0, 16);
+        assert_eq!(
+            (t.workers, t.redirected),
+            (vec![0], false),
+            "all down: home"
+        );
+    }
+
     #[test]
     fn longest_run_of_workers() {
         assert_eq!(longest_run(&[]), None);
@@ -795,5 +818,81 @@ mod health_rules {
             ..StallConfig::default()
         };
         assert!(bad.validate().is_err());
+    }
+}
+
+mod starvation {
+    use super::super::health::*;
+    use super::super::{BalanceConfig, BusySet};
+
+    const MS: u64 = 1_000_000;
+
+    fn obs(len: u32, activity: Activity) -> Observation {
+        Observation {
+            queue_len: len,
+            queue_cap: 511,
+            accepted: None,
+            activity,
+        }
+    }
+
+    /// Rule: a thread that just waited 400 ms for a CPU is not running for 400 ms more, even
+    /// while idle with an empty queue (a 2 s wait: 500 ms at most); short waits change
+    /// nothing. (Fails without `note_run_wait`'s hold.)
+    #[test]
+    fn a_long_runqueue_wait_keeps_the_worker_busy_as_long_again() {
+        let set = BusySet::new(2);
+        let mut h = WorkerHealth::new(0, &BalanceConfig::new(2), StallConfig::default());
+        h.note_run_wait(1_000 * MS, 0);
+        h.note_run_wait(1_001 * MS, MS);
+        assert_eq!(
+            h.observe(&set, obs(0, Activity::Idle), MS),
+            None,
+            "1 ms wait: fine"
+        );
+        h.note_run_wait(1_401 * MS, 2 * MS);
+        let c = h.observe(&set, obs(0, Activity::Idle), 2 * MS);
+        assert_eq!(
+            c.map(|c| (c.busy, c.reason)),
+            Some((true, BusyReason::NotRunning))
+        );
+        assert_eq!(h.observe(&set, obs(0, Activity::Idle), 401 * MS), None);
+        assert!(h
+            .observe(&set, obs(0, Activity::Idle), 402 * MS)
+            .is_some_and(|c| !c.busy));
+        h.note_run_wait(3_401 * MS, 403 * MS);
+        assert!(h
+            .observe(&set, obs(0, Activity::Idle), 403 * MS)
+            .is_some_and(|c| c.busy));
+        assert_eq!(h.observe(&set, obs(0, Activity::Idle), 902 * MS), None);
+        assert_eq!(
+            h.observe(&set, obs(0, Activity::Idle), 903 * MS),
+            None,
+            "500 ms cap"
+        );
+        // A repeat within the flap memory: 50 ms of looking healthy first.
+        assert!(h
+            .observe(&set, obs(0, Activity::Idle), 953 * MS)
+            .is_some_and(|c| !c.busy));
+    }
+
+    /// Rule: without accept counts, a queue that shrinks between looks is being drained: no
+    /// stall however long it stays non-empty. (Fails without the shrink test.)
+    #[test]
+    fn a_shrinking_queue_is_not_stalled() {
+        let set = BusySet::new(2);
+        let mut h = WorkerHealth::new(1, &BalanceConfig::new(2), StallConfig::default());
+        for i in 0..30u64 {
+            let len = if i % 3 == 2 { 2 } else { 4 };
+            assert_eq!(
+                h.observe(&set, obs(len, Activity::Idle), i * MS),
+                None,
+                "look {i}"
+            );
+        }
+        for i in 30..36u64 {
+            h.observe(&set, obs(4, Activity::Idle), i * MS);
+        }
+        assert_eq!(h.busy(), Some(BusyReason::Stalled));
     }
 }
