@@ -9,8 +9,10 @@
 //! Flags: `--listen ADDR` (default 127.0.0.1:8080), `--cpus LIST` (default: all allowed),
 //! `--mode local|fine|stock` (default local), `--steering ebpf|incoming-cpu|cbpf` (default:
 //! best available), `--drain-timeout SECS` (default 5), `--defer-accept SECS` (default 0: off;
-//! `TCP_DEFER_ACCEPT`, see `Builder::defer_accept`). SIGINT/SIGTERM stop it without losing
-//! a queued connection; the final counters are printed as one JSON line on stderr.
+//! `TCP_DEFER_ACCEPT`, see `Builder::defer_accept`), `--balance on|off` (default on: stealing
+//! from and redirecting around a worker that stops serving, see `Builder::balance`).
+//! SIGINT/SIGTERM stop it without losing a queued connection; the final counters are printed as
+//! one JSON line on stderr.
 
 #[path = "common/app.rs"]
 mod app;
@@ -27,6 +29,7 @@ struct Args {
     steering: Option<Steering>,
     drain_timeout: Duration,
     defer_accept_s: u32,
+    balance: bool,
 }
 
 fn parse() -> Result<Args, String> {
@@ -37,6 +40,7 @@ fn parse() -> Result<Args, String> {
         steering: None,
         drain_timeout: Duration::from_secs(5),
         defer_accept_s: 0,
+        balance: true,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -63,11 +67,18 @@ fn parse() -> Result<Args, String> {
                     .parse()
                     .map_err(|_| format!("--defer-accept {v}: not a whole number of seconds"))?;
             }
+            "--balance" => {
+                args.balance = match value()?.as_str() {
+                    "on" => true,
+                    "off" => false,
+                    v => return Err(format!("--balance {v}: on or off")),
+                }
+            }
             "-h" | "--help" => {
                 println!(
                     "usage: axum [--listen ADDR] [--cpus LIST] [--mode local|fine|stock] \
                      [--steering ebpf|incoming-cpu|cbpf] [--drain-timeout SECS] \
-                     [--defer-accept SECS]"
+                     [--defer-accept SECS] [--balance on|off]"
                 );
                 std::process::exit(0);
             }
@@ -88,7 +99,8 @@ fn main() -> ExitCode {
     let mut builder = Server::builder()
         .mode(args.mode)
         .drain_timeout(args.drain_timeout)
-        .defer_accept(args.defer_accept_s);
+        .defer_accept(args.defer_accept_s)
+        .balance(args.balance);
     if let Some(cpus) = args.cpus {
         builder = builder.cpus(cpus);
     }
