@@ -149,3 +149,124 @@ fn watch_exit_statuses_and_json_events() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("not reuseport"));
     sh(&format!("kill -QUIT {}", pid_in(&pid_file)));
 }
+
+/// Fresh one-shot requests from a thread pinned to `cpu`: how many were answered in full
+/// within `timeout` each.
+fn answered_from(cpu: usize, port: u16, n: usize, timeout: Duration) -> usize {
+    use std::io::{Read, Write};
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            corelocal::cpu::pin_current_thread(&corelocal::cpu::CpuSet::single(cpu)).unwrap();
+            (0..n)
+                .filter(|_| {
+                    let start = Instant::now();
+                    let Ok(mut c) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+                        return false;
+                    };
+                    let _ = c.set_read_timeout(Some(timeout));
+                    let _ = c.write_all(b"GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n");
+                    let mut body = String::new();
+                    let _ = c.read_to_string(&mut body);
+                    body.ends_with("ok\n") && start.elapsed() <= timeout
+                })
+                .count()
+        })
+        .join()
+        .unwrap()
+    })
+}
+
+/// Stops nginx (and so its balancer) however the test ends.
+struct QuitOnDrop(u32);
+
+impl Drop for QuitOnDrop {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-QUIT", &self.0.to_string()])
+            .status();
+    }
+}
+
+fn balancer_pids(pid: u32) -> Vec<u32> {
+    corelocal_steer::background::find(pid)
+}
+
+/// The balancer `attach` started for `pid`, once `/proc` shows it (within 2 s).
+fn wait_balancer(pid: u32) -> Vec<u32> {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let found = balancer_pids(pid);
+        if !found.is_empty() || Instant::now() > deadline {
+            return found;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Issue 33: `steer attach` leaves a balancer running by default: `status` names it, a
+/// stopped worker's CPU is served by the other worker, `detach` stops it (and the steering);
+/// `--balance off` starts none; the balancer exits with the server.
+#[test]
+fn attach_leaves_a_balancer_that_routes_around_a_stopped_worker() {
+    if !inside_private_netns("attach_leaves_a_balancer_that_routes_around_a_stopped_worker") {
+        return;
+    }
+    if !have_nginx() {
+        return;
+    }
+    set_up_loopback(None);
+    let dir = ScratchDir::new("corelocal-steer-cli-balance");
+    let pid = pid_in(&nginx(&dir, 18303, true));
+    let _stop = QuitOnDrop(pid);
+    let out = sh(&format!("{BIN} steer attach --pid {pid}"));
+    assert!(out.contains("balancer: pid"), "{out}");
+    let balancer = wait_balancer(pid);
+    assert_eq!(balancer.len(), 1, "{out}");
+    let st = sh(&format!("{BIN} steer status --pid {pid}"));
+    assert!(
+        st.contains(&format!("balancer: running (pid {}", balancer[0])),
+        "{st}"
+    );
+    // Give the balancer its first look, then stop the worker pinned to CPU 0.
+    std::thread::sleep(Duration::from_millis(300));
+    let worker = sh(&format!("pgrep -P {pid}"))
+        .split_whitespace()
+        .map(|p| p.parse::<u32>().unwrap())
+        .find(|&p| sh(&format!("taskset -pc {p}")).trim().ends_with(": 0"))
+        .expect("a worker pinned to CPU 0");
+    sh(&format!("kill -STOP {worker}"));
+    let ok = answered_from(0, 18303, 20, Duration::from_secs(1));
+    sh(&format!("kill -CONT {worker}"));
+    assert!(
+        ok >= 19,
+        "{ok} of 20 answered with the worker on CPU 0 stopped"
+    );
+    let st = sh(&format!("{BIN} steer status --pid {pid}"));
+    assert!(st.contains("redirected to another CPU's worker"), "{st}");
+    let out = sh(&format!("{BIN} steer detach --pid {pid}"));
+    assert!(out.contains("stopped the balancer"), "{out}");
+    assert!(balancer_pids(pid).is_empty());
+    let out = sh(&format!("{BIN} steer attach --pid {pid} --balance off"));
+    assert!(out.contains("balancer: off"), "{out}");
+    assert!(balancer_pids(pid).is_empty());
+    // With a balancer again: it leaves with the server.
+    sh(&format!("{BIN} steer attach --pid {pid}"));
+    let b = wait_balancer(pid);
+    assert_eq!(b.len(), 1, "{b:?}");
+    sh(&format!("kill -QUIT {pid}"));
+    let t0 = Instant::now();
+    let deadline = t0 + Duration::from_secs(10);
+    while std::path::Path::new(&format!("/proc/{}/cmdline", b[0])).exists()
+        && std::fs::read(format!("/proc/{}/cmdline", b[0])).is_ok_and(|c| !c.is_empty())
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the balancer {} outlived the server: {:?} {}",
+            b[0],
+            std::fs::read_to_string(format!("/proc/{}/stat", b[0])),
+            sh("ps -eo pid,ppid,stat,args | grep -E 'nginx|steer' | grep -v grep")
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    eprintln!("the balancer left {:?} after the server", t0.elapsed());
+}

@@ -2,7 +2,8 @@
 //! stopped or starved worker's CPU, so `attach` (with `--balance on`, the default) starts a
 //! `corelocal steer watch --pid PID` in the background, marked with [`MARK`]. It follows the
 //! server (reloads, respawns) and exits with it; `detach`, `attach --balance off` and `measure`
-//! stop it (SIGTERM: its redirected rows go home first), `status` names it.
+//! stop it (SIGTERM: its redirected rows go home first), `status` names it. Its events go to
+//! [`log_path`].
 
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
@@ -30,18 +31,45 @@ pub fn start(pid: u32, listen: &[String]) -> std::io::Result<u32> {
         &pid.to_string(),
         "--method",
         "ebpf",
+        // A PID that is gone does not come back: no waiting for it.
+        "--start-timeout-s",
+        "1",
     ]);
     for l in listen {
         cmd.args(["--listen", l]);
     }
-    cmd.arg(MARK)
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log_path(pid))
+        .map_or(Stdio::null(), Stdio::from);
+    cmd.args([MARK, "--json"])
         .stdin(Stdio::null())
-        .stdout(Stdio::null())
+        .stdout(log)
         .stderr(Stdio::null())
         // Its own process group: a Ctrl-C in the shell that ran `attach` does not reach it.
         .process_group(0);
     let child = cmd.spawn()?;
     Ok(child.id())
+}
+
+/// Where the balancer for server `pid` logs its events (one JSON object per line: `busy`,
+/// `recovered`, `redirect`, `home`, and `watch`'s own): `/run/corelocal-steer-PID.log`, or
+/// the temporary directory where `/run` cannot be written.
+pub fn log_path(pid: u32) -> std::path::PathBuf {
+    let name = format!("corelocal-steer-{pid}.log");
+    let run = std::path::Path::new("/run");
+    let writable = std::fs::metadata(run).is_ok_and(|m| m.is_dir())
+        && std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(run.join(&name))
+            .is_ok();
+    if writable {
+        run.join(name)
+    } else {
+        std::env::temp_dir().join(name)
+    }
 }
 
 /// PIDs of the balancers `attach` started for server `pid`.

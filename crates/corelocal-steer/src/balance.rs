@@ -10,8 +10,9 @@
 //! row of the `cl_cpu_pick` program: its SYNs go to the closest non-busy workers
 //! ([`corelocal::balance::cpu_targets`]: same LLC, NUMA node, any; spread by hash), counted per
 //! CPU as `redirected`. The row goes back the moment its worker drains. When every worker is
-//! busy, a CPU whose worker is not running leans on those only busy
-//! ([`cpu_targets_tiered`]); otherwise the row stays home: nothing is refused.
+//! busy, a CPU whose worker is not running leans on those only busy, and one whose worker is
+//! stopped on those only starved ([`cpu_targets_tiered`]); otherwise the row stays home:
+//! nothing is refused.
 //!
 //! The loop: 1 ms while any queue holds a connection or any worker is busy, 4 ms otherwise (a
 //! stopped worker is seen within 4 ms, before most connections reach it).
@@ -212,6 +213,8 @@ struct Balanced {
     busy: BusySet,
     /// The workers busy because they are not running (stopped, starved, blocked).
     down: BusySet,
+    /// The workers whose thread is stopped: certain not to serve, unlike a starved one.
+    stopped: BusySet,
     health: Vec<WorkerHealth>,
     files: Vec<ThreadFiles>,
     /// CPU → the row written while redirected.
@@ -269,6 +272,7 @@ impl Balanced {
             places,
             busy: BusySet::new(n),
             down: BusySet::new(n),
+            stopped: BusySet::new(n),
             health,
             files,
             applied: BTreeMap::new(),
@@ -295,11 +299,17 @@ impl Balanced {
             if let Some((_, wait)) = self.files[w].schedstat() {
                 self.health[w].note_run_wait(wait, now_ns);
             }
+            let activity = self.files[w].activity();
+            let was_stopped = self.stopped.is_busy(w);
+            if was_stopped != (activity == Activity::Stopped) {
+                self.stopped.set(w, !was_stopped);
+                changed = true;
+            }
             let obs = Observation {
                 queue_len: q.queue_len,
                 queue_cap: q.queue_cap.max(1),
                 accepted: None,
-                activity: self.files[w].activity(),
+                activity,
             };
             self.state.members[w].queue_len = q.queue_len;
             active |= q.queue_len > 0;
@@ -358,7 +368,7 @@ impl Balanced {
         for cpu in cpus {
             let t = cpu_targets_tiered(
                 &self.places,
-                &[&self.busy, &self.down],
+                &[&self.busy, &self.down, &self.stopped],
                 cpu,
                 WORKERS_PER_CPU_MAX as usize,
             );

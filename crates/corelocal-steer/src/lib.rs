@@ -420,7 +420,8 @@ fn attach_cmd(
         Some(b) => out!(
             "balancer: pid {b} (`corelocal steer watch --pid {pid}` in the background): a busy \
              worker's CPU sends its SYNs to other workers until it drains; stops with the server \
-             or `steer detach`"
+             or `steer detach`; events in {}",
+            background::log_path(pid).display()
         ),
         None if balance => out!(
             "balancer: none (needs eBPF steering; SO_INCOMING_CPU cannot route around a busy \
