@@ -7,6 +7,8 @@
 #      2-worker-thread runtime, not pinned — how it is deployed)
 #   C  (with ACTIX=1) actix-web 4 defaults, `--workers 2`: bench/actix, the same two routes
 #      and bodies (actix handlers, not axum's), one acceptor thread handing off to the workers
+#   D  (with BALANCE=ab, instead of B and C) A with `--balance off`: what the balancer's
+#      monitor thread and steal checks cost when nothing is busy (A/D ratios)
 #
 # Same handlers (crates/corelocal-tokio/examples/common/app.rs), release builds, same client.
 # Each run in a fresh network namespace (unshare -n, lo up), A B A B … alternating, per round:
@@ -21,10 +23,62 @@
 # A and B); for A also the server's own counters (accepted_local / accepted).
 #
 # usage: bench/tokio.sh [ROUNDS] [SECONDS] [CONNS] [OUT]   (needs root, wrk, jq, python3)
-#   env: ACTIX=1 adds C; LOADS="ka-c0 ka-c01" runs only those loads; APPEND=1 appends to the
-#   runs file (OUT/tokio-vs-multithread.runs.jsonl) instead of starting it afresh.
-# Writes OUT/tokio-vs-multithread.json and .md.
+#   env: ACTIX=1 adds C; BALANCE=ab compares A with D only (files tokio-balance-ab.*);
+#   LOADS="ka-c0 ka-c01" runs only those loads; APPEND=1 appends to the runs file
+#   (OUT/tokio-vs-multithread.runs.jsonl) instead of starting it afresh.
+# Writes OUT/tokio-vs-multithread.json and .tables.md.
+#
+# usage: bench/tokio.sh blocked [ROUNDS] [OUT]   (needs root, python3)
+#   Issue 33's scenario, per round and in a fresh network namespace each: the `blocked` example
+#   (an axum handler blocks its thread 6 s; then 50 fresh clients pinned to that CPU, 2 s
+#   timeout each) on corelocal-tokio with --balance on (eBPF: redirect + steal), on with cbpf
+#   steering (steal only), off, and on tokio's multi-thread runtime. Writes
+#   OUT/tokio-blocked.runs.jsonl and OUT/tokio-blocked.json (per-variant summary).
 set -euo pipefail
+if [ "${1:-}" = blocked ]; then
+  ROUNDS=${2:-3}
+  OUT=${3:-results/tokio}
+  ROOT=$(cd "$(dirname "$0")/.." && pwd)
+  cd "$ROOT"
+  cargo build --release -p corelocal-tokio --example blocked >&2
+  EX=${CARGO_TARGET_DIR:-$ROOT/target}/release/examples/blocked
+  mkdir -p "$OUT"
+  RAW="$OUT/tokio-blocked.runs.jsonl"
+  : > "$RAW"
+  HOST="$(nproc) CPUs, $(uname -r), load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+  for round in $(seq "$ROUNDS"); do
+    for v in "on:--server corelocal --balance on" "on-cbpf:--server corelocal --balance on --steering cbpf" \
+             "off:--server corelocal --balance off" "multithread:--server multithread"; do
+      line=$(unshare -n -- bash -c "ip link set lo up; $EX ${v#*:}")
+      echo "{\"variant\":\"${v%%:*}\",\"round\":$round,\"loadavg1\":$(cut -d' ' -f1 /proc/loadavg),${line#\{}" | tee -a "$RAW" >&2
+    done
+  done
+  HOST="$HOST; load after: $(cut -d' ' -f1-3 /proc/loadavg)"
+  python3 - "$RAW" "$OUT" "$HOST" <<'EOF'
+import json, statistics as st, sys, datetime
+raw, out, host = sys.argv[1:4]
+runs = [json.loads(l) for l in open(raw) if l.strip()]
+summary = {}
+for v in dict.fromkeys(r["variant"] for r in runs):
+    rs = [r for r in runs if r["variant"] == v]
+    def med(k):
+        xs = [r[k] for r in rs if r[k] is not None]
+        return st.median(xs) if xs else None
+    summary[v] = {"steering": rs[0]["steering"], "runs": len(rs),
+                  "answered": [r["answered"] for r in rs], "failed": [r["failed"] for r in rs],
+                  "p50_ms": [r["p50_ms"] for r in rs], "p99_ms": [r["p99_ms"] for r in rs],
+                  "p50_ms_median": med("p50_ms"), "p99_ms_median": med("p99_ms"),
+                  "stolen": [r["stolen"] for r in rs], "redirects": [r["redirects"] for r in rs]}
+doc = {"date": datetime.datetime.utcnow().strftime("%Y-%m-%d %H:%M UTC"), "host": host,
+       "command": "bench/tokio.sh blocked", "summary": summary, "runs": runs}
+json.dump(doc, open(f"{out}/tokio-blocked.json", "w"), indent=1)
+print("| variant | steering | answered within 2 s, per round | p50 ms, per round | p99 ms, per round (None: a failure) | stolen | redirect episodes |")
+print("|---|---|---|---|---|---|---|")
+for v, m in summary.items():
+    print(f"| {v} | {m['steering']} | {m['answered']} | {m['p50_ms']} | {m['p99_ms']} | {m['stolen']} | {m['redirects']} |")
+EOF
+  exit 0
+fi
 ROUNDS=${1:-5}
 SECS=${2:-5}
 CONNS=${3:-64}
@@ -36,8 +90,13 @@ REL=${CARGO_TARGET_DIR:-$ROOT/target}/release
 A_CMD="$REL/examples/axum --listen 127.0.0.1:8080 --cpus 0-1 --mode local"
 B_CMD="$REL/examples/axum-multithread --listen 127.0.0.1:8080 --threads 2"
 C_CMD="$ROOT/bench/actix/target/release/actix-peer --listen 127.0.0.1:8080 --workers 2"
+D_CMD="$A_CMD --balance off"
 SERVERS="A B"
-if [ "${ACTIX:-0}" = 1 ]; then
+NAME=tokio-vs-multithread
+if [ "${BALANCE:-}" = ab ]; then
+  SERVERS="A D"
+  NAME=tokio-balance-ab
+elif [ "${ACTIX:-0}" = 1 ]; then
   cargo build --release --manifest-path bench/actix/Cargo.toml >&2
   SERVERS="A B C"
 fi
@@ -70,7 +129,7 @@ EOF
 # One run: prints one JSON object.
 run_one() { # server(A|B) load round
   local server=$1 load=$2 round=$3 cmd
-  case $server in A) cmd=$A_CMD ;; B) cmd=$B_CMD ;; C) cmd=$C_CMD ;; esac
+  case $server in A) cmd=$A_CMD ;; B) cmd=$B_CMD ;; C) cmd=$C_CMD ;; D) cmd=$D_CMD ;; esac
   unshare -n -- bash -s "$server" "$load" "$round" <<EOS
 set -e
 ip link set lo up
@@ -81,7 +140,7 @@ sleep 0.3
 sched() { cat /proc/\$SPID/task/*/schedstat 2>/dev/null | awk '{s+=\$1} END {printf "%.0f\\n", s}'; }
 SERVER=\$1
 LOAD1=\$(cut -d' ' -f1 /proc/loadavg)
-stats() { if [ "\$SERVER" = A ]; then curl -s http://127.0.0.1:8080/metrics.json | jq -c '.total | {accepted, accepted_local}'; else echo '{"accepted":0,"accepted_local":0}'; fi; }
+stats() { if [ "\$SERVER" = A ] || [ "\$SERVER" = D ]; then curl -s http://127.0.0.1:8080/metrics.json | jq -c '.total | {accepted, accepted_local}'; else echo '{"accepted":0,"accepted_local":0}'; fi; }
 case "\$2" in *c01) CPUS="0 1"; CL=0-1 ;; *) CPUS=0; CL=0 ;; esac
 drops() { nstat -asz 2>/dev/null | awk '\$1=="TcpRetransSegs"{r=\$2} \$1=="TcpExtListenDrops"{d=\$2} END {printf "{\\"retrans_segs\\":%d,\\"listen_drops\\":%d}\\n", r, d}'; }
 probe() { sleep 1.5; for c in \$CPUS; do python3 "$WORK/probe.py" 8080 \$c 100; done | awk '{s+=\$1; t+=\$2} END {print s, t}' > "$WORK/probe.out"; }
@@ -133,7 +192,7 @@ kill -TERM \$SPID; wait \$SPID || true
 EOS
 }
 
-RAW="$OUT/tokio-vs-multithread.runs.jsonl"
+RAW="$OUT/$NAME.runs.jsonl"
 [ "${APPEND:-0}" = 1 ] || : > "$RAW"
 HOST="$(nproc) CPUs, $(uname -r), load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 for round in $(seq "$ROUNDS"); do
@@ -146,14 +205,15 @@ for round in $(seq "$ROUNDS"); do
 done
 HOST="$HOST; load after: $(cut -d' ' -f1-3 /proc/loadavg)"
 
-python3 - "$RAW" "$OUT" "$HOST" "$ROUNDS" "$SECS" "$CONNS" <<'EOF'
+python3 - "$RAW" "$OUT" "$HOST" "$ROUNDS" "$SECS" "$CONNS" "$NAME" <<'EOF'
 import json, statistics as st, sys, datetime
-raw, out, host, rounds, secs, conns = sys.argv[1:7]
+raw, out, host, rounds, secs, conns, name = sys.argv[1:8]
 runs = [json.loads(l) for l in open(raw) if l.strip()]
 servers = sorted({r["server"] for r in runs})
 names = {"A": "corelocal-tokio (local, 2 pinned current-thread runtimes)",
          "B": "tokio multi-thread (axum::serve, 2 worker threads)",
-         "C": "actix-web 4 defaults (1 acceptor + 2 workers)"}
+         "C": "actix-web 4 defaults (1 acceptor + 2 workers)",
+         "D": "corelocal-tokio with --balance off"}
 loads = {"crr-c0": "one-shot HTTP, client on CPU 0 (corelocal bench crr)",
          "crr-c01": "one-shot HTTP, client threads on CPUs 0 and 1 (corelocal bench crr)",
          "ka-c0": "keep-alive HTTP, wrk -t1 on CPU 0",
@@ -174,29 +234,21 @@ for load in loads:
                 m[k] = {"median": st.median(v), "min": min(v), "max": max(v), "n": len(v)}
         m["errors"] = sum(r["errors"] for r in rs)
         summary[load][s] = m
-    ratios = []
-    for rd in sorted({r["round"] for r in runs}):
-        a = [r for r in runs if r["load"] == load and r["server"] == "A" and r["round"] == rd]
-        b = [r for r in runs if r["load"] == load and r["server"] == "B" and r["round"] == rd]
-        if a and b:
-            ratios.append(a[0]["server_us_per_req"] / b[0]["server_us_per_req"])
-    if ratios:
-        summary[load]["cpu_ratio_A_over_B"] = {"median": st.median(ratios), "min": min(ratios),
-                                               "max": max(ratios), "per_round": ratios}
-    if "C" in servers:
-        rc = []
+    # Server CPU per request of A over each other server, paired per round.
+    for x in [s for s in servers if s != "A"]:
+        rx = []
         for rd in sorted({r["round"] for r in runs}):
             a = [r for r in runs if r["load"] == load and r["server"] == "A" and r["round"] == rd]
-            c = [r for r in runs if r["load"] == load and r["server"] == "C" and r["round"] == rd]
-            if a and c:
-                rc.append(a[0]["server_us_per_req"] / c[0]["server_us_per_req"])
-        if rc:
-            summary[load]["cpu_ratio_A_over_C"] = {"median": st.median(rc), "min": min(rc),
-                                                   "max": max(rc), "per_round": rc}
+            o = [r for r in runs if r["load"] == load and r["server"] == x and r["round"] == rd]
+            if a and o:
+                rx.append(a[0]["server_us_per_req"] / o[0]["server_us_per_req"])
+        if rx:
+            summary[load][f"cpu_ratio_A_over_{x}"] = {"median": st.median(rx), "min": min(rx),
+                                                     "max": max(rx), "per_round": rx}
 doc = {"date": datetime.datetime.utcnow().strftime("%Y-%m-%d %H:%M UTC"), "host": host,
        "rounds": int(rounds), "seconds": int(secs), "conns": int(conns),
        "servers": names, "loads": loads, "summary": summary, "runs": runs}
-json.dump(doc, open(f"{out}/tokio-vs-multithread.json", "w"), indent=1)
+json.dump(doc, open(f"{out}/{name}.json", "w"), indent=1)
 
 def f(m, k, fmt):
     if k not in m: return "–"
@@ -214,14 +266,14 @@ for load, title in loads.items():
     for s in servers:
         m = summary[load][s]
         lines.append(f"| {s}: {names[s]} | {f(m,'server_us_per_req',us)} | {f(m,'req_per_s',k)} | {f(m,'p50_us',ms)} | {f(m,'p99_us',ms)} | {f(m,'locality_probe',pct)} | {f(m,'locality_counted',pct)} |")
-    r = summary[load].get("cpu_ratio_A_over_B", {"median": float("nan"), "min": float("nan"), "max": float("nan")})
     errs = ", ".join(f"{s} {summary[load][s]['errors']}" for s in servers)
-    lines.append(f"\nServer CPU per request A/B, paired per round: median **{r['median']:.2f}** "
-                 f"({r['min']:.2f}–{r['max']:.2f}); errors {errs}.")
-    if "cpu_ratio_A_over_C" in summary[load]:
-        r = summary[load]["cpu_ratio_A_over_C"]
-        lines.append(f"A/C: median **{r['median']:.2f}** ({r['min']:.2f}–{r['max']:.2f}).")
+    for x in [s for s in servers if s != "A"]:
+        r = summary[load].get(f"cpu_ratio_A_over_{x}")
+        if r:
+            lines.append(f"\nServer CPU per request A/{x}, paired per round: median **{r['median']:.2f}** "
+                         f"({r['min']:.2f}–{r['max']:.2f}).")
+    lines.append(f"Errors {errs}.")
     lines.append("")
-open(f"{out}/tokio-vs-multithread.tables.md", "w").write("\n".join(lines) + "\n")
+open(f"{out}/{name}.tables.md", "w").write("\n".join(lines) + "\n")
 print("\n".join(lines))
 EOF
