@@ -90,7 +90,7 @@ pub fn find(pid: u32) -> Vec<u32> {
 /// Whether a NUL-separated command line is `… steer watch --pid PID … --started-by-attach`.
 pub fn is_balancer_for(cmdline: &[u8], pid: &str) -> bool {
     let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
-    let has = |s: &str| args.iter().any(|a| *a == s.as_bytes());
+    let has = |s: &str| args.contains(&s.as_bytes());
     let pid_follows = args
         .windows(2)
         .any(|w| w[0] == b"--pid" && w[1] == pid.as_bytes());
