@@ -59,16 +59,22 @@ EOF
         sleep 0.1
     done
     sleep 0.5
-    if [[ $variant == steer ]]; then
-        "$BIN" steer attach --pid "$pid" > "$work/attach.txt" 2>&1
+    # steer: attach with its balancer (the default); steer-off: `--balance off`.
+    if [[ $variant == steer* ]]; then
+        balance=$([[ $variant == steer-off ]] && echo off || echo on)
+        "$BIN" steer attach --pid "$pid" --balance "$balance" > "$work/attach.txt" 2>&1
     fi
+    balancer=$(pgrep -f "steer watch --pid $pid .*--started-by-attach" || true)
+    bsched() { local s=0; for f in /proc/$balancer/task/*/schedstat; do [[ -r $f ]] && s=$((s + $(cut -d' ' -f1 "$f"))); done; echo $s; }
     tree="$pid $(ps -o pid= --ppid "$pid" | tr '\n' ' ')"
     sched() { local s=0; for p in $tree; do for f in /proc/$p/task/*/schedstat; do s=$((s + $(cut -d' ' -f1 "$f"))); done; done; echo $s; }
     load=$(cut -d' ' -f1 /proc/loadavg)
     before=$(sched)
+    bbefore=$(bsched)
     "$BIN" bench crr --target 127.0.0.1:$PORT --path / --cpus 0 -n "$conns" --conns 64 \
         --json "$work/crr.json" --progress never > "$work/crr.md" 2>&1
     after=$(sched)
+    bafter=$(bsched)
     # Locality: hold HELD keep-alive connections opened from CPU 0, read them on the server.
     python3 - "$PORT" "$HELD" "$BIN" "$pid" "$work/conn.json" <<'EOF'
 import os, socket, subprocess, sys
@@ -88,10 +94,11 @@ EOF
     "$BIN" steer status --pid "$pid" --json > "$work/status.json"
     kill -- -"$pid" 2>/dev/null || kill "$pid"
     sleep 0.2
-    python3 - "$server" "$variant" "$round" "$before" "$after" "$work" "$load" <<'EOF'
+    python3 - "$server" "$variant" "$round" "$before" "$after" "$work" "$load" "$bbefore" "$bafter" <<'EOF'
 import json, sys
 server, variant, rnd, before, after, work = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
 load = float(sys.argv[7])
+balancer_ns = int(sys.argv[9]) - int(sys.argv[8])
 crr = json.load(open(work + '/crr.json'))
 conn = json.load(open(work + '/conn.json'))['connections']
 st = json.load(open(work + '/status.json'))['groups'][0]
@@ -101,6 +108,8 @@ print(json.dumps({
     'conns': conns, 'conns_per_s': crr['throughput']['conns_per_s'],
     'errors': crr['errors']['total'],
     'server_cpu_us_per_conn': (after - before) / 1000 / max(conns, 1),
+    'balancer_cpu_ms': balancer_ns / 1e6,
+    'run_s': crr['throughput'].get('duration_s') or conns / max(crr['throughput']['conns_per_s'], 1),
     'held': sum(r['conns'] for r in conn), 'held_local': sum(r['local'] for r in conn),
     'held_per_worker': [r['conns'] for r in conn],
     'method': st['method'], 'loadavg_1m': load,

@@ -355,7 +355,10 @@ mod tests {
         assert!(text.contains(
             "corelocal_steer_syns_total{group=\"127.0.0.1:80\",cpu=\"2\",outcome=\"no_worker\"} 1"
         ));
-        assert!(!text.contains("cpu=\"1\""), "idle CPUs are left out");
+        assert!(
+            !text.contains("syns_total{group=\"127.0.0.1:80\",cpu=\"1\""),
+            "idle CPUs are left out"
+        );
         assert!(text.contains(
             "corelocal_steer_syns_total{group=\"127.0.0.1:80\",cpu=\"2\",outcome=\"redirected\"} 2"
         ));
