@@ -50,7 +50,21 @@
 //! - [`Stream`]: an accepted connection (tokio `AsyncRead`/`AsyncWrite`), counted while open.
 //! - [`http`]: serve a hyper or tower (axum `Router`) service on every worker.
 //! - [`Stats`]: per-worker counters (accepted, accepted on the SYN's CPU, open, requests,
-//!   errors) as a [`Snapshot`] and as Prometheus text with corelocal's metric names.
+//!   errors, stolen) as a [`Snapshot`] and as Prometheus text with corelocal's metric names;
+//!   [`Stats::balance`] for the balancer's ([`BalanceSnapshot`]).
+//!
+//! # A worker that stops serving
+//!
+//! Locality alone strands connections: a handler that blocks its thread (`std::thread::sleep`
+//! or a blocking call in an async handler), or a starved thread, keeps receiving its CPU's
+//! SYNs. With [`Builder::balance`] (on by default) a monitor thread per server observes every
+//! worker each millisecond — accept-queue depth, accepts, and liveness from the worker
+//! runtime's park/unpark hooks — through corelocal's policy
+//! ([`corelocal::balance::WorkerHealth`]): a worker neither parked nor turning its loop for
+//! 5 ms, or whose queue holds connections it does not accept, is busy. The other workers then
+//! accept from its listener (stealing, 5:1 with their own queue) and, with eBPF steering, its
+//! CPU's new SYNs go to the closest non-busy workers ([`corelocal::balance::cpu_targets`]) until
+//! it drains. What the blocked worker had already accepted still waits for it.
 //!
 //! Connections and their tasks are `!Send` on purpose: they live and die on their worker's
 //! thread (spawn them with [`tokio::task::spawn_local`]), which is what keeps them local and

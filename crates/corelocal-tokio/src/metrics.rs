@@ -150,4 +150,44 @@ mod tests {
             value.parse::<u64>().expect("numeric value");
         }
     }
+
+    #[test]
+    fn balancer_families_only_when_it_runs() {
+        let a = WorkerStats::new(2);
+        a.accepted(false, true);
+        a.stole_from(1);
+        a.queue(3, 128, false);
+        let b = WorkerStats::new(2);
+        b.queue(7, 128, true);
+        b.busy_transition();
+        let snap = Snapshot::from_workers(vec![a.snapshot(0, 0), b.snapshot(1, 1)]);
+        let off = prometheus_balanced(&snap, &BalanceSnapshot::default(), &[]);
+        assert_eq!(off, prometheus(&snap, &[]));
+        assert!(!off.contains("corelocal_stolen_total"));
+        let mut on = BalanceSnapshot {
+            enabled: true,
+            redirect: true,
+            workers: vec![Default::default(), Default::default()],
+        };
+        on.workers[1].worker = 1;
+        on.workers[1].cpu = 1;
+        on.workers[1].busy[BusyReason::NotRunning.index()] = 2;
+        on.workers[1].redirects = 1;
+        let text = prometheus_balanced(&snap, &on, &[]);
+        assert!(text.contains("corelocal_stolen_total{worker=\"0\",cpu=\"0\"} 1\n"));
+        assert!(
+            text.contains("corelocal_stolen_from_total{worker=\"0\",cpu=\"0\",victim=\"1\"} 1\n")
+        );
+        assert!(text.contains("corelocal_busy{worker=\"1\",cpu=\"1\"} 1\n"));
+        assert!(text.contains("corelocal_busy_transitions_total{worker=\"1\",cpu=\"1\"} 1\n"));
+        assert!(text.contains("corelocal_accept_queue_length{worker=\"1\",cpu=\"1\"} 7\n"));
+        assert!(text.contains(
+            "corelocal_busy_entered_total{worker=\"1\",cpu=\"1\",reason=\"not_running\"} 2\n"
+        ));
+        assert!(text
+            .contains("corelocal_busy_entered_total{worker=\"0\",cpu=\"0\",reason=\"queue\"} 0\n"));
+        assert!(text.contains("corelocal_redirects_total{worker=\"1\",cpu=\"1\"} 1\n"));
+        // One HELP and TYPE per family.
+        assert_eq!(text.matches("# TYPE corelocal_stolen_total ").count(), 1);
+    }
 }
