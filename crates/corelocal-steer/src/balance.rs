@@ -38,6 +38,11 @@ use std::time::{Duration, Instant};
 pub const PERIOD_ACTIVE: Duration = Duration::from_millis(1);
 /// Sampling period while every queue is empty and nobody is busy.
 pub const PERIOD_QUIET: Duration = Duration::from_millis(4);
+/// The stall window for another process's workers: 10 ms of a non-empty queue that never
+/// shrinks, or of a runnable thread that gets no CPU. Twice the library's default: what we
+/// see of a foreign worker is coarser (its CPU time advances per tick; no accept count), and a
+/// busy host must not cost a healthy worker its locality.
+pub const STALL_AFTER: Duration = Duration::from_millis(10);
 /// How often the state `watch` reports is refreshed when nothing changed.
 pub const PUBLISH_EVERY: Duration = Duration::from_millis(50);
 /// Most workers balanced per group (the sockarray's size bounds it anyway).
@@ -240,7 +245,10 @@ impl Balanced {
             .map(|m| slot_of.get(&m.cookie).copied())
             .collect();
         let cfg = BalanceConfig::new(n);
-        let stall = StallConfig::default();
+        let stall = StallConfig {
+            stall_after_ns: STALL_AFTER.as_nanos() as u64,
+            ..StallConfig::default()
+        };
         let health = (0..n).map(|w| WorkerHealth::new(w, &cfg, stall)).collect();
         let places = group
             .members

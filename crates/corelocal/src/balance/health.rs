@@ -14,7 +14,7 @@
 //!   `stall_after_ns` while its owner accepted none (where accepts cannot be counted: while
 //!   the queue never got shorter): a worker that runs but does not serve (a long regex or Lua
 //!   job, a busy loop).
-//! - **starved**: a thread that just waited at least `stall_after_ns` for a CPU
+//! - **starved**: a thread that just waited at least `starved_after_ns` (50 ms) for a CPU
 //!   ([`WorkerHealth::note_run_wait`]) counts as not running for as long again (at most
 //!   500 ms): one slice that drained its queue does not make it available.
 //!
@@ -78,6 +78,9 @@ pub struct StallConfig {
     pub recover_hold_max_ns: u64,
     /// A stall more than this long after the last recovery starts the count afresh (30 s).
     pub flap_memory_ns: u64,
+    /// A single wait for a CPU this long means the thread is starved (50 ms: far beyond a
+    /// scheduler slice, so a busy but fair machine does not count).
+    pub starved_after_ns: u64,
     /// Longest a starved thread stays busy after one long runqueue wait (500 ms): long enough
     /// to outlast a slice, short enough that a worker whose CPU is free again is back soon.
     pub starved_hold_max_ns: u64,
@@ -90,6 +93,7 @@ impl Default for StallConfig {
             recover_hold_min_ns: 50_000_000,
             recover_hold_max_ns: 5_000_000_000,
             flap_memory_ns: 30_000_000_000,
+            starved_after_ns: 50_000_000,
             starved_hold_max_ns: 500_000_000,
         }
     }
@@ -233,13 +237,13 @@ impl WorkerHealth {
 
     /// Records the worker thread's cumulative time spent runnable but waiting for a CPU
     /// (`/proc/PID/task/TID/schedstat`, second field; the kernel adds a wait when it ends). A
-    /// wait of at least the stall window means the thread is starved: it counts as not running
+    /// wait of at least `starved_after_ns` means the thread is starved: it counts as not running
     /// for as long again (at most `starved_hold_max_ns`), since the next wait is likely as
     /// long — a starved worker that got one slice and drained its queue is not back.
     pub fn note_run_wait(&mut self, run_wait_ns: u64, now_ns: u64) {
         if let Some(last) = self.run_wait_ns {
             let waited = run_wait_ns.saturating_sub(last);
-            if waited >= self.cfg.stall_after_ns {
+            if waited >= self.cfg.starved_after_ns {
                 let until = now_ns.saturating_add(waited.min(self.cfg.starved_hold_max_ns));
                 self.starved_until_ns = self.starved_until_ns.max(until);
             }

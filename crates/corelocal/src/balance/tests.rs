@@ -850,7 +850,7 @@ mod starvation {
             None,
             "1 ms wait: fine"
         );
-        h.note_run_wait(1_401 * MS, 2 * MS);
+        h.note_run_wait(1_441 * MS, 2 * MS);
         let c = h.observe(&set, obs(0, Activity::Idle), 2 * MS);
         assert_eq!(
             c.map(|c| (c.busy, c.reason)),
@@ -860,7 +860,7 @@ mod starvation {
         assert!(h
             .observe(&set, obs(0, Activity::Idle), 402 * MS)
             .is_some_and(|c| !c.busy));
-        h.note_run_wait(3_401 * MS, 403 * MS);
+        h.note_run_wait(3_441 * MS, 403 * MS);
         assert!(h
             .observe(&set, obs(0, Activity::Idle), 403 * MS)
             .is_some_and(|c| c.busy));

@@ -78,8 +78,12 @@ fn read_required(path: &Path) -> Result<String, TopologyError> {
     })
 }
 
+/// A cpulist file that may be absent or empty. Debian's 6.12 kernel booted without
+/// `nohz_full=` prints `(null)` in `/sys/devices/system/cpu/nohz_full` (the kernel formats a
+/// cpumask it never allocated): that is an empty set too.
 fn read_list_optional(path: &Path) -> Result<CpuSet, TopologyError> {
     match read_trimmed(path) {
+        Ok(text) if text == "(null)" => Ok(CpuSet::new()),
         Ok(text) => CpuSet::parse_list(&text).map_err(|e| TopologyError {
             path: path.to_path_buf(),
             reason: e.to_string(),
@@ -349,6 +353,30 @@ mod tests {
         assert_eq!(c5.llc_shared.to_list(), "0-1,4-5");
         assert_eq!(t.primary_threads(&t.online).to_list(), "0-3");
         assert_eq!(t.node_cpus(1).to_list(), "2-3,6-7");
+        fs::remove_dir_all(root).unwrap();
+    }
+
+    /// Debian 6.12 at boot, no `nohz_full=`: the file reads `(null)` (issue 35's first boot
+    /// broke `tune` on it).
+    #[test]
+    fn nohz_full_null_is_empty() {
+        let root = temp_root("nohz-null");
+        let shape = HostShape {
+            packages: 1,
+            cores_per_package: 2,
+            threads_per_core: 1,
+        };
+        write_host(&root, shape).unwrap();
+        let file = root.join("sys/devices/system/cpu/nohz_full");
+        fs::write(&file, "(null)\n").unwrap();
+        assert!(Topology::read(&root).unwrap().nohz_full.is_empty());
+        fs::write(&file, "1\n").unwrap();
+        assert_eq!(Topology::read(&root).unwrap().nohz_full.to_list(), "1");
+        fs::write(&file, "garbage\n").unwrap();
+        assert!(
+            Topology::read(&root).is_err(),
+            "anything else still refused"
+        );
         fs::remove_dir_all(root).unwrap();
     }
 
