@@ -327,7 +327,8 @@ pub(crate) fn spawn_monitor(
         epoch: Instant::now(),
     };
     std::thread::Builder::new()
-        .name("corelocal-tokio-balance".into())
+        // Thread names are cut at 15 bytes (comm): short enough to tell it from the workers.
+        .name("clt-balance".into())
         .spawn(move || monitor.run())
 }
 

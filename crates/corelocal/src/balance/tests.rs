@@ -850,6 +850,12 @@ mod starvation {
             None,
             "1 ms wait: fine"
         );
+        h.note_run_wait(1_041 * MS, MS);
+        assert_eq!(
+            h.observe(&set, obs(0, Activity::Idle), MS),
+            None,
+            "40 ms: a busy host, not starvation"
+        );
         h.note_run_wait(1_441 * MS, 2 * MS);
         let c = h.observe(&set, obs(0, Activity::Idle), 2 * MS);
         assert_eq!(
