@@ -731,8 +731,10 @@ fn watch_follows_nginx_by_pid_file_across_reload_upgrade_and_restart() {
     let (m0, m1) = (bin_mask(c0), bin_mask(c1));
     let (straight, swapped) = (format!("{m0} {m1}"), format!("{m1} {m0}"));
     let mut nginx = Nginx::start("follow", 18092, &straight, true);
+    // Exact steered counts below: no balancer (another test's load may make it redirect a few).
     let watcher = Watcher::start(WatchConfig {
         method: Method::Ebpf,
+        balance: false,
         ..WatchConfig::new(PidSource::PidFile(nginx.dir.join("nginx.pid")))
     });
     watcher.wait_for("attached", 1, Duration::from_secs(5));
