@@ -9,11 +9,18 @@
 //!   queued before the redirect (or all of them, without eBPF) are served within the stall,
 //!   not after it.
 //!
-//! Busy is computed outside the worker, every [`SAMPLE_MIN`] (backing off to [`SAMPLE_MAX`]
-//! while every worker is parked with an empty queue): the accept-queue depth, the accepts the
-//! worker made, and its liveness from its own runtime's park/unpark hooks. A worker whose runtime
-//! is neither parked nor turning for [`StallConfig::stall_after_ns`] (5 ms) is not running:
-//! a handler blocks its thread, or the thread is starved or gone.
+//! Busy is computed outside the worker from the accept-queue depth, the accepts the worker made,
+//! and its liveness from its own runtime's park/unpark hooks. A worker whose runtime is neither
+//! parked nor turning for [`StallConfig::stall_after_ns`] (5 ms) is not running: a handler
+//! blocks its thread, or the thread is starved or gone.
+//!
+//! The monitor samples every [`SAMPLE_MIN`] while anything looks wrong (a worker busy, one
+//! working without a turn or holding connections without an accept for 2 ms); otherwise the
+//! period doubles up to [`SAMPLE_ACTIVE_MAX`], or [`SAMPLE_IDLE_MAX`] while every worker is
+//! parked with an empty queue. Why not every millisecond: a sample costs a timer wake-up and a
+//! `getsockopt` per listener, 50–100 µs of CPU on the 2-core VM (whose wake-ups alone cost
+//! 25 µs), several per cent of a core at 1 kHz. A block is still busy at most
+//! `SAMPLE_ACTIVE_MAX` + 5 ms + `SAMPLE_MIN` after it starts.
 
 use crate::server::Stats;
 use corelocal::balance::redirect::longest_run;
@@ -32,11 +39,18 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
-/// The monitor's sampling period while anything is busy, working or queued.
+/// The monitor's sampling period while anything looks wrong.
 pub(crate) const SAMPLE_MIN: Duration = Duration::from_millis(1);
-/// The longest period, reached by doubling while every worker is parked with an empty queue:
-/// a worker that starts blocking is seen within this plus the 5 ms stall window.
-pub(crate) const SAMPLE_MAX: Duration = Duration::from_millis(8);
+/// The longest period while the workers turn and drain their queues: a worker that starts
+/// blocking, or a connection that queues behind it, is seen within this, and the worker is
+/// busy 5 ms (the stall window, sampled every [`SAMPLE_MIN`]) later.
+pub(crate) const SAMPLE_ACTIVE_MAX: Duration = Duration::from_millis(4);
+/// The longest period while every worker is parked with an empty queue (an idle server).
+pub(crate) const SAMPLE_IDLE_MAX: Duration = Duration::from_millis(8);
+/// A worker working without a turn, or holding connections without an accept, for this long
+/// looks wrong: sampling goes to [`SAMPLE_MIN`]. Longer than a busy turn of the loop (up to 61
+/// tasks), so a loaded server is sampled at the relaxed pace.
+const SUSPECT_AFTER_NS: u64 = 2_000_000;
 /// The most workers one CPU's SYNs are spread over while redirected.
 const REDIRECT_TARGETS_MAX: usize = 16;
 /// The `activity` value of a worker whose thread has ended.
@@ -72,6 +86,15 @@ pub(crate) struct Shared {
     alive: AtomicUsize,
     /// Whether redirects are possible (eBPF steering).
     redirect: bool,
+}
+
+/// A worker's activity word as the balancer's [`Activity`].
+fn activity_of(word: u64) -> Activity {
+    match word {
+        EXITED => Activity::Stopped,
+        v if v % 2 == 1 => Activity::Idle,
+        v => Activity::Working { progress: v / 2 },
+    }
 }
 
 /// Adds 1 with a plain load + store: the counter has a single writer.
@@ -133,14 +156,6 @@ impl Shared {
     /// Counts a connection the worker took from its own listeners.
     pub(crate) fn accepted_own(&self, worker: usize) {
         bump(&self.slots[worker].own_accepts);
-    }
-
-    fn activity(&self, worker: usize) -> Activity {
-        match self.slots[worker].activity.load(Ordering::Relaxed) {
-            EXITED => Activity::Stopped,
-            v if v % 2 == 1 => Activity::Idle,
-            v => Activity::Working { progress: v / 2 },
-        }
     }
 
     /// Worker `worker`'s busy counts by reason and redirect episodes.
@@ -288,6 +303,59 @@ struct Monitor {
     applied: Vec<(usize, Option<(usize, usize)>)>,
     redirect: bool,
     epoch: Instant,
+    /// Each worker's activity word and own accepts at the last sample, and since when each
+    /// has been the same.
+    last: Vec<Unchanged>,
+}
+
+/// What a worker showed at the last samples.
+#[derive(Debug, Clone, Copy, Default)]
+struct Unchanged {
+    activity: u64,
+    activity_since_ns: u64,
+    accepted: u64,
+    /// Since when its queue has held connections with this accept count.
+    queue_since_ns: Option<u64>,
+}
+
+impl Unchanged {
+    /// Records a sample; true when the worker works without a turn, or its queue holds
+    /// connections without an accept, for [`SUSPECT_AFTER_NS`].
+    fn suspect(&mut self, activity: u64, accepted: u64, queued: bool, now_ns: u64) -> bool {
+        if activity != self.activity {
+            (self.activity, self.activity_since_ns) = (activity, now_ns);
+        }
+        if accepted != self.accepted || !queued {
+            self.accepted = accepted;
+            self.queue_since_ns = None;
+        }
+        if queued {
+            self.queue_since_ns.get_or_insert(now_ns);
+        }
+        let long = |since: u64| now_ns.saturating_sub(since) >= SUSPECT_AFTER_NS;
+        (activity_of(activity) != Activity::Idle && long(self.activity_since_ns))
+            || self.queue_since_ns.is_some_and(long)
+    }
+}
+
+/// How a sample looked, for the next period (the worst worker's counts).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Pace {
+    /// Every worker parked, every queue empty, nobody busy.
+    Idle,
+    /// Every worker turned or parked, every queue drained since the last sample.
+    Active,
+    /// Something is busy or may be becoming so: sample every [`SAMPLE_MIN`].
+    Alert,
+}
+
+/// What one worker's observation found.
+struct Seen {
+    pace: Pace,
+    /// Its busy state or reason changed.
+    changed: bool,
+    /// It is busy with connections in its queue (the others should steal).
+    queued_at_busy: bool,
 }
 
 /// Starts the monitor of a started server; it ends once every worker's thread has.
@@ -325,6 +393,7 @@ pub(crate) fn spawn_monitor(
         shared,
         group,
         epoch: Instant::now(),
+        last: vec![Unchanged::default(); n],
     };
     std::thread::Builder::new()
         // Thread names are cut at 15 bytes (comm): short enough to tell it from the workers.
@@ -338,45 +407,26 @@ impl Monitor {
         // Bounded by the workers' lives: their threads end after a stop.
         while self.shared.alive.load(Ordering::Acquire) > 0 {
             let now_ns = self.epoch.elapsed().as_nanos() as u64;
-            period = if self.tick(now_ns) {
-                (period * 2).min(SAMPLE_MAX)
-            } else {
-                SAMPLE_MIN
+            period = match self.tick(now_ns) {
+                Pace::Alert => SAMPLE_MIN,
+                Pace::Active => (period * 2).min(SAMPLE_ACTIVE_MAX),
+                Pace::Idle => (period * 2).min(SAMPLE_IDLE_MAX),
             };
             std::thread::sleep(period);
         }
         self.restore_all();
     }
 
-    /// One observation of every worker; true when all is quiet (every worker parked, every
-    /// queue empty, nobody busy).
-    fn tick(&mut self, now_ns: u64) -> bool {
-        let mut quiet = true;
+    /// One observation of every worker; acts on busy changes; says how soon to look again.
+    fn tick(&mut self, now_ns: u64) -> Pace {
+        let mut pace = Pace::Idle;
         let mut changed = false;
         let mut queued_at_busy = false;
         for w in 0..self.health.len() {
-            // An unreadable listener (closing at a stop) reads as empty.
-            let (len, cap) = self.group.queue_depth(w).map_or((0, 1), |d| (d.len, d.cap));
-            let activity = self.shared.activity(w);
-            let obs = Observation {
-                queue_len: len,
-                queue_cap: cap.max(1),
-                accepted: Some(self.shared.slots[w].own_accepts.load(Ordering::Relaxed)),
-                activity,
-            };
-            let was_busy = self.health[w].busy().is_some();
-            let change = self.health[w].observe(&self.shared.busy, obs, now_ns);
-            let busy = self.health[w].busy().is_some();
-            self.stats[w].queue(len, cap, busy);
-            if busy != was_busy {
-                self.stats[w].busy_transition();
-            }
-            if let Some(c) = change.filter(|c| c.busy) {
-                bump(&self.shared.slots[w].busy_by_reason[c.reason.index()]);
-            }
-            changed |= change.is_some();
-            queued_at_busy |= busy && len > 0;
-            quiet &= len == 0 && activity == Activity::Idle && !busy;
+            let seen = self.observe(w, now_ns);
+            pace = pace.max(seen.pace);
+            changed |= seen.changed;
+            queued_at_busy |= seen.queued_at_busy;
         }
         if changed && self.redirect {
             self.redirect_all();
@@ -384,7 +434,43 @@ impl Monitor {
         if queued_at_busy {
             self.wake_thieves();
         }
-        quiet
+        pace
+    }
+
+    /// Observes worker `w`: feeds its health, counts its transitions.
+    fn observe(&mut self, w: usize, now_ns: u64) -> Seen {
+        // An unreadable listener (closing at a stop) reads as empty.
+        let (len, cap) = self.group.queue_depth(w).map_or((0, 1), |d| (d.len, d.cap));
+        let raw = self.shared.slots[w].activity.load(Ordering::Relaxed);
+        let accepted = self.shared.slots[w].own_accepts.load(Ordering::Relaxed);
+        let activity = activity_of(raw);
+        let obs = Observation {
+            queue_len: len,
+            queue_cap: cap.max(1),
+            accepted: Some(accepted),
+            activity,
+        };
+        let health = &mut self.health[w];
+        let was_busy = health.busy().is_some();
+        let change = health.observe(&self.shared.busy, obs, now_ns);
+        let busy = health.busy().is_some();
+        self.stats[w].queue(len, cap, busy);
+        if busy != was_busy {
+            self.stats[w].busy_transition();
+        }
+        if let Some(c) = change.filter(|c| c.busy) {
+            bump(&self.shared.slots[w].busy_by_reason[c.reason.index()]);
+        }
+        let stuck = self.last[w].suspect(raw, accepted, len > 0, now_ns);
+        Seen {
+            pace: match (busy || stuck, len == 0 && activity == Activity::Idle) {
+                (true, _) => Pace::Alert,
+                (false, true) => Pace::Idle,
+                (false, false) => Pace::Active,
+            },
+            changed: change.is_some(),
+            queued_at_busy: busy && len > 0,
+        }
     }
 
     /// Wakes every non-busy worker to steal (each keeps the wake-up until it next waits).

@@ -58,7 +58,7 @@
 //! Locality alone strands connections: a handler that blocks its thread (`std::thread::sleep`
 //! or a blocking call in an async handler), or a starved thread, keeps receiving its CPU's
 //! SYNs. With [`Builder::balance`] (on by default) a monitor thread per server observes every
-//! worker each millisecond — accept-queue depth, accepts, and liveness from the worker
+//! worker every 1–4 ms — accept-queue depth, accepts, and liveness from the worker
 //! runtime's park/unpark hooks — through corelocal's policy
 //! ([`corelocal::balance::WorkerHealth`]): a worker neither parked nor turning its loop for
 //! 5 ms, or whose queue holds connections it does not accept, is busy. The other workers then
