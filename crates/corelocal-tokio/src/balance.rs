@@ -31,6 +31,7 @@ use corelocal::balance::{
 use corelocal::cpu::Topology;
 use corelocal::listen::{ListenerGroup, Mode};
 use corelocal::runtime::WorkerStats;
+use std::cell::{Cell, RefCell};
 use std::io;
 use std::net::{SocketAddr, TcpListener};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -178,8 +179,8 @@ impl Shared {
 pub(crate) struct Thief {
     me: usize,
     shared: Arc<Shared>,
-    balancer: std::cell::RefCell<Balancer>,
-    wanted: std::cell::Cell<bool>,
+    balancer: RefCell<Balancer>,
+    wanted: Cell<bool>,
 }
 
 /// A connection taken from a busy worker's listener.
@@ -195,10 +196,10 @@ impl Thief {
         cfg.migrate_enabled = false;
         Thief {
             me,
-            balancer: std::cell::RefCell::new(Balancer::new(me, &cfg)),
+            balancer: RefCell::new(Balancer::new(me, &cfg)),
             shared,
             // Look once at start: a worker may already be busy.
-            wanted: std::cell::Cell::new(true),
+            wanted: Cell::new(true),
         }
     }
 
