@@ -34,6 +34,9 @@ pub fn start(pid: u32, listen: &[String]) -> std::io::Result<u32> {
         // A PID that is gone does not come back: no waiting for it.
         "--start-timeout-s",
         "1",
+        // Re-scans (reloads, respawns) a little less often than an interactive watch.
+        "--interval-ms",
+        "250",
     ]);
     for l in listen {
         cmd.args(["--listen", l]);

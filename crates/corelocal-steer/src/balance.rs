@@ -3,8 +3,10 @@
 //! around a busy one.
 //!
 //! We cannot steal from another process's accept queue, so the balancer acts on new SYNs: every
-//! millisecond or so it reads each listener's accept queue (one sock_diag dump of the server's
-//! network namespace) and each worker thread's state, CPU time and runqueue wait
+//! 2 ms or so it reads each listener's accept queue (`TCP_INFO` through a `pidfd_getfd`
+//! duplicate taken and closed at once, so that we never hold a listener the server closed; a
+//! sock_diag dump walks the whole listening hash, ~100 µs, too much at this rate) and each
+//! worker thread's state, CPU time and runqueue wait
 //! (`/proc/PID/task/TID/stat`, `schedstat`), feeds them to the library's [`WorkerHealth`] (watermarks, stopped / starved /
 //! blocked, a queue not drained), and when all of a CPU's workers are busy rewrites that CPU's
 //! row of the `cl_cpu_pick` program: its SYNs go to the closest non-busy workers
@@ -14,8 +16,11 @@
 //! stopped on those only starved ([`cpu_targets_tiered`]); otherwise the row stays home:
 //! nothing is refused.
 //!
-//! The loop: 1 ms while any queue holds a connection or any worker is busy, 4 ms otherwise (a
-//! stopped worker is seen within 4 ms, before most connections reach it).
+//! The loop: 2 ms while any queue holds a connection or any worker is busy, 10 ms otherwise;
+//! an idle worker's thread state is read every 4th turn (a stopped worker is seen within 40 ms
+//! while idle, at the next turn once a connection waits for it). Measured on the 2-core VM:
+//! ~100 µs of CPU a turn for two workers (mostly syscalls: `pidfd_getfd`, `TCP_INFO`, the
+//! `/proc` reads), about 1% of a CPU idle; `bench/steer-balance.sh cpu` reports it under load.
 
 use crate::watch::Event;
 use corelocal::balance::{
@@ -24,20 +29,28 @@ use corelocal::balance::{
 };
 use corelocal::bpf::cpu_pick::{CpuPick, WORKERS_PER_CPU_MAX};
 use corelocal::cpu::Topology;
-use corelocal::sys::sockdiag::{DiagListener, DiagSocket};
+use corelocal::sys::{pidfd, socket};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Sampling period while something is queued or busy.
-pub const PERIOD_ACTIVE: Duration = Duration::from_millis(1);
+pub const PERIOD_ACTIVE: Duration = Duration::from_millis(2);
 /// Sampling period while every queue is empty and nobody is busy.
-pub const PERIOD_QUIET: Duration = Duration::from_millis(4);
+pub const PERIOD_QUIET: Duration = Duration::from_millis(10);
+/// While a worker's queue is empty and it is not busy, its thread's state (`/proc/…/stat`,
+/// the costly read) is looked at every this many turns; its CPU time and wait every turn.
+pub const STATE_EVERY_TURNS: u32 = 4;
+/// The duplicate's socket cookie is checked against the listener's every this many turns (a
+/// descriptor number the server reused for another socket is also caught by `watch`'s
+/// re-scan, which republishes the group).
+pub const COOKIE_EVERY_TURNS: u32 = 32;
 /// The stall window for another process's workers: 10 ms of a non-empty queue that never
 /// shrinks, or of a runnable thread that gets no CPU. Twice the library's default: what we
 /// see of a foreign worker is coarser (its CPU time advances per tick; no accept count), and a
@@ -53,8 +66,10 @@ pub const MEMBERS_MAX: usize = 4096;
 pub struct Member {
     /// The listener's cookie (how the program's sockarray names it).
     pub cookie: u64,
-    /// The listener's inode (how sock_diag names it).
+    /// The listener's inode.
     pub inode: u64,
+    /// A process holding the listener, and its descriptor there (to read its queue).
+    pub holder: (u32, i32),
     /// The CPU its worker is pinned to.
     pub cpu: usize,
     /// The worker's process.
@@ -222,6 +237,11 @@ struct Balanced {
     stopped: BusySet,
     health: Vec<WorkerHealth>,
     files: Vec<ThreadFiles>,
+    /// Per member: a pidfd of the listener's holder (shared by its listeners).
+    holders: Vec<Option<Arc<OwnedFd>>>,
+    /// Per member: its thread's activity at the last state read.
+    last_activity: Vec<Activity>,
+    turns: u32,
     /// CPU → the row written while redirected.
     applied: BTreeMap<usize, Vec<u32>>,
     state: GroupState,
@@ -260,6 +280,18 @@ impl Balanced {
             .iter()
             .map(|m| ThreadFiles::open(m.pid, m.tid))
             .collect();
+        let mut pidfds: BTreeMap<u32, Arc<OwnedFd>> = BTreeMap::new();
+        let holders = group
+            .members
+            .iter()
+            .map(|m| {
+                let pid = m.holder.0;
+                if !pidfds.contains_key(&pid) {
+                    pidfds.insert(pid, Arc::new(pidfd::pidfd_open(pid).ok()?));
+                }
+                pidfds.get(&pid).cloned()
+            })
+            .collect();
         let state = GroupState {
             members: group
                 .members
@@ -283,44 +315,70 @@ impl Balanced {
             stopped: BusySet::new(n),
             health,
             files,
+            holders,
+            last_activity: vec![Activity::Unknown; n],
+            turns: 0,
             applied: BTreeMap::new(),
             state,
             dirty: true,
         })
     }
 
+    /// Worker `w`'s listener queue, through a duplicate closed at once (`None`: the holder
+    /// no longer has that socket there).
+    fn queue(&self, w: usize) -> Option<socket::QueueDepth> {
+        let m = &self.group.members[w];
+        let dup = pidfd::pidfd_getfd(self.holders[w].as_ref()?, m.holder.1).ok()?;
+        if self.turns % COOKIE_EVERY_TURNS == 1
+            && pidfd::socket_cookie(dup.as_raw_fd()).ok()? != m.cookie
+        {
+            return None;
+        }
+        socket::listen_queue(dup.as_raw_fd()).ok()
+    }
+
     /// One look at every worker; returns whether anything is queued or busy.
-    fn turn(
-        &mut self,
-        queues: &[DiagListener],
-        now_ns: u64,
-        server: u32,
-        emit: &dyn Fn(&Event),
-    ) -> bool {
+    fn turn(&mut self, now_ns: u64, server: u32, emit: &dyn Fn(&Event)) -> bool {
+        self.turns = self.turns.wrapping_add(1);
         let mut changed = false;
         let mut active = false;
         for w in 0..self.group.members.len() {
-            let m = &self.group.members[w];
-            let Some(q) = queues.iter().find(|q| q.inode == m.inode) else {
+            let Some(q) = self.queue(w) else {
                 continue;
             };
             if let Some((_, wait)) = self.files[w].schedstat() {
                 self.health[w].note_run_wait(wait, now_ns);
             }
-            let activity = self.files[w].activity();
+            let look =
+                q.len > 0 || self.health[w].busy().is_some() || self.turns % STATE_EVERY_TURNS == 0;
+            let activity = if look {
+                let a = self.files[w].activity();
+                self.last_activity[w] = a;
+                a
+            } else {
+                match self.last_activity[w] {
+                    // Progress must be fresh, or a stale value would read as no progress.
+                    Activity::Working { .. } => self.files[w]
+                        .schedstat()
+                        .map_or(Activity::Unknown, |(progress, _)| Activity::Working {
+                            progress,
+                        }),
+                    other => other,
+                }
+            };
             let was_stopped = self.stopped.is_busy(w);
             if was_stopped != (activity == Activity::Stopped) {
                 self.stopped.set(w, !was_stopped);
                 changed = true;
             }
             let obs = Observation {
-                queue_len: q.queue_len,
-                queue_cap: q.queue_cap.max(1),
+                queue_len: q.len,
+                queue_cap: q.cap.max(1),
                 accepted: None,
                 activity,
             };
-            self.state.members[w].queue_len = q.queue_len;
-            active |= q.queue_len > 0;
+            self.state.members[w].queue_len = q.len;
+            active |= q.len > 0;
             if let Some(c) = self.health[w].observe(&self.busy, obs, now_ns) {
                 changed = true;
                 self.down
@@ -443,8 +501,6 @@ fn run(h: &Handle, emit: &dyn Fn(&Event)) {
     let mut seen_gen = 0;
     let mut server = 0;
     let mut groups: Vec<Balanced> = Vec::new();
-    let mut diag: Option<DiagSocket> = None;
-    let mut queues = Vec::new();
     let mut last_publish = Instant::now();
     while !h.stop.load(Ordering::Relaxed) {
         let (gen, target) = {
@@ -457,7 +513,6 @@ fn run(h: &Handle, emit: &dyn Fn(&Event)) {
                 g.restore();
             }
             server = target.server_pid;
-            diag = DiagSocket::in_netns_of(server).ok();
             groups = match &topology {
                 Some(topo) => target
                     .groups
@@ -468,14 +523,9 @@ fn run(h: &Handle, emit: &dyn Fn(&Event)) {
             };
         }
         let mut active = false;
-        if let Some(d) = diag.as_mut() {
-            queues.clear();
-            if d.listeners(&mut queues).is_ok() {
-                let now_ns = epoch.elapsed().as_nanos() as u64;
-                for g in &mut groups {
-                    active |= g.turn(&queues, now_ns, server, emit);
-                }
-            }
+        let now_ns = epoch.elapsed().as_nanos() as u64;
+        for g in &mut groups {
+            active |= g.turn(now_ns, server, emit);
         }
         if last_publish.elapsed() >= PUBLISH_EVERY || groups.iter().any(|g| g.dirty) {
             publish_state(h, &mut groups);

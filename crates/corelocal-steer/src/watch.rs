@@ -710,6 +710,7 @@ fn balance_target(
                     Some(crate::balance::Member {
                         cookie: l.cookie,
                         inode: l.inode,
+                        holder: (l.holder_pid, l.holder_fd),
                         cpu: l.cpu?,
                         pid: w.pid,
                         tid: w.tid.unwrap_or(w.pid),
