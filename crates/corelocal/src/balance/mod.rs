@@ -114,7 +114,8 @@ pub struct BalanceConfig {
     pub flow_groups: u32,
     /// Also send a busy worker's CPU's new SYNs to the closest non-busy workers (eBPF
     /// steering; see [`redirect`]) while it is busy, besides stealing what is queued. Off by
-    /// default: measured on the starved-core run it did not win (results/balancer/).
+    /// default: on the starved-core run it lost 40% of the connections per second for a lower
+    /// p99 (results/balancer/hog-starved-redirect.md).
     pub redirect_syns: bool,
 }
 
