@@ -6,23 +6,28 @@
 # `callgrind_control --dump` zeroes the counters, N connections are measured and dumped again:
 # start-up and stop are left out, and the per-connection figure is the second dump's total / N
 # (all the server's threads). Server on CPU 1, client on CPU 0, 4 connections at a time.
-# usage: bench/callgrind-oneshot.sh LABEL=BIN [LABEL=BIN ...]   (env: WARM, N, REPS)
+# usage: bench/callgrind-oneshot.sh LABEL=BIN [LABEL=BIN ...]
+#   (env: WARM, N, REPS, CONNS (4), CELLS ("uring/http uring/kv epoll/http epoll/kv"), KEEP=DIR
+#   keeps each measured profile as DIR/LABEL-BACKEND-PROTO-REP.callgrind)
 # prints one line per run and a markdown table.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 warm=${WARM:-200}
 n=${N:-2000}
 reps=${REPS:-2}
+conns=${CONNS:-4}
+cells=${CELLS:-"uring/http uring/kv epoll/http epoll/kv"}
+keep=${KEEP:-}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$tmp/www" && printf 'hello\n' >"$tmp/www/hello"
 
 # run BIN BACKEND PROTO -> Ir of the server over N connections
-run() {
+run() { # BIN BACKEND PROTO NAME
   local bin=$1 backend=$2 proto=$3 out=$tmp/cg.$RANDOM
   unshare -n bash -euo pipefail -c '
     ip link set lo up
-    bin=$1; backend=$2; proto=$3; warm=$4; n=$5; out=$6; www=$7
+    bin=$1; backend=$2; proto=$3; warm=$4; n=$5; out=$6; www=$7; conns=$8
     case $proto in
       http) serve="serve http --root $www"
             client="crr --target 127.0.0.1:8080 --proto http --path /hello" ;;
@@ -35,7 +40,7 @@ run() {
     server=$!
     for _ in $(seq 600); do ss -ltn | grep -q ":8080 " && break; sleep 0.1; done
     bench() {
-      "$bin" bench $client --cpus 0 --conns 4 --requests "$1" --warmup 0 --progress never \
+      "$bin" bench $client --cpus 0 --conns "$conns" --requests "$1" --warmup 0 --progress never \
         --json "$out.json" >/dev/null 2>&1
       python3 -c "import json,sys; e=json.load(open(sys.argv[1]))[\"errors\"][\"total\"]; sys.exit(e != 0)" "$out.json"
     }
@@ -44,7 +49,8 @@ run() {
     bench "$n"
     callgrind_control --dump=measured "$server" >/dev/null
     kill -KILL $server; wait $server 2>/dev/null || true
-  ' _ "$bin" "$backend" "$proto" "$warm" "$n" "$out" "$tmp/www"
+  ' _ "$bin" "$backend" "$proto" "$warm" "$n" "$out" "$tmp/www" "$conns"
+  [ -n "$keep" ] && cp "$out.2" "$keep/$4.callgrind"
   callgrind_annotate "$out.2" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}'
   rm -f "$out"*
 }
@@ -53,15 +59,16 @@ declare -a rows
 for spec in "$@"; do
   label=${spec%%=*}
   bin=${spec#*=}
-  for backend in uring epoll; do
-    for proto in http kv; do
+  for cell in $cells; do
+    backend=${cell%/*} proto=${cell#*/}
+    {
       for rep in $(seq "$reps"); do
-        ir=$(run "$bin" $backend $proto)
+        ir=$(run "$bin" "$backend" "$proto" "$label-$backend-$proto-$rep")
         per=$((ir / n))
         echo "$label $backend $proto rep $rep: Ir($n conns)=$ir per-conn=$per"
         rows+=("| $label | $backend | $proto | $rep | $ir | $per |")
       done
-    done
+    }
   done
 done
 echo

@@ -37,10 +37,18 @@ for line in sys.stdin:
     if event == "raw_syscalls:sys_enter":
         nr = int(re.match(r"NR (\d+)", trace).group(1))
         key = f"{thread}syscall {names.get(nr, nr)}"
-    elif event in ("io_uring:io_uring_submit_req", "io_uring:io_uring_queue_async_work"):
+        if names.get(nr) == "io_uring_enter":
+            # (fd, to_submit, min_complete, flags, ...): a wait asks for a completion.
+            args = [int(a, 16) for a in re.search(r"\((.*)\)", trace).group(1).split(",")]
+            counts[who][key + (" (wait)" if args[2] else " (submit)")] += 1
+    elif event in ("io_uring:io_uring_submit_req", "io_uring:io_uring_queue_async_work",
+                   "io_uring:io_uring_poll_arm"):
         op = re.search(r"opcode (\w+)", trace).group(1)
-        kind = "uring submit" if event.endswith("submit_req") else "uring to io-wq"
+        kind = {"io_uring_submit_req": "uring submit", "io_uring_queue_async_work":
+                "uring to io-wq", "io_uring_poll_arm": "uring poll armed"}[event.split(":")[1]]
         key = f"{thread}{kind} {op}"
+    elif event == "irq:softirq_entry":
+        key = f"{thread}softirq " + re.search(r"action=(\w+)", trace).group(1)
     elif event == "sched:sched_switch":
         # Counted for the thread switched out (prev): the times it slept or was preempted.
         key = f"{thread}context switch"
@@ -52,5 +60,5 @@ out = {"label": label, "backend": backend, "proto": proto, "n": n}
 for who, c in counts.items():
     out[who] = {k: round(v / n, 4) for k, v in sorted(c.items())}
     out[who]["syscalls (all)"] = round(
-        sum(v for k, v in c.items() if "syscall " in k) / n, 4)
+        sum(v for k, v in c.items() if "syscall " in k and not k.endswith(")")) / n, 4)
 print(json.dumps(out))

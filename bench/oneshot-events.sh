@@ -4,8 +4,9 @@
 # connection (`bench kv --txns-per-conn 1`) on each backend, in a fresh network namespace,
 # server on CPU 1, client on CPU 0, 4 connections at a time. After WARM connections, `perf record
 # -a` takes these tracepoints over N connections: syscalls entered (by name), io_uring requests
-# submitted (by opcode) and handed to io-wq (by opcode), the server's context switches, TCP resets
-# sent / received. Events are split by process (server / client) and thread kind (io-wq worker
+# submitted (by opcode), handed to io-wq and armed as polls (by opcode), io_uring task-work runs,
+# softirqs run and packets sent in each process's context, context switches and wake-ups done,
+# TCP resets sent / received. Events are split by process (server / client) and thread kind (io-wq worker
 # or not) and divided by N.
 # usage: bench/oneshot-events.sh LABEL=BIN [LABEL=BIN ...]   (env: WARM, N, PROTOS, BACKENDS, JSON)
 # prints one block per run; JSON=FILE also writes the counts as JSON.
@@ -13,20 +14,23 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 warm=${WARM:-500}
 n=${N:-2000}
+conns=${CONNS:-4}
 protos=${PROTOS:-"http kv"}
 backends=${BACKENDS:-"uring epoll"}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$tmp/www" && printf 'hello\n' >"$tmp/www/hello"
 events=raw_syscalls:sys_enter,io_uring:io_uring_submit_req,io_uring:io_uring_queue_async_work
-events=$events,sched:sched_switch,tcp:tcp_send_reset,tcp:tcp_receive_reset
+events=$events,io_uring:io_uring_poll_arm,io_uring:io_uring_local_work_run
+events=$events,io_uring:io_uring_task_work_run,irq:softirq_entry,net:net_dev_xmit
+events=$events,exceptions:page_fault_user,exceptions:page_fault_kernel,sched:sched_switch,sched:sched_wakeup,tcp:tcp_send_reset,tcp:tcp_receive_reset
 
 # run LABEL BIN BACKEND PROTO -> one JSON line on stdout
 run() {
   local label=$1 bin=$2 backend=$3 proto=$4 out=$tmp/ev.$RANDOM
   unshare -n bash -euo pipefail -c '
     ip link set lo up
-    bin=$1; backend=$2; proto=$3; warm=$4; n=$5; out=$6; www=$7; events=$8
+    bin=$1; backend=$2; proto=$3; warm=$4; n=$5; out=$6; www=$7; events=$8; conns=$9
     case $proto in
       http) serve="serve http --root $www"
             client="crr --target 127.0.0.1:8080 --proto http --path /hello" ;;
@@ -38,7 +42,7 @@ run() {
     server=$!
     for _ in $(seq 100); do ss -ltn | grep -q ":8080 " && break; sleep 0.05; done
     bench() {
-      "$bin" bench $client --cpus 0 --conns 4 --requests "$1" --warmup 0 --progress never \
+      "$bin" bench $client --cpus 0 --conns "$conns" --requests "$1" --warmup 0 --progress never \
         --json "$out.json" >/dev/null 2>&1 &
       echo $! >"$out.cpid"
       wait $!
@@ -52,7 +56,7 @@ run() {
     kill -INT $perf; wait $perf 2>/dev/null || true
     echo $server >"$out.pid"
     kill -KILL $server; wait $server 2>/dev/null || true
-  ' _ "$bin" "$backend" "$proto" "$warm" "$n" "$out" "$tmp/www" "$events"
+  ' _ "$bin" "$backend" "$proto" "$warm" "$n" "$out" "$tmp/www" "$events" "$conns"
   perf script -i "$out.perf" -F pid,tid,comm,event,trace 2>/dev/null |
     python3 bench/oneshot-events-tally.py "$(cat "$out.pid")" "$(cat "$out.cpid")" "$n" "$label" "$backend" "$proto"
   cat "$out.perflog" >&2
