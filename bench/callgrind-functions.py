@@ -6,6 +6,15 @@ usage:
       functions by self Ir (divided by N when --per is given), largest first
   callgrind-functions.py --diff OLD NEW [--per N] [--per-old N] [--top K] [--min X]
       functions whose self Ir changed, largest growth first (per connection with --per)
+  callgrind-functions.py --summary PROFILE [--per N]
+      JSON: total Ir; Ir outside glibc malloc's internals (`ir_steady`); calls into the
+      allocator (malloc, calloc, realloc, free, posix_memalign); all divided by N
+
+glibc malloc's internals (_int_malloc, _int_free, unlink_chunk, malloc_consolidate, …) cost
+what the heap's layout makes them cost: the same run of allocations costs a few hundred
+instructions more or less per connection depending on what earlier allocations left behind
+(the warm-up, a once-a-second Date header). `ir_steady` leaves them out and `alloc_calls`
+counts the calls instead, which do not depend on the layout.
 
 Functions are named as callgrind names them (symbol, with the object file); a monomorphised
 generic or a closure keeps its path. Costs of `calls=` lines (inclusive costs of callees) are
@@ -18,11 +27,24 @@ import sys
 from collections import Counter
 
 
-def self_costs(path):
-    """Function name -> self Ir, and the program total."""
+ALLOC_INTERNALS = ("_int_malloc", "_int_free", "_int_realloc", "_int_memalign", "unlink_chunk",
+                   "malloc_consolidate", "alloc_perturb", "sysmalloc", "systrim", "tcache_init",
+                   "_int_free_merge_chunk", "_int_free_create_chunk", "_int_free_maybe_consolidate",
+                   "_int_free_chunk", "free_perturb", "mremap_chunk", "munmap_chunk")
+ALLOC_ENTRIES = ("malloc", "calloc", "realloc", "free", "posix_memalign", "aligned_alloc",
+                 "memalign", "cfree")
+
+
+def is_alloc_internal(name):
+    return name.split(".")[0].split(" ")[0] in ALLOC_INTERNALS
+
+
+def self_costs(path, calls=None):
+    """Function name -> self Ir; `calls` (a Counter), if given, gets the call counts by callee."""
     names = {"fn": {}, "cfn": {}}
     costs = Counter()
     fn = None
+    cfn = None
     skip_next = False
     name_re = re.compile(r"^\((\d+)\)(?: (.*))?$")
 
@@ -54,9 +76,11 @@ def self_costs(path):
             if line.startswith("fn="):
                 fn = resolve("fn", line[3:])
             elif line.startswith("cfn="):
-                resolve("cfn", line[4:])
+                cfn = resolve("cfn", line[4:])
             elif line.startswith("calls="):
                 skip_next = True
+                if calls is not None:
+                    calls[cfn] += int(line[6:].split()[0])
             elif line.startswith("events:"):
                 events = line.split()[1:]
     if events and events[0] != "Ir":
@@ -72,12 +96,23 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("profiles", nargs="+")
     ap.add_argument("--diff", action="store_true")
+    ap.add_argument("--summary", action="store_true")
     ap.add_argument("--per", type=float, default=1.0)
     ap.add_argument("--per-old", type=float)
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--min", type=float, default=0.0)
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
+    if a.summary:
+        calls = Counter()
+        costs = self_costs(a.profiles[0], calls)
+        total = sum(costs.values())
+        internals = sum(v for k, v in costs.items() if is_alloc_internal(k))
+        allocs = sum(v for k, v in calls.items() if k.split(" ")[0] in ALLOC_ENTRIES)
+        print(json.dumps({"ir": round(total / a.per, 1),
+                          "ir_steady": round((total - internals) / a.per, 1),
+                          "alloc_calls": round(allocs / a.per, 2)}))
+        return
     if a.diff:
         old, new = (self_costs(p) for p in a.profiles[:2])
         per_old = a.per_old or a.per
