@@ -8,7 +8,8 @@
 #
 # Each cell is bench/callgrind-oneshot.sh's measurement with PACED (WARM connections one at a
 # time first, then N measured by bench/oneshot-paced.py: one connection at a time, PACED ms
-# between its steps, so that every step finds the server idle and the loop turns per connection
+# between its steps (10: at 3 a server sharing its CPU with a busy loop sometimes had not
+# finished a step when the next came, and two steps shared a turn), so that every step finds the server idle and the loop turns per connection
 # do not depend on scheduling), of the worker's thread only, REPS times. Two figures are
 # guarded, each the minimum over the reps: instructions per connection outside glibc malloc's
 # internals (`Ir (steady)`: those depend on the heap's layout, which a once-a-second Date header
@@ -18,7 +19,8 @@
 # usage: bench/callgrind-guard.sh [--update] [BIN]     (BIN: target/release/corelocal)
 #   --update  rewrites the baseline from this run. Do it deliberately, in a commit of its own
 #             that says why the count moved (the commit the baseline was taken at is recorded).
-#   env: BASELINE (another baseline file); WARM N CONNS REPS CELLS PACED override the baseline's workload (for experiments only; the
+#   env: BASELINE (another baseline file); RESULT=FILE also writes this run's figures as JSON;
+#        WARM N CONNS REPS CELLS PACED override the baseline's workload (for experiments only; the
 #        comparison is made only when they match the baseline's).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -43,11 +45,11 @@ except (OSError, KeyError):
 EOF
 }
 export WARM=${WARM:-$(workload warm 3000)}
-export N=${N:-$(workload n 300)}
+export N=${N:-$(workload n 200)}
 export CONNS=${CONNS:-$(workload conns 1)}
 export REPS=${REPS:-$(workload reps 2)}
 export CELLS=${CELLS:-$(workload cells "uring/http uring/kv epoll/http epoll/kv")}
-export PACED=${PACED:-$(workload paced 3)}
+export PACED=${PACED:-$(workload paced 10)}
 keep=$(mktemp -d)
 trap 'rm -rf "$keep"' EXIT
 export KEEP=$keep
@@ -90,6 +92,10 @@ for cell, reps in cells.items():
         "reps_ir": [r[0]["ir"] for r in reps],
         "functions": tool(path, "--top", "80", "--json"),
     }
+
+if os.environ.get("RESULT"):
+    with open(os.environ["RESULT"], "w") as f:
+        json.dump({"commit": commit, "workload": workload, "cells": result}, f, indent=1)
 
 if update:
     old = {}
