@@ -82,6 +82,41 @@ struct Entry {
 struct Shard {
     slots: Vec<Option<Arc<Entry>>>,
     free: Vec<usize>,
+    /// Entries of closed connections, reused by the next ones: no allocation per connection
+    /// (one is reused only when nothing else holds it, see [`reused_or_new`]).
+    spare: Vec<Arc<Entry>>,
+}
+
+/// Spare entries kept per shard at most (about 64 bytes each).
+const SPARE_MAX: usize = 1024;
+
+/// `spare` refilled for a new connection if nothing else holds it (its connection's
+/// `Registration` is gone and no `stats conns` is copying the list), else a new entry.
+fn reused_or_new(
+    spare: Option<Arc<Entry>>,
+    id: u64,
+    peer: Option<SocketAddr>,
+    udp: bool,
+    state: ConnState,
+    now: u64,
+) -> Arc<Entry> {
+    if let Some(mut entry) = spare {
+        if let Some(e) = Arc::get_mut(&mut entry) {
+            e.id = id;
+            e.peer = peer;
+            e.udp = udp;
+            *e.state.get_mut() = state as u8;
+            *e.last_cmd.get_mut() = now;
+            return entry;
+        }
+    }
+    Arc::new(Entry {
+        id,
+        peer,
+        udp,
+        state: AtomicU8::new(state as u8),
+        last_cmd: AtomicU64::new(now),
+    })
 }
 
 /// Every live connection, by worker.
@@ -187,15 +222,9 @@ impl Registry {
         state: ConnState,
         now: u64,
     ) -> Registration {
-        let entry = Arc::new(Entry {
-            id,
-            peer,
-            udp,
-            state: AtomicU8::new(state as u8),
-            last_cmd: AtomicU64::new(now),
-        });
         let shard = worker % self.shards.len();
         let mut s = self.shards[shard].lock().unwrap_or_else(|e| e.into_inner());
+        let entry = reused_or_new(s.spare.pop(), id, peer, udp, state, now);
         let slot = match s.free.pop() {
             Some(slot) => {
                 s.slots[slot] = Some(entry.clone());
@@ -216,7 +245,11 @@ impl Registry {
             .unwrap_or_else(|e| e.into_inner());
         let held = s.slots.get(r.slot).and_then(Option::as_ref);
         if held.is_some_and(|e| Arc::ptr_eq(e, &r.entry)) {
-            s.slots[r.slot] = None;
+            if let Some(entry) = s.slots[r.slot].take() {
+                if s.spare.len() < SPARE_MAX {
+                    s.spare.push(entry);
+                }
+            }
             s.free.push(r.slot);
         }
     }
@@ -327,6 +360,29 @@ mod tests {
         r.remove(&b);
         r.remove(&c);
         assert_eq!(r.len(), 0);
+    }
+
+    #[test]
+    fn a_closed_connections_entry_is_reused_only_once_nothing_holds_it() {
+        let r = Registry::new(1, Vec::new(), 0, 100);
+        let a = r.add(0, Some("127.0.0.1:5000".parse().unwrap()), 101);
+        let first = Arc::as_ptr(&a.entry);
+        r.remove(&a);
+        // Still held by `a`: the next connection gets a new entry, and its own fields.
+        let b = r.add(0, None, 102);
+        assert_ne!(Arc::as_ptr(&b.entry), first);
+        drop(a);
+        r.remove(&b);
+        drop(b);
+        // Nothing holds the spare now: reused, every field the new connection's.
+        let c = r.add(0, Some("[::1]:6000".parse().unwrap()), 103);
+        assert_eq!(
+            (c.id(), c.peer()),
+            (19, Some("[::1]:6000".parse().unwrap()))
+        );
+        assert_eq!(c.entry.last_cmd.load(Ordering::Relaxed), 103);
+        assert_eq!(c.entry.state.load(Ordering::Relaxed), ConnState::New as u8);
+        assert_eq!(r.len(), 1);
     }
 
     #[test]

@@ -259,6 +259,11 @@ impl Inner {
         since + Duration::from_secs(self.stats.time_offset.load(Ordering::Relaxed))
     }
 
+    /// [`Now::unix`] alone (a new connection's registration needs no more).
+    fn unix(&self, now: Instant) -> u64 {
+        (self.wall_base + self.since_base(now)).as_secs()
+    }
+
     fn now(&self, now: Instant) -> Now {
         let since = self.since_base(now);
         // Counted from the start of the wall-clock second the store was created in, so that
@@ -421,7 +426,7 @@ impl Service for KvService {
                 .rejected_connections
                 .fetch_add(1, Ordering::Relaxed);
         }
-        let at = self.inner.now(info.now).unix;
+        let at = self.inner.unix(info.now);
         let registration = self.inner.conns.add(info.worker, info.peer, at);
         let conn = KvConn::new(self.inner.clone(), info, rejected, registration);
         conn.log_connect();

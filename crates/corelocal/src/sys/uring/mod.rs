@@ -98,6 +98,8 @@ pub struct UringBackend {
     unreported: u32,
     /// The result of the adoption in progress (see `handoff`).
     adopted: Option<i32>,
+    /// Completions taken from the CQ by `drain_cq` (kept between drains, empty).
+    cqe_scratch: Vec<(u64, i32, u32)>,
 }
 
 impl std::fmt::Debug for UringBackend {
@@ -175,6 +177,7 @@ impl UringBackend {
             steals_inflight: 0,
             unreported: 0,
             adopted: None,
+            cqe_scratch: Vec::with_capacity(CQE_BATCH_MAX),
         };
         backend.arm_waker();
         Ok(backend)
@@ -268,9 +271,11 @@ impl UringBackend {
 
     fn drain_cq(&mut self) {
         let mut batch = 0;
+        // One buffer for every drain (taken out while `complete` borrows the backend): a
+        // fresh one per drain was an allocation per loop turn.
+        let mut taken = std::mem::take(&mut self.cqe_scratch);
         loop {
             let mut cq = self.ring.completion();
-            let mut taken: Vec<(u64, i32, u32)> = Vec::new();
             for cqe in cq.by_ref().take(CQE_BATCH_MAX) {
                 taken.push((cqe.user_data(), cqe.result(), cqe.flags()));
             }
@@ -279,13 +284,14 @@ impl UringBackend {
                 break;
             }
             batch += taken.len();
-            for (ud, res, flags) in taken {
+            for (ud, res, flags) in taken.drain(..) {
                 self.complete(ud, res, flags);
             }
             if batch >= CQE_BATCH_MAX {
                 break;
             }
         }
+        self.cqe_scratch = taken;
     }
 }
 

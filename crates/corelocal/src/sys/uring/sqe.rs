@@ -22,9 +22,18 @@ const SOCKET_URING_OP_GETSOCKOPT: u32 = 2;
 impl UringBackend {
     /// Queues an SQE (see the module docs for a full queue). The common case — nothing waits
     /// and the queue has room — allocates nothing.
+    #[inline]
     pub(super) fn sqe(&mut self, entry: squeue::Entry) {
-        if self.unqueued.is_empty() && self.push_group(std::slice::from_ref(&entry)) {
-            return;
+        if self.unqueued.is_empty() {
+            // One look at the queue's head (`submission()` loads it) and one push: `push`
+            // checks the room itself.
+            // Every buffer or pointer an entry refers to is owned by this backend and
+            // outlives the request (send buffers in `slots`/`graveyard`, `wake_buf`, `cpu_vals`).
+            // SAFETY: the conditions above hold.
+            if unsafe { self.ring.submission().push(&entry) }.is_ok() {
+                self.queued_sqes += 1;
+                return;
+            }
         }
         self.queue_slow(vec![entry]);
     }
@@ -56,6 +65,8 @@ impl UringBackend {
 
     /// The queue is full or entries already wait: hand the queue over once, then push `group`
     /// or keep it waiting, behind any that wait already.
+    #[cold]
+    #[inline(never)]
     fn queue_slow(&mut self, group: Vec<squeue::Entry>) {
         if self.unqueued.is_empty() {
             self.hand_over_full_queue();
