@@ -40,6 +40,22 @@ impl WorkerPlace {
     }
 }
 
+/// The places of workers pinned to `cpus` (worker `w` on `cpus[w]`), from the host's
+/// topology; where it cannot be read, each CPU is its own LLC on node 0.
+pub fn places_of(cpus: &[usize]) -> Vec<WorkerPlace> {
+    let topology = Topology::host().ok();
+    cpus.iter()
+        .map(|&cpu| match &topology {
+            Some(t) => WorkerPlace::of_cpu(t, cpu),
+            None => WorkerPlace {
+                cpu,
+                llc: cpu,
+                node: 0,
+            },
+        })
+        .collect()
+}
+
 /// Where SYNs processed on one CPU go now.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CpuTargets {

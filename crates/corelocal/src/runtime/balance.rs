@@ -152,20 +152,8 @@ impl BalanceShared {
                 blocked: AtomicBool::new(false),
             })
             .collect();
-        let topology = crate::cpu::Topology::host().ok();
-        let places = (0..config.workers)
-            .map(|w| {
-                let cpu = group.worker_cpu(w);
-                match &topology {
-                    Some(t) => WorkerPlace::of_cpu(t, cpu),
-                    None => WorkerPlace {
-                        cpu,
-                        llc: cpu,
-                        node: 0,
-                    },
-                }
-            })
-            .collect();
+        let cpus: Vec<usize> = (0..config.workers).map(|w| group.worker_cpu(w)).collect();
+        let places = redirect::places_of(&cpus);
         if !group.supports_flow_groups() {
             config.redirect_syns = false;
         }
