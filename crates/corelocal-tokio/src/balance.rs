@@ -14,13 +14,14 @@
 //! parked nor turning for [`StallConfig::stall_after_ns`] (5 ms) is not running: a handler
 //! blocks its thread, or the thread is starved or gone.
 //!
-//! The monitor samples every [`SAMPLE_MIN`] while anything looks wrong (a worker busy, one
-//! working without a turn or holding connections without an accept for 2 ms); otherwise the
-//! period doubles up to [`SAMPLE_ACTIVE_MAX`], or [`SAMPLE_IDLE_MAX`] while every worker is
-//! parked with an empty queue. Why not every millisecond: a sample costs a timer wake-up and a
-//! `getsockopt` per listener, 50–100 µs of CPU on the 2-core VM (whose wake-ups alone cost
-//! 25 µs), several per cent of a core at 1 kHz. A block is still busy at most
-//! `SAMPLE_ACTIVE_MAX` + 5 ms + `SAMPLE_MIN` after it starts.
+//! The monitor samples every [`SAMPLE_MIN`] while a worker is busy and another is not (the
+//! thieves' wake-ups, the recovery); otherwise the period doubles up to [`SAMPLE_ACTIVE_MAX`],
+//! or [`SAMPLE_IDLE_MAX`] while every worker is parked with an empty queue, and a sample is also
+//! taken when a stall window would end (a worker seen working without a turn, or holding
+//! connections without an accept: 5 ms after the sample that first saw it). Why not every
+//! millisecond: a sample costs a timer wake-up and a `getsockopt` per listener, 50–100 µs of CPU
+//! on the 2-core VM (whose wake-ups alone cost 25 µs), several per cent of a core at 1 kHz. A
+//! block is busy at most `SAMPLE_ACTIVE_MAX` + 5 ms after it starts.
 
 use crate::server::Stats;
 use corelocal::balance::redirect::longest_run;
@@ -48,10 +49,8 @@ pub(crate) const SAMPLE_MIN: Duration = Duration::from_millis(1);
 pub(crate) const SAMPLE_ACTIVE_MAX: Duration = Duration::from_millis(4);
 /// The longest period while every worker is parked with an empty queue (an idle server).
 pub(crate) const SAMPLE_IDLE_MAX: Duration = Duration::from_millis(8);
-/// A worker working without a turn, or holding connections without an accept, for this long
-/// looks wrong: sampling goes to [`SAMPLE_MIN`]. Longer than a busy turn of the loop (up to 61
-/// tasks), so a loaded server is sampled at the relaxed pace.
-const SUSPECT_AFTER_NS: u64 = 2_000_000;
+/// The shortest sleep before a sample due at a stall window's end (no spinning).
+const SAMPLE_DEADLINE_MIN: Duration = Duration::from_micros(500);
 /// The most workers one CPU's SYNs are spread over while redirected.
 const REDIRECT_TARGETS_MAX: usize = 16;
 /// The `activity` value of a worker whose thread has ended.
@@ -307,6 +306,8 @@ struct Monitor {
     /// Each worker's activity word and own accepts at the last sample, and since when each
     /// has been the same.
     last: Vec<Unchanged>,
+    /// The stall window of the health rules.
+    stall_ns: u64,
 }
 
 /// What a worker showed at the last samples.
@@ -320,9 +321,17 @@ struct Unchanged {
 }
 
 impl Unchanged {
-    /// Records a sample; true when the worker works without a turn, or its queue holds
-    /// connections without an accept, for [`SUSPECT_AFTER_NS`].
-    fn suspect(&mut self, activity: u64, accepted: u64, queued: bool, now_ns: u64) -> bool {
+    /// Records a sample; says when the worker becomes busy for a stall rule if nothing changes
+    /// before: the end of the `stall_ns` window of a worker working without a turn, or of a
+    /// queue holding connections without an accept, since the sample that first saw it.
+    fn update(
+        &mut self,
+        activity: u64,
+        accepted: u64,
+        queued: bool,
+        now_ns: u64,
+        stall_ns: u64,
+    ) -> Option<u64> {
         if activity != self.activity {
             (self.activity, self.activity_since_ns) = (activity, now_ns);
         }
@@ -333,9 +342,13 @@ impl Unchanged {
         if queued {
             self.queue_since_ns.get_or_insert(now_ns);
         }
-        let long = |since: u64| now_ns.saturating_sub(since) >= SUSPECT_AFTER_NS;
-        (activity_of(activity) != Activity::Idle && long(self.activity_since_ns))
-            || self.queue_since_ns.is_some_and(long)
+        let working = matches!(activity_of(activity), Activity::Working { .. });
+        let by_activity = working.then_some(self.activity_since_ns);
+        [by_activity, self.queue_since_ns]
+            .into_iter()
+            .flatten()
+            .min()
+            .map(|since| since + stall_ns)
     }
 }
 
@@ -344,15 +357,18 @@ impl Unchanged {
 enum Pace {
     /// Every worker parked, every queue empty, nobody busy.
     Idle,
-    /// Every worker turned or parked, every queue drained since the last sample.
+    /// Nobody busy.
     Active,
-    /// Something is busy or may be becoming so: sample every [`SAMPLE_MIN`].
-    Alert,
+    /// A worker is busy: sample every [`SAMPLE_MIN`] (its recovery, the thieves' wake-ups)
+    /// unless every worker is.
+    Busy,
 }
 
 /// What one worker's observation found.
 struct Seen {
     pace: Pace,
+    /// When it becomes busy if nothing changes (sample then).
+    deadline_ns: Option<u64>,
     /// Its busy state or reason changed.
     changed: bool,
     /// It is busy with connections in its queue (the others should steal).
@@ -367,6 +383,7 @@ pub(crate) fn spawn_monitor(
 ) -> io::Result<JoinHandle<()>> {
     let n = shared.workers();
     let cfg = BalanceConfig::new(n);
+    let stall = StallConfig::default();
     let topology = Topology::host().ok();
     let cpus: Vec<usize> = (0..n).map(|w| group.worker_cpu(w)).collect();
     let places = cpus
@@ -386,15 +403,14 @@ pub(crate) fn spawn_monitor(
     let monitor = Monitor {
         redirect: shared.redirect,
         stats: (0..n).map(|w| stats.worker(w)).collect(),
-        health: (0..n)
-            .map(|w| WorkerHealth::new(w, &cfg, StallConfig::default()))
-            .collect(),
+        health: (0..n).map(|w| WorkerHealth::new(w, &cfg, stall)).collect(),
         places,
         applied,
         shared,
         group,
         epoch: Instant::now(),
         last: vec![Unchanged::default(); n],
+        stall_ns: stall.stall_after_ns,
     };
     std::thread::Builder::new()
         // Thread names are cut at 15 bytes (comm): short enough to tell it from the workers.
@@ -408,24 +424,38 @@ impl Monitor {
         // Bounded by the workers' lives: their threads end after a stop.
         while self.shared.alive.load(Ordering::Acquire) > 0 {
             let now_ns = self.epoch.elapsed().as_nanos() as u64;
-            period = match self.tick(now_ns) {
-                Pace::Alert => SAMPLE_MIN,
+            let (pace, deadline_ns) = self.tick(now_ns);
+            // While every worker is busy nobody can steal or take SYNs: no hurry.
+            let helpless = self.shared.busy.count() == self.health.len();
+            period = match pace {
+                Pace::Busy if !helpless => SAMPLE_MIN,
+                Pace::Busy => (period * 2).min(SAMPLE_ACTIVE_MAX),
                 Pace::Active => (period * 2).min(SAMPLE_ACTIVE_MAX),
                 Pace::Idle => (period * 2).min(SAMPLE_IDLE_MAX),
             };
-            std::thread::sleep(period);
+            // A stall window that ends sooner is sampled at its end: detection on time
+            // without sampling every millisecond.
+            // (One already past did not make the worker busy: nothing to wait for.)
+            let until_deadline = deadline_ns
+                .filter(|&d| d > now_ns)
+                .map(|d| Duration::from_nanos(d - now_ns));
+            let sleep = until_deadline.map_or(period, |d| d.clamp(SAMPLE_DEADLINE_MIN, period));
+            std::thread::sleep(sleep);
         }
         self.restore_all();
     }
 
-    /// One observation of every worker; acts on busy changes; says how soon to look again.
-    fn tick(&mut self, now_ns: u64) -> Pace {
+    /// One observation of every worker; acts on busy changes; says how soon to look again:
+    /// the pace, and the earliest end of a stall window.
+    fn tick(&mut self, now_ns: u64) -> (Pace, Option<u64>) {
         let mut pace = Pace::Idle;
+        let mut deadline_ns: Option<u64> = None;
         let mut changed = false;
         let mut queued_at_busy = false;
         for w in 0..self.health.len() {
             let seen = self.observe(w, now_ns);
             pace = pace.max(seen.pace);
+            deadline_ns = deadline_ns.into_iter().chain(seen.deadline_ns).min();
             changed |= seen.changed;
             queued_at_busy |= seen.queued_at_busy;
         }
@@ -435,7 +465,7 @@ impl Monitor {
         if queued_at_busy {
             self.wake_thieves();
         }
-        pace
+        (pace, deadline_ns)
     }
 
     /// Observes worker `w`: feeds its health, counts its transitions.
@@ -462,13 +492,15 @@ impl Monitor {
         if let Some(c) = change.filter(|c| c.busy) {
             bump(&self.shared.slots[w].busy_by_reason[c.reason.index()]);
         }
-        let stuck = self.last[w].suspect(raw, accepted, len > 0, now_ns);
+        let deadline_ns = self.last[w].update(raw, accepted, len > 0, now_ns, self.stall_ns);
         Seen {
-            pace: match (busy || stuck, len == 0 && activity == Activity::Idle) {
-                (true, _) => Pace::Alert,
+            pace: match (busy, len == 0 && activity == Activity::Idle) {
+                (true, _) => Pace::Busy,
                 (false, true) => Pace::Idle,
                 (false, false) => Pace::Active,
             },
+            // A busy worker is sampled every SAMPLE_MIN anyway.
+            deadline_ns: deadline_ns.filter(|_| !busy),
             changed: change.is_some(),
             queued_at_busy: busy && len > 0,
         }
