@@ -189,10 +189,10 @@ impl Builder {
     /// whose queue holds connections it does not accept, is busy. While it is, the other
     /// workers accept from its listener (stealing, 5:1 with their own), and with eBPF
     /// steering its CPU's new SYNs go to the closest non-busy workers; they come back as soon
-    /// as it drains. A monitor thread per server watches every worker each 1 ms while
-    /// anything looks wrong, else each 4 ms (8 ms while everything is idle). `false`: no
-    /// monitor, no stealing: a blocked worker's connections wait for it. Counters:
-    /// [`Stats::balance`], `stolen` in the [`Snapshot`].
+    /// as it drains. A monitor thread per server watches every worker each 4 ms (8 ms while
+    /// everything is idle, 1 ms while a worker is busy and another can help, and when a stall
+    /// window ends). `false`: no monitor, no stealing: a blocked worker's connections wait
+    /// for it. Counters: [`Stats::balance`], `stolen` in the [`Snapshot`].
     pub fn balance(mut self, on: bool) -> Builder {
         self.balance = on;
         self
