@@ -286,8 +286,8 @@ impl Balanced {
             .iter()
             .map(|m| {
                 let pid = m.holder.0;
-                if !pidfds.contains_key(&pid) {
-                    pidfds.insert(pid, Arc::new(pidfd::pidfd_open(pid).ok()?));
+                if let std::collections::btree_map::Entry::Vacant(slot) = pidfds.entry(pid) {
+                    slot.insert(Arc::new(pidfd::pidfd_open(pid).ok()?));
                 }
                 pidfds.get(&pid).cloned()
             })
