@@ -24,12 +24,11 @@
 //! block is busy at most `SAMPLE_ACTIVE_MAX` + 5 ms after it starts.
 
 use crate::server::Stats;
-use corelocal::balance::redirect::longest_run;
+use corelocal::balance::redirect::{longest_run, places_of};
 use corelocal::balance::{
     cpu_targets, AcceptFrom, Activity, BalanceConfig, Balancer, BusyReason, BusySet, Observation,
     StallConfig, WorkerHealth, WorkerPlace,
 };
-use corelocal::cpu::Topology;
 use corelocal::listen::{ListenerGroup, Mode};
 use corelocal::runtime::WorkerStats;
 use std::cell::{Cell, RefCell};
@@ -384,19 +383,8 @@ pub(crate) fn spawn_monitor(
     let n = shared.workers();
     let cfg = BalanceConfig::new(n);
     let stall = StallConfig::default();
-    let topology = Topology::host().ok();
     let cpus: Vec<usize> = (0..n).map(|w| group.worker_cpu(w)).collect();
-    let places = cpus
-        .iter()
-        .map(|&cpu| match &topology {
-            Some(t) => WorkerPlace::of_cpu(t, cpu),
-            None => WorkerPlace {
-                cpu,
-                llc: cpu,
-                node: 0,
-            },
-        })
-        .collect();
+    let places = places_of(&cpus);
     let mut applied: Vec<(usize, Option<(usize, usize)>)> =
         cpus.iter().map(|&c| (c, None)).collect();
     applied.dedup_by_key(|a| a.0);
