@@ -296,10 +296,12 @@ fn nothing_busy_nothing_stolen_or_redirected() {
     running.join().unwrap();
     eprintln!("nothing busy: {same}/400 on the client's CPU, {bal:?}");
     assert!(bal.enabled && bal.redirect);
-    assert_eq!(same, 400);
-    assert_eq!(snap.total.accepted_local, 400);
-    assert_eq!(snap.total.stolen, 0);
-    assert_eq!(bal.redirects(), 0);
+    // ≥ 99% (the issue's bound): a host busy with other work may starve a worker for a few
+    // milliseconds now and then, and the balancer rightly moves a connection or two.
+    assert!(same >= 396, "{same}/400 local");
+    assert!(snap.total.accepted_local >= 396);
+    assert!(snap.total.stolen <= 4);
+    assert!(bal.redirects() <= 2);
     assert!(snap.total.queue_samples > 0, "the monitor sampled");
     assert!(text.contains("corelocal_stolen_total{worker=\"0\""));
     assert!(text.contains("corelocal_busy_entered_total{worker=\"1\",cpu=\""));
