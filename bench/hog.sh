@@ -5,8 +5,6 @@
 # mode queues them on the starved worker), --backlog 128. Balancer off vs on, alternating
 # (A B A B), each run in a fresh network namespace. Needs root (nice -20, unshare -n).
 # usage: bench/hog.sh [ROUNDS] [SECONDS] [BACKEND]  → results/balancer/hog-starved[-BACKEND].{json,md}
-# HOG_VARIANTS="on on-redirect" compares the balancer with and without --balance-redirect on
-# (→ results/balancer/hog-starved-redirect[-BACKEND]); the default is "off on".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-3}
@@ -15,8 +13,7 @@ backend=${3:-auto}
 cargo build --release -q -p corelocal-cli
 bin=$PWD/target/release/corelocal
 suffix=$([ "$backend" = auto ] && echo "" || echo "-$backend")
-variants=${HOG_VARIANTS:-off on}
-out=results/balancer/hog-starved$([ "$variants" = "off on" ] || echo "-redirect")$suffix
+out=results/balancer/hog-starved$suffix
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
@@ -26,11 +23,8 @@ one_run() { # balance round
     unshare -n bash -euo pipefail -c '
         ip link set lo up
         bin=$1; balance=$2; secs=$3; json=$4; stats=$5; backend=$6
-        redirect=off
-        [ "$balance" = on-redirect ] && { balance=on; redirect=on; }
         "$bin" serve rpc --one-shot --listen 127.0.0.1:7000 --cpus 0-1 --backlog 128 \
-            --backend "$backend" --balance "$balance" --balance-redirect "$redirect" \
-            --stats-interval 200ms \
+            --backend "$backend" --balance "$balance" --stats-interval 200ms \
             --stats-file "$stats" 2>/dev/null &
         server=$!
         for _ in $(seq 100); do ss -ltn | grep -q ":7000 " && break; sleep 0.05; done
@@ -46,19 +40,18 @@ one_run() { # balance round
 }
 
 for r in $(seq 1 "$rounds"); do
-    for balance in $variants; do
+    for balance in off on; do
         one_run "$balance" "$r"
         echo "round $r balance $balance done" >&2
     done
 done
 
-python3 - "$tmp" "$rounds" "$secs" "$backend" "$out" "$variants" <<'PY'
+python3 - "$tmp" "$rounds" "$secs" "$backend" "$out" <<'PY'
 import json, statistics, sys, os, platform
 tmp, rounds, secs, backend, out = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
-variants = sys.argv[6].split()
 runs = []
 for r in range(1, rounds + 1):
-    for bal in variants:
+    for bal in ("off", "on"):
         b = json.load(open(f"{tmp}/{bal}-{r}.json"))
         lines = [l for l in open(f"{tmp}/{bal}-{r}-stats.json") if l.strip()]
         st = json.loads(lines[-1]) if lines else {"workers": []}
@@ -78,7 +71,7 @@ for r in range(1, rounds + 1):
 def med(bal, key):
     v = [x[key] for x in runs if x["balance"] == bal and x[key] is not None]
     return (statistics.median(v), min(v), max(v)) if v else (None, None, None)
-cmd = ("" if variants == ["off", "on"] else f"HOG_VARIANTS=\"{' '.join(variants)}\" ") + f"bench/hog.sh {rounds} {secs} {backend}"
+cmd = f"bench/hog.sh {rounds} {secs} {backend}"
 doc = {"command": cmd, "machine": f"2-core VM ({platform.node()}), Linux {platform.release()}",
        "setup": "CPU 1: busy loop at nice -20; server worker on CPU 1 reniced to 19; "
                 "clients: corelocal bench crr --proto rpc --cpus 1 --conns 64 --timeout 1s at nice -20; "
@@ -86,10 +79,10 @@ doc = {"command": cmd, "machine": f"2-core VM ({platform.node()}), Linux {platfo
        "backend": backend, "runs": runs}
 json.dump(doc, open(out + ".json", "w"), indent=1)
 with open(out + ".md", "w") as f:
-    f.write(f"# Starved core: balancer {' vs '.join(variants)} ({backend} backend)\n\n`{cmd}` — {doc['machine']}, load average {os.getloadavg()[0]:.2f} at the end.\n\n")
-    f.write(doc["setup"] + f". Rounds alternate {', '.join(variants)} (on-redirect: `--balance on --balance-redirect on`).\n\n")
+    f.write(f"# Starved core: balancer off vs on ({backend} backend)\n\n`{cmd}` — {doc['machine']}.\n\n")
+    f.write(doc["setup"] + ". Rounds alternate off, on.\n\n")
     f.write("| balancer | conn/s median (min–max) | p50 µs | p99 µs | errors (timeouts) median | served by worker 0 / worker 1 (median run) |\n|---|---|---|---|---|---|\n")
-    for bal in variants:
+    for bal in ("off", "on"):
         c = med(bal, "conns_per_s"); p50 = med(bal, "p50_us"); p99 = med(bal, "p99_us"); e = med(bal, "errors")
         mine = sorted([x for x in runs if x["balance"] == bal], key=lambda x: x["conns_per_s"])[len([x for x in runs if x["balance"] == bal]) // 2]
         sp = " / ".join(str(v) for v in mine["served_per_worker"])

@@ -43,10 +43,6 @@ pub struct CommonArgs {
     /// wait there, where busy detection sees them and idle workers steal them.
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=65_536))]
     pub(super) accept_batch: u64,
-    /// Balancer: also send a busy worker's CPU's new SYNs to the closest non-busy workers
-    /// while it is busy (eBPF steering), besides stealing what is queued.
-    #[arg(long, default_value = "off", value_parser = ["on", "off"])]
-    pub(super) balance_redirect: String,
     /// Balancer: how often a non-busy worker moves one flow group to itself.
     #[arg(long, default_value = "100ms", value_parser = parse_duration)]
     pub(super) migrate_interval: Duration,

@@ -179,7 +179,6 @@ pub(super) fn server_config(common: &CommonArgs) -> Result<ServerConfig, String>
             .unwrap_or(u64::MAX)
             .max(1);
         b.flow_groups = config.listen.flow_groups;
-        b.redirect_syns = common.balance_redirect == "on";
         b.validate()
             .map_err(|e| format!("--balance-share/--busy-watermarks/--migrate-interval: {e}"))?;
         config.balance = Some(b);

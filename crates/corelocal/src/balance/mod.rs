@@ -112,11 +112,6 @@ pub struct BalanceConfig {
     pub migrate_interval_ns: u64,
     /// Number of flow groups, a power of two (paper: 4096).
     pub flow_groups: u32,
-    /// Also send a busy worker's CPU's new SYNs to the closest non-busy workers (eBPF
-    /// steering; see [`redirect`]) while it is busy, besides stealing what is queued. Off by
-    /// default: on the starved-core run it lost 40% of the connections per second for a lower
-    /// p99 (results/balancer/hog-starved-redirect.md).
-    pub redirect_syns: bool,
 }
 
 /// Why a [`BalanceConfig`] was refused.
@@ -146,7 +141,6 @@ impl BalanceConfig {
             migrate_enabled: true,
             migrate_interval_ns: 100_000_000,
             flow_groups: 4096,
-            redirect_syns: false,
         }
     }
 

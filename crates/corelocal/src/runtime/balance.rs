@@ -29,8 +29,8 @@
 use super::backend::Wake;
 use super::stats::WorkerStats;
 use crate::balance::{
-    cpu_targets, redirect, AcceptFrom, BalanceConfig, Balancer, BusyChange, BusySet, BusyTracker,
-    ConfigError, FlowGroupTable, WorkerPlace,
+    AcceptFrom, BalanceConfig, Balancer, BusyChange, BusySet, BusyTracker, ConfigError,
+    FlowGroupTable,
 };
 use crate::listen::ListenerGroup;
 use crate::steer::XdpSteering;
@@ -82,10 +82,6 @@ pub struct BalanceShared {
     pub stats: Vec<Arc<WorkerStats>>,
     /// Every worker's busy tracking.
     pub watches: Vec<WorkerWatch>,
-    /// Where each worker runs (for redirect targets).
-    places: Vec<WorkerPlace>,
-    /// CPUs whose SYNs go to other workers now (`config.redirect_syns`).
-    redirected: Mutex<Vec<usize>>,
 }
 
 impl std::fmt::Debug for BalanceShared {
@@ -152,15 +148,8 @@ impl BalanceShared {
                 blocked: AtomicBool::new(false),
             })
             .collect();
-        let cpus: Vec<usize> = (0..config.workers).map(|w| group.worker_cpu(w)).collect();
-        let places = redirect::places_of(&cpus);
-        if !group.supports_flow_groups() {
-            config.redirect_syns = false;
-        }
         Ok(BalanceShared {
             watches,
-            places,
-            redirected: Mutex::new(Vec::new()),
             busy: BusySet::new(config.workers),
             table: Mutex::new(FlowGroupTable::new(config.flow_groups, config.workers)),
             config,
@@ -205,31 +194,11 @@ impl BalanceShared {
         if change == Some(BusyChange::BecameBusy) || still_over {
             self.wake_non_busy(worker);
         }
-        if change.is_some() && self.config.redirect_syns {
-            self.reroute(self.group.worker_cpu(worker));
-        }
         Some(QueueGauge {
             len: depth.len,
             cap: depth.cap,
             busy,
         })
-    }
-
-    /// Points `cpu`'s SYNs at the closest non-busy workers while all of its own are busy, and
-    /// back home otherwise (touched at busy transitions only).
-    fn reroute(&self, cpu: usize) {
-        let t = cpu_targets(&self.places, &self.busy, cpu, self.places.len().max(1));
-        let mut redirected = self.redirected.lock().unwrap_or_else(|p| p.into_inner());
-        let was = redirected.contains(&cpu);
-        if t.redirected {
-            if let Some(run) = redirect::longest_run(&t.workers) {
-                if self.group.redirect_cpu(cpu, Some(run)).is_ok() && !was {
-                    redirected.push(cpu);
-                }
-            }
-        } else if was && self.group.redirect_cpu(cpu, None).is_ok() {
-            redirected.retain(|&c| c != cpu);
-        }
     }
 
     fn wake_non_busy(&self, except: usize) {
