@@ -66,8 +66,6 @@ pub const MEMBERS_MAX: usize = 4096;
 pub struct Member {
     /// The listener's cookie (how the program's sockarray names it).
     pub cookie: u64,
-    /// The listener's inode.
-    pub inode: u64,
     /// A process holding the listener, and its descriptor there (to read its queue).
     pub holder: (u32, i32),
     /// The CPU its worker is pinned to.
@@ -193,7 +191,8 @@ impl ThreadFiles {
     /// What the thread is doing: stopped (`T`, `t`), idle (`S`, `I`: asleep, as in
     /// `epoll_wait`; a worker asleep in something else is caught by the queue rule),
     /// working (`R`, `D`) with its CPU time as progress.
-    fn activity(&self) -> Activity {
+    /// `exec_ns`: its CPU time from `schedstat`, read once per turn by the caller.
+    fn activity(&self, exec_ns: Option<u64>) -> Activity {
         let mut buf = [0u8; 512];
         let Some(n) = self.stat.as_ref().and_then(|f| f.read_at(&mut buf, 0).ok()) else {
             return Activity::Unknown;
@@ -205,10 +204,9 @@ impl ThreadFiles {
         match text.get(close + 2) {
             Some(b'T' | b't') => Activity::Stopped,
             Some(b'S' | b'I') => Activity::Idle,
-            Some(b'R' | b'D') => match self.schedstat() {
-                Some((progress, _)) => Activity::Working { progress },
-                None => Activity::Unknown,
-            },
+            Some(b'R' | b'D') => {
+                exec_ns.map_or(Activity::Unknown, |progress| Activity::Working { progress })
+            }
             _ => Activity::Unknown,
         }
     }
@@ -346,23 +344,23 @@ impl Balanced {
             let Some(q) = self.queue(w) else {
                 continue;
             };
-            if let Some((_, wait)) = self.files[w].schedstat() {
+            let sched = self.files[w].schedstat();
+            if let Some((_, wait)) = sched {
                 self.health[w].note_run_wait(wait, now_ns);
             }
+            let exec_ns = sched.map(|(exec, _)| exec);
             let look =
                 q.len > 0 || self.health[w].busy().is_some() || self.turns % STATE_EVERY_TURNS == 0;
             let activity = if look {
-                let a = self.files[w].activity();
+                let a = self.files[w].activity(exec_ns);
                 self.last_activity[w] = a;
                 a
             } else {
                 match self.last_activity[w] {
                     // Progress must be fresh, or a stale value would read as no progress.
-                    Activity::Working { .. } => self.files[w]
-                        .schedstat()
-                        .map_or(Activity::Unknown, |(progress, _)| Activity::Working {
-                            progress,
-                        }),
+                    Activity::Working { .. } => {
+                        exec_ns.map_or(Activity::Unknown, |progress| Activity::Working { progress })
+                    }
                     other => other,
                 }
             };

@@ -709,7 +709,6 @@ fn balance_target(
                     let w = l.workers.first()?;
                     Some(crate::balance::Member {
                         cookie: l.cookie,
-                        inode: l.inode,
                         holder: (l.holder_pid, l.holder_fd),
                         cpu: l.cpu?,
                         pid: w.pid,
