@@ -19,8 +19,9 @@
 //! The loop: 2 ms while any queue holds a connection or any worker is busy, 10 ms otherwise;
 //! an idle worker's thread state is read every 4th turn (a stopped worker is seen within 40 ms
 //! while idle, at the next turn once a connection waits for it). Measured on the 2-core VM:
-//! ~100 µs of CPU a turn for two workers (mostly syscalls: `pidfd_getfd`, `TCP_INFO`, the
-//! `/proc` reads), about 1% of a CPU idle; `bench/steer-balance.sh cpu` reports it under load.
+//! ~100 µs of CPU a turn for two workers by a hand reading of its threads' schedstat (mostly
+//! syscalls: `pidfd_getfd`, `TCP_INFO`, the `/proc` reads); `bench/steer-balance.sh cpu`
+//! reports its CPU under load (results/steer/balance-cpu.md).
 
 use crate::watch::Event;
 use corelocal::balance::{
