@@ -387,6 +387,7 @@ def write_results(a, tmp, servers, legs, bad, rss_rows, takeovers, order, kv_hit
         stops = s.stop_reports()
         per_server[n] = {
             "processes": len(s.stopped), "exit_codes": [c for _, c in s.stopped],
+            "exit_pids": list(s.stopped),
             "takeovers_by_form": s.takeovers, "failed_takeovers": s.failed_takeovers,
             "stop_reports": stops, "lost_at_close": sum(r["lost_at_close"] for r in stops),
             "rss_kib": {"min": min(rss, default=0), "max": max(rss, default=0)},
@@ -395,11 +396,10 @@ def write_results(a, tmp, servers, legs, bad, rss_rows, takeovers, order, kv_hit
            "legs": {n: leg_summary(n, load(os.path.join(tmp, n + ".json")), takeovers)
                     for n in legs},
            "servers": per_server, "kv_hit_ratio_at_takeovers": kv_hits}
-    res["pass"] = (all(l["ok"] for l in res["legs"].values())
-                   and all(s["lost_at_close"] == 0 and all(c == 0 for c in s["exit_codes"])
-                           and not s["failed_takeovers"]
-                           and len(s["stop_reports"]) == s["processes"]
-                           for s in per_server.values()))
+    res["failures"] = failures(res["legs"], per_server)
+    res["pass"] = not res["failures"]
+    if res["failures"]:
+        res["server_log_tails"] = {n: log_tail(s.log) for n, s in servers.items()}
     with open(os.path.join(a.out, a.name + ".json"), "w") as f:
         json.dump(res, f, indent=1)
     with open(os.path.join(a.out, a.name + ".md"), "w") as f:
@@ -408,6 +408,26 @@ def write_results(a, tmp, servers, legs, bad, rss_rows, takeovers, order, kv_hit
                       "legs": {n: (l.get("units"), l.get("errors")) for n, l in res["legs"].items()},
                       "lost_at_close": {n: s["lost_at_close"] for n, s in per_server.items()}}))
     return 0 if res["pass"] else 1
+
+
+def failures(legs, per_server):
+    """Each broken pass criterion, in words: what a failed run prints first."""
+    out = [f"leg {n}: {l.get('error') or 'errors away from takeovers or none allowed there'}"
+           for n, l in legs.items() if not l["ok"]]
+    for n, s in per_server.items():
+        out += [f"{n}: pid {pid} exited {code}" for pid, code in s["exit_pids"] if code != 0]
+        out += [f"{n}: failed takeover ({f['form']}), new pid {f['new_pid']} exited {f['exit']}"
+                for f in s["failed_takeovers"]]
+        if s["lost_at_close"]:
+            out.append(f"{n}: lost at close {s['lost_at_close']}")
+        if len(s["stop_reports"]) != s["processes"]:
+            out.append(f"{n}: {len(s['stop_reports'])} stop lines for {s['processes']} processes")
+    return out
+
+
+def log_tail(log, lines=40):
+    log.seek(0)
+    return log.read().splitlines()[-lines:]
 
 
 def markdown(a, res):
@@ -437,6 +457,10 @@ def markdown(a, res):
             lines.append(f"- **{n}: failed takeover** ({f['form']}): new pid {f['new_pid']} exited "
                          f"{f['exit']}; old pid {f['old_pid']} kept serving (its state: "
                          f"{a.name}.json)")
+    if res["failures"]:
+        lines += ["", "Failed: " + "; ".join(res["failures"]) + "."]
+        for n, tail in res.get("server_log_tails", {}).items():
+            lines += ["", f"Last lines of the {n} servers' log:", ""] + ["    " + l for l in tail]
     hits = res.get("kv_hit_ratio_at_takeovers") or []
     if hits:
         fmt = lambda r: "-" if r is None else f"{r:.3f}"

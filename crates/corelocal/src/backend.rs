@@ -266,8 +266,10 @@ pub trait Backend {
     /// holds, so a connection taken from a queue is never closed unseen with the backend.
     fn accepts_settled(&self) -> bool;
     /// Takes over an established connection (one a predecessor process handed over) and
-    /// returns its id; nothing is armed on it. Only before the worker starts accepting:
-    /// no accept may be in flight (io_uring picks a free slot of its own table).
+    /// returns its id; nothing is armed on it. The id may be that of a connection whose
+    /// [`Completion::Closed`] is still queued here (io_uring's table gives the slot freed last,
+    /// and adopting reaps the kernel's completions; a descriptor number is reused at once):
+    /// the caller handles every completion `reap` gives before it uses the id.
     fn adopt(&mut self, fd: std::os::fd::OwnedFd) -> io::Result<ConnId>;
     /// Events since the last call that the stats count (and resets them).
     fn take_events(&mut self) -> BackendEvents {

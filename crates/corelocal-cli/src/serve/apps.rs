@@ -122,7 +122,7 @@ fn run_kv(mut args: KvArgs) -> ExitCode {
         config.report.tcp_port = 0;
     }
     if config.protocol == Protocol::Binary {
-        eprintln!(
+        corelocal::log_line!(
             "corelocal serve kv: --protocol binary: the binary protocol is not spoken here; \
              every connection is closed at its first byte"
         );
@@ -155,10 +155,13 @@ fn run_kv(mut args: KvArgs) -> ExitCode {
     };
     if let Some(server) = udp_server {
         let t = server.stop();
-        eprintln!(
+        corelocal::log_line!(
             "corelocal serve kv: UDP stopped | requests {} | dropped {} | datagrams sent {} | \
              send errors {}",
-            t.requests, t.dropped, t.sent, t.send_errors
+            t.requests,
+            t.dropped,
+            t.sent,
+            t.send_errors
         );
     }
     save(&saver, code)
@@ -168,7 +171,7 @@ fn run_kv(mut args: KvArgs) -> ExitCode {
 /// running server's newer one). `Err`: do not start.
 fn restore(args: &KvArgs, service: &KvService) -> Result<(), String> {
     if args.common.takeover.is_some() && args.memory_file.is_some() {
-        eprintln!(
+        corelocal::log_line!(
             "corelocal serve kv: --memory-file not read: a takeover brings the running \
              server's cache"
         );
@@ -177,7 +180,7 @@ fn restore(args: &KvArgs, service: &KvService) -> Result<(), String> {
     match service.restore_memory_file() {
         None => Ok(()),
         Some(Ok(told)) => {
-            eprintln!("corelocal serve kv: --memory-file: {told}");
+            corelocal::log_line!("corelocal serve kv: --memory-file: {told}");
             Ok(())
         }
         Some(Err(e)) => Err(format!("--memory-file: {e}")),
@@ -189,7 +192,7 @@ fn restore(args: &KvArgs, service: &KvService) -> Result<(), String> {
 fn save(service: &KvService, code: ExitCode) -> ExitCode {
     if !grace::graceful() {
         if service.config().memory_file.is_some() {
-            eprintln!(
+            corelocal::log_line!(
                 "corelocal serve kv: --memory-file: not saved (only a graceful stop saves, as \
                  memcached: SIGUSR1 or `shutdown graceful`)"
             );
@@ -199,11 +202,11 @@ fn save(service: &KvService, code: ExitCode) -> ExitCode {
     match service.save_memory_file() {
         None => code,
         Some(Ok(told)) => {
-            eprintln!("corelocal serve kv: --memory-file: {told}");
+            corelocal::log_line!("corelocal serve kv: --memory-file: {told}");
             code
         }
         Some(Err(e)) => {
-            eprintln!("corelocal serve kv: --memory-file: not saved: {e}");
+            corelocal::log_line!("corelocal serve kv: --memory-file: not saved: {e}");
             ExitCode::FAILURE
         }
     }
@@ -268,11 +271,11 @@ fn serve_without_tcp(
         let addrs: Vec<String> = udp.iter().map(|a| format!("udp {a}")).collect();
         addrs.join(", ")
     };
-    eprintln!("corelocal serve kv: listening on {what} | no TCP (--no-tcp)");
+    corelocal::log_line!("corelocal serve kv: listening on {what} | no TCP (--no-tcp)");
     daemon::ready();
     loop {
         if let Some(signal) = corelocal::sys::signal::wait_termination(Duration::from_secs(1)) {
-            eprintln!("corelocal serve kv: signal {signal}, stopping");
+            corelocal::log_line!("corelocal serve kv: signal {signal}, stopping");
             return ExitCode::SUCCESS;
         }
     }
@@ -288,7 +291,7 @@ fn write_port_file(path: &std::path::Path, tcp: &[SocketAddr], udp: &[SocketAddr
     aside.push(".lck");
     let written = std::fs::write(&aside, text).and_then(|()| std::fs::rename(&aside, path));
     if let Err(e) = written {
-        eprintln!(
+        corelocal::log_line!(
             "corelocal serve kv: --port-file {}: {e}; serving on",
             path.display()
         );
@@ -394,7 +397,7 @@ fn kv_config(args: &mut KvArgs, get_line_bytes_max: usize) -> Result<KvConfig, S
         if graceful {
             grace::stop_gracefully();
         } else if let Err(e) = corelocal::sys::signal::terminate(std::process::id() as i32) {
-            eprintln!("corelocal serve kv: shutdown: {e}");
+            corelocal::log_line!("corelocal serve kv: shutdown: {e}");
         }
     }));
     Ok(KvConfig {

@@ -155,9 +155,11 @@ pub(super) fn server_config(common: &CommonArgs) -> Result<ServerConfig, String>
     if let Some(iface) = &common.xdp_iface {
         match corelocal::steer::RssSteering::detect(iface) {
             Err(unsupported) => {
-                eprintln!("corelocal serve: {unsupported}; steering flow groups with XDP + CPUMAP")
+                corelocal::log_line!(
+                    "corelocal serve: {unsupported}; steering flow groups with XDP + CPUMAP"
+                )
             }
-            Ok(_) => eprintln!(
+            Ok(_) => corelocal::log_line!(
                 "corelocal serve: {iface} has an RSS indirection table, but moving its buckets \
                  also needs queue → CPU IRQ affinity (corelocal tune); steering flow groups \
                  with XDP + CPUMAP"

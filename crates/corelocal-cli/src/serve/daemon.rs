@@ -123,7 +123,7 @@ pub(super) fn ready() {
         }
         // Stderr is still the pipe: the launcher prints this and reports a failure (it sees
         // no NUL); the server serves on, without its output.
-        Err(e) => eprintln!("corelocal serve: --daemon: moving the output away: {e}"),
+        Err(e) => corelocal::log_line!("corelocal serve: --daemon: moving the output away: {e}"),
     }
 }
 
@@ -171,7 +171,7 @@ fn exited(child: u32) -> ExitCode {
     loop {
         match process::wait_child(child, false) {
             Ok(Some(status)) => {
-                eprintln!(
+                corelocal::log_line!(
                     "corelocal serve: --daemon: the server (pid {child}) exited before serving \
                      ({status})"
                 );
@@ -210,7 +210,7 @@ fn give_up(child: u32) -> ExitCode {
 }
 
 fn launcher_fail(message: &str) -> ExitCode {
-    eprintln!("corelocal serve: --daemon: {message}");
+    corelocal::log_line!("corelocal serve: --daemon: {message}");
     ExitCode::FAILURE
 }
 

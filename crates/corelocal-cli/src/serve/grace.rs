@@ -17,7 +17,7 @@ const SIGUSR1_POLL: Duration = Duration::from_millis(100);
 pub(super) fn stop_gracefully() {
     GRACEFUL.store(true, Ordering::SeqCst);
     if let Err(e) = signal::terminate(std::process::id() as i32) {
-        eprintln!("corelocal serve kv: graceful stop: {e}");
+        corelocal::log_line!("corelocal serve kv: graceful stop: {e}");
     }
 }
 
@@ -35,7 +35,7 @@ pub(super) fn on_sigusr1() -> Result<(), String> {
         .spawn(|| loop {
             std::thread::sleep(SIGUSR1_POLL);
             if signal::raised(&[libc::SIGUSR1]) {
-                eprintln!("corelocal serve kv: SIGUSR1, stopping gracefully");
+                corelocal::log_line!("corelocal serve kv: SIGUSR1, stopping gracefully");
                 stop_gracefully();
                 return;
             }

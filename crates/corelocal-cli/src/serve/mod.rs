@@ -98,7 +98,7 @@ pub fn serve_with<S: Service>(
             Some(failure) => failure,
             None => return finish(name, server, stats_file.as_mut()),
         };
-        eprintln!(
+        corelocal::log_line!(
             "corelocal serve {name}: the successor failed while moving ({failure}); serving on"
         );
         drop(metrics.take());
@@ -106,14 +106,14 @@ pub fn serve_with<S: Service>(
             Ok((s, _old)) => s,
             Err(e) => return fail(&format!("serving on after the failed move: {e}")),
         };
-        eprintln!(
+        corelocal::log_line!(
             "corelocal serve {name}: serving again on the same sockets ({} connections taken back)",
             server.taken_conns()
         );
         pidfile::rewrite();
         metrics =
             crate::metrics::start_for(common.metrics, &server, name, &config).unwrap_or_else(|e| {
-                eprintln!("corelocal serve {name}: {e}; serving without metrics");
+                corelocal::log_line!("corelocal serve {name}: {e}; serving without metrics");
                 None
             });
     }
@@ -134,16 +134,18 @@ fn stop_or_move(
     let moved = match (handover, stop) {
         (Handover::Failed(failure), _) => return Some(failure),
         (Handover::Moved(_), _) => {
-            eprintln!(
+            corelocal::log_line!(
                 "corelocal serve {name}: listening sockets handed over, draining (up to {:?})",
                 common.drain_timeout
             );
             return None;
         }
         (Handover::Kept, Some(stop)) => {
-            eprintln!(
+            corelocal::log_line!(
                 "corelocal serve {name}: signal {} from pid {}, draining (up to {:?})",
-                stop.signal, stop.sender, common.drain_timeout
+                stop.signal,
+                stop.sender,
+                common.drain_timeout
             );
             (stop.signal == libc::SIGTERM)
                 .then(|| upgrade::move_to_successor(server, stop.sender, common.takeover_timeout))
@@ -163,7 +165,7 @@ fn stop_or_move(
 
 fn print_listening(name: &str, config: &ServerConfig, server: &Server) {
     let addrs: Vec<String> = server.local_addrs().iter().map(|a| a.to_string()).collect();
-    eprintln!(
+    corelocal::log_line!(
         "corelocal serve {name}: listening on {} | workers on CPUs {} | mode {} | steering {} | backend {} | balancer {}",
         addrs.join(", "),
         config.listen.worker_cpus.iter().map(|c| c.to_string()).collect::<Vec<_>>().join(","),
@@ -182,7 +184,7 @@ fn abandon(server: Server, message: &str) -> ExitCode {
 }
 
 fn fail(message: &str) -> ExitCode {
-    eprintln!("corelocal serve: {message}");
+    corelocal::log_line!("corelocal serve: {message}");
     ExitCode::FAILURE
 }
 

@@ -88,7 +88,7 @@ pub(super) fn revert() {
             None => remove_if_ours(&file.path, &file.text),
         };
         if let Err(e) = put_back {
-            eprintln!(
+            corelocal::log_line!(
                 "corelocal serve: --pid-file {}: putting back what it held: {e}",
                 file.path.display()
             );
@@ -106,7 +106,7 @@ pub(super) fn rewrite() {
         let written = std::fs::write(&file.aside, &file.text)
             .and_then(|()| std::fs::rename(&file.aside, &file.path));
         if let Err(e) = written {
-            eprintln!(
+            corelocal::log_line!(
                 "corelocal serve: --pid-file {}: writing it again: {e}",
                 file.path.display()
             );
@@ -123,7 +123,7 @@ pub(super) fn remove_at_exit() {
             return;
         }
         if let Err(e) = remove_if_ours(&file.path, &file.text) {
-            eprintln!(
+            corelocal::log_line!(
                 "corelocal serve: --pid-file {}: not removed: {e}",
                 file.path.display()
             );

@@ -71,14 +71,14 @@ pub(super) fn finish(
         let _ = writeln!(f, "{}", report.stats.to_json());
     }
     if report.handed_over {
-        eprintln!(
+        corelocal::log_line!(
             "corelocal serve {name}: stopped | handed over | connections moved {} | accepted while draining {} | lost at close 0 (the successor holds the sockets and their queues){}",
             report.stats.total.moved,
             report.stats.total.drain_accepted,
             overload_summary(&report.stats),
         );
     } else {
-        eprintln!(
+        corelocal::log_line!(
             "corelocal serve {name}: stopped | connections moved {} | accepted while draining {} | new SYNs refused {} | migration {} | lost at close {}{}",
             report.stats.total.moved,
             report.stats.total.drain_accepted, report.refused_new_syns, report.migration, report.lost_at_close,

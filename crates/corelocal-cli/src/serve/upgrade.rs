@@ -101,7 +101,9 @@ pub(super) fn start_server<S: Service>(
         .map_err(|e| context(&e))?;
     match Server::start_with_listeners(config.clone(), service, group) {
         Ok(server) => {
-            eprintln!("corelocal serve: received {sockets} listening sockets from pid {pid}");
+            corelocal::log_line!(
+                "corelocal serve: received {sockets} listening sockets from pid {pid}"
+            );
             Ok((server, Some(successor)))
         }
         Err(e) => {
@@ -124,13 +126,15 @@ pub(super) fn take_over(
         // Serving already: a missing "done" is worth a warning, not a stop.
         match successor.ready() {
             Ok(channel) => {
-                eprintln!(
+                corelocal::log_line!(
                     "corelocal serve: took over the listening sockets; taking the connections"
                 );
                 take_moving(server, &channel);
             }
             Err(e) => {
-                eprintln!("corelocal serve: --takeover: the old server did not confirm: {e}");
+                corelocal::log_line!(
+                    "corelocal serve: --takeover: the old server did not confirm: {e}"
+                );
                 server.finish_taking();
             }
         }
@@ -155,22 +159,22 @@ pub(super) fn take_over(
     let moving = match UpgradeListener::bind(&moving_socket(std::process::id() as i32)) {
         Ok(l) => Some(l),
         Err(e) => {
-            eprintln!(
+            corelocal::log_line!(
                 "corelocal serve: --takeover: no socket for the old server's connections: {e}"
             );
             None
         }
     };
     match pidfd::pidfd_send_signal(&old.pidfd, libc::SIGTERM) {
-        Ok(()) => eprintln!(
+        Ok(()) => corelocal::log_line!(
             "corelocal serve: took over from pid {} (SIGTERM sent; it drains and exits)",
             old.pid
         ),
-        Err(e) if e.raw_os_error() == Some(libc::ESRCH) => eprintln!(
+        Err(e) if e.raw_os_error() == Some(libc::ESRCH) => corelocal::log_line!(
             "corelocal serve: took over from pid {} (it had exited already)",
             old.pid
         ),
-        Err(e) => eprintln!(
+        Err(e) => corelocal::log_line!(
             "corelocal serve: took over the port, but signalling pid {} failed: {e}; it gets \
              no new connections and keeps its open ones: stop it yourself",
             old.pid
@@ -182,7 +186,7 @@ pub(super) fn take_over(
             take_moving(server, &channel)
         }
         Some(Ok(Some(_))) => {
-            eprintln!(
+            corelocal::log_line!(
                 "corelocal serve: --takeover: a process other than pid {} offered connections; \
                  ignored",
                 old.pid
@@ -190,7 +194,7 @@ pub(super) fn take_over(
             server.finish_taking();
         }
         Some(Ok(None)) => {
-            eprintln!(
+            corelocal::log_line!(
                 "corelocal serve: --takeover: pid {} did not offer its connections (an older \
                  corelocal?); it closed them between requests itself",
                 old.pid
@@ -198,7 +202,9 @@ pub(super) fn take_over(
             server.finish_taking();
         }
         Some(Err(e)) => {
-            eprintln!("corelocal serve: --takeover: waiting for the old server's connections: {e}");
+            corelocal::log_line!(
+                "corelocal serve: --takeover: waiting for the old server's connections: {e}"
+            );
             server.finish_taking();
         }
         None => server.finish_taking(),
@@ -245,8 +251,8 @@ fn take_moving(server: &Server, channel: &corelocal::listen::transfer::Channel) 
         server.open_gate();
     }
     match receive_moving(channel, server) {
-        Ok(report) => eprintln!("corelocal serve: --takeover: took {report}"),
-        Err(e) => eprintln!(
+        Ok(report) => corelocal::log_line!("corelocal serve: --takeover: took {report}"),
+        Err(e) => corelocal::log_line!(
             "corelocal serve: --takeover: taking the connections stopped after {}: {e}",
             server.taken_conns()
         ),
@@ -271,7 +277,7 @@ pub(super) fn move_to_successor(
     let channel = match corelocal::listen::transfer::Channel::new(fd, timeout) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("corelocal serve: successor pid {sender}: {e}");
+            corelocal::log_line!("corelocal serve: successor pid {sender}: {e}");
             return None;
         }
     };
@@ -280,14 +286,16 @@ pub(super) fn move_to_successor(
         .peer()
         .is_ok_and(|p| p.pid == sender && (p.uid == me || p.uid == 0))
     {
-        eprintln!("corelocal serve: pid {sender} is not a successor of this server's user; stopping as usual");
+        corelocal::log_line!("corelocal serve: pid {sender} is not a successor of this server's user; stopping as usual");
         return None;
     }
     server.stop_moving();
     let moved = send_moving(&channel, server.outbox());
     match &moved {
-        Ok(report) => eprintln!("corelocal serve: moved to pid {sender}: {report}"),
-        Err(failure) => eprintln!("corelocal serve: moving to pid {sender} failed: {failure}"),
+        Ok(report) => corelocal::log_line!("corelocal serve: moved to pid {sender}: {report}"),
+        Err(failure) => {
+            corelocal::log_line!("corelocal serve: moving to pid {sender} failed: {failure}")
+        }
     }
     Some(moved)
 }
@@ -319,17 +327,17 @@ pub(super) fn start_upgrade_socket(
     let listener = match early.map_or_else(|| UpgradeListener::bind(path), Ok) {
         Ok(l) => l,
         Err(e) => {
-            eprintln!("corelocal serve: --upgrade-socket: {e}; serving without it");
+            corelocal::log_line!("corelocal serve: --upgrade-socket: {e}; serving without it");
             return None;
         }
     };
     match UpgradeServer::start(listener, server.release_handle(), common.takeover_timeout) {
         Ok(u) => {
-            eprintln!("corelocal serve: upgrade socket {}", path.display());
+            corelocal::log_line!("corelocal serve: upgrade socket {}", path.display());
             Some(u)
         }
         Err(e) => {
-            eprintln!("corelocal serve: --upgrade-socket: {e}; serving without it");
+            corelocal::log_line!("corelocal serve: --upgrade-socket: {e}; serving without it");
             None
         }
     }

@@ -23,6 +23,7 @@ pub use crate::backend;
 pub mod balance;
 pub mod handler;
 pub mod handoff;
+pub mod log;
 pub mod netstat;
 pub mod notify;
 pub mod prometheus;

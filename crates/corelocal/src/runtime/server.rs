@@ -548,7 +548,7 @@ impl Server {
         }
         match self.group.begin_stop() {
             Ok(refusing) => self.refusing.store(refusing, Ordering::Relaxed),
-            Err(e) => eprintln!("corelocal: refusing new SYNs on stop failed: {e}"),
+            Err(e) => crate::log_line!("corelocal: refusing new SYNs on stop failed: {e}"),
         }
         self.stop.store(true, Ordering::Release);
         for w in &self.wakers {
@@ -706,7 +706,7 @@ fn run_worker<S: Service>(
             }
             Err(e) if kind == BackendKind::Auto => {
                 if index == 0 {
-                    eprintln!("corelocal: io_uring refused ({e}); using epoll");
+                    crate::log_line!("corelocal: io_uring refused ({e}); using epoll");
                 }
                 launch(setup, epoll(), ready)
             }

@@ -132,7 +132,7 @@ fn serve_upgrades(
             Ok(Some(c)) => c,
             Ok(None) => continue,
             Err(e) => {
-                eprintln!(
+                crate::log_line!(
                     "corelocal: upgrade socket {}: {e}",
                     listener.path().display()
                 );
@@ -143,7 +143,7 @@ fn serve_upgrades(
         let Some(pid) = trusted_peer(&channel) else {
             continue;
         };
-        eprintln!("corelocal: upgrade: pid {pid} asks for the listening sockets");
+        crate::log_line!("corelocal: upgrade: pid {pid} asks for the listening sockets");
         match transfer::hand_over(&channel, server.listeners()) {
             Ok(()) => {
                 let moved = finish(listener, &channel, &server, pid);
@@ -151,7 +151,9 @@ fn serve_upgrades(
                 handed_over.store(true, Ordering::Release);
                 return;
             }
-            Err(e) => eprintln!("corelocal: upgrade by pid {pid} failed, still serving: {e}"),
+            Err(e) => {
+                crate::log_line!("corelocal: upgrade by pid {pid} failed, still serving: {e}")
+            }
         }
     }
 }
@@ -163,9 +165,10 @@ fn trusted_peer(channel: &Channel) -> Option<i32> {
     match channel.peer() {
         Ok(p) if p.uid == me || p.uid == 0 => Some(p.pid),
         Ok(p) => {
-            eprintln!(
+            crate::log_line!(
                 "corelocal: upgrade: refused pid {} (uid {}; this server runs as uid {me})",
-                p.pid, p.uid
+                p.pid,
+                p.uid
             );
             let _ = channel.send(&Message::Abort(format!(
                 "uid {} may not take over a server of uid {me}",
@@ -174,7 +177,7 @@ fn trusted_peer(channel: &Channel) -> Option<i32> {
             None
         }
         Err(e) => {
-            eprintln!("corelocal: upgrade: SO_PEERCRED: {e}");
+            crate::log_line!("corelocal: upgrade: SO_PEERCRED: {e}");
             None
         }
     }
@@ -193,7 +196,7 @@ fn finish(
     drop(listener);
     let successor = successor_pidfd(channel);
     if let Err(error) = channel.send(&Message::Done) {
-        eprintln!("corelocal: upgrade: telling pid {pid} we are done: {error}");
+        crate::log_line!("corelocal: upgrade: telling pid {pid} we are done: {error}");
         return Err(MoveFailure {
             error,
             held: Vec::new(),
@@ -201,11 +204,13 @@ fn finish(
             successor,
         });
     }
-    eprintln!("corelocal: upgrade: listening sockets handed to pid {pid}; moving connections");
+    crate::log_line!(
+        "corelocal: upgrade: listening sockets handed to pid {pid}; moving connections"
+    );
     let moved = send_moving(channel, server.outbox());
     match &moved {
-        Ok(report) => eprintln!("corelocal: upgrade: moved to pid {pid}: {report}"),
-        Err(f) => eprintln!("corelocal: upgrade: moving to pid {pid} failed: {f}"),
+        Ok(report) => crate::log_line!("corelocal: upgrade: moved to pid {pid}: {report}"),
+        Err(f) => crate::log_line!("corelocal: upgrade: moving to pid {pid} failed: {f}"),
     }
     moved
 }
@@ -444,7 +449,7 @@ pub fn resume<S: Service>(
     // No state to import: the new workers serve at once and take the moved ones as they come.
     new.open_gate();
     if let Err(e) = group.end_stop() {
-        eprintln!("corelocal: upgrade: taking the steering back: {e}");
+        crate::log_line!("corelocal: upgrade: taking the steering back: {e}");
     }
     for conn in failure.held {
         new.take_conn(conn, TAKE_WAIT);
@@ -479,14 +484,14 @@ fn stop_successor(pidfd: &OwnedFd) {
         return;
     }
     if let Err(e) = crate::sys::pidfd::pidfd_send_signal(pidfd, libc::SIGKILL) {
-        eprintln!("corelocal: upgrade: stopping the failed successor: {e}");
+        crate::log_line!("corelocal: upgrade: stopping the failed successor: {e}");
         return;
     }
     let until = Instant::now() + SUCCESSOR_EXIT_WAIT;
     while !crate::sys::pidfd::has_exited(pidfd) && Instant::now() < until {
         std::thread::sleep(Duration::from_millis(5));
     }
-    eprintln!("corelocal: upgrade: the failed successor was still running: stopped it");
+    crate::log_line!("corelocal: upgrade: the failed successor was still running: stopped it");
 }
 
 /// A progress line at most every [`PROGRESS_INTERVAL`] while a move runs long.
@@ -509,7 +514,7 @@ impl Progress {
             return;
         }
         self.next = now + PROGRESS_INTERVAL;
-        eprintln!(
+        crate::log_line!(
             "corelocal: upgrade: moving, {:.1} s: {} connections, {:.1} MiB of state so far",
             now.duration_since(self.started).as_secs_f64(),
             report.conns,
@@ -545,7 +550,7 @@ fn send_conns_from(
     let mut sent = 0;
     for mut conn in conns {
         if conn.state.len() > CONN_STATE_BYTES_MAX {
-            eprintln!(
+            crate::log_line!(
                 "corelocal: upgrade: a connection's state is {} bytes (max {CONN_STATE_BYTES_MAX}); it moves without",
                 conn.state.len()
             );
@@ -711,7 +716,7 @@ pub fn receive_moving(channel: &Channel, server: &Server) -> Result<MoveReport, 
             }
             Message::End { conns, summary } => {
                 if conns != report.conns {
-                    eprintln!(
+                    crate::log_line!(
                         "corelocal: upgrade: {conns} connections announced, {} received",
                         report.conns
                     );

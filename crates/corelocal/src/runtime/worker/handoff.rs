@@ -56,10 +56,15 @@ impl<S: Service, B: Backend> Worker<S, B> {
         };
         if gate.ready_for(self.setup.index) {
             let (conns, _) = gate.wait(self.setup.index, Duration::ZERO);
-            for moved in conns {
-                if let Some(adopted) = self.register(moved) {
-                    self.on_adopted(adopted, now);
-                }
+            let adopted: Vec<Adopted> =
+                conns.into_iter().filter_map(|m| self.register(m)).collect();
+            if !adopted.is_empty() {
+                // An adopted connection may have the id of one whose close is still queued
+                // (see `Backend::adopt`): that close is handled before the id is claimed.
+                self.handle_queued(now);
+            }
+            for a in adopted {
+                self.on_adopted(a, now);
             }
         }
         if gate.is_done_for(self.setup.index) {
@@ -79,7 +84,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
             }),
             Err(e) => {
                 self.setup.stats.error(ErrorKind::Accept);
-                eprintln!("corelocal: taking over a connection failed: {e}");
+                crate::log_line!("corelocal: taking over a connection failed: {e}");
                 None
             }
         }
@@ -149,7 +154,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
             Err(e) => {
                 outbox.unreserve();
                 self.setup.stats.error(ErrorKind::Io);
-                eprintln!("corelocal: moving a connection failed, closed: {e}");
+                crate::log_line!("corelocal: moving a connection failed, closed: {e}");
                 self.setup.stats.closed();
                 return;
             }

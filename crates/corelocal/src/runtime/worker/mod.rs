@@ -30,6 +30,8 @@ use std::time::{Duration, Instant};
 
 /// Completions handled per loop turn before submitting again.
 const REAP_BATCH_MAX: usize = 512;
+/// Batches [`Worker::handle_queued`] reaps at most: more than a completion queue holds.
+const QUEUED_ROUNDS_MAX: usize = 64;
 
 /// What a worker is given.
 pub struct WorkerSetup<S: Service> {
@@ -239,6 +241,22 @@ impl<S: Service, B: Backend> Worker<S, B> {
             self.accept.turn(&mut self.backend, self.open);
         }
         self.backend.submit().map(|_| ())
+    }
+
+    /// Handles every completion the backend holds now, outside the loop's turn (bounded:
+    /// handling one only queues operations, which the next `submit` hands over).
+    fn handle_queued(&mut self, now: Instant) {
+        let mut completions = Vec::with_capacity(REAP_BATCH_MAX);
+        for _ in 0..QUEUED_ROUNDS_MAX {
+            self.backend.reap(&mut completions, REAP_BATCH_MAX);
+            if completions.is_empty() {
+                return;
+            }
+            self.setup.stats.reaped(completions.len());
+            for c in completions.drain(..) {
+                self.handle(c, now);
+            }
+        }
     }
 
     fn next_timeout(&self, now: Instant) -> Option<Duration> {
