@@ -50,7 +50,8 @@ TAKEOVER_WINDOW_S = (-2.0, 8.0)  # errors this near a takeover are charged to it
 # the bench timeline counts whole seconds from a truncated start time)
 STARTUP_TIMEOUT_S = 10.0
 STOP_TIMEOUT_S = 30.0
-TAKEOVER_SETTLE_S = 10.0  # a new process still running after this took over
+TAKEOVER_SETTLE_S = 10.0  # a takeover not over by then: the new process's threads are noted
+TAKEOVER_DONE_S = 60.0  # a takeover not over by then is stuck (the old process is then reaped)
 
 
 def describe(pid):
@@ -65,6 +66,11 @@ def describe(pid):
                 wchan = f.read()
             comm = stat[stat.index("(") + 1:stat.rindex(")")]
             out.setdefault("threads", []).append(f"{tid} {comm} {stat[stat.rindex(')') + 2]} {wchan}")
+            try:
+                with open(f"/proc/{pid}/task/{tid}/stack") as f:
+                    out.setdefault("stacks", {})[tid] = f.read().split("\n")[:12]
+            except OSError:
+                pass
         out["fds"] = {fd: os.readlink(f"/proc/{pid}/fd/{fd}")
                       for fd in sorted(os.listdir(f"/proc/{pid}/fd"), key=int)}
     except OSError as e:
@@ -126,6 +132,7 @@ class Server:
         self.stopped = []  # (pid, exit code)
         self.takeovers = {"pid": 0, "socket": 0}
         self.failed_takeovers = []
+        self.stuck_takeovers = []
         self.settlers = []  # one thread per takeover: the new process's first seconds
 
     def spawn(self, takeover=None):
@@ -160,20 +167,36 @@ class Server:
         self.settlers.append(settler)
 
     def settle(self, old, old_sock, new, form):
-        """A new process that exits within TAKEOVER_SETTLE_S failed its takeover: the old one
-        still serves, so it stays the current process (killing it would leave the port
-        unserved, which is not what a failed upgrade does); the failure is recorded with what
-        the old process looked like. Otherwise the old process is reaped."""
-        try:
-            code = new.wait(timeout=TAKEOVER_SETTLE_S)
-        except subprocess.TimeoutExpired:
-            self.reap(old)
-            return
-        self.failed_takeovers.append({"form": form, "new_pid": new.pid, "exit": code,
-                                      "old_pid": old.pid, "old_state": describe(old.pid)})
-        self.stopped.append((new.pid, code))
-        if self.proc is new:
-            self.proc, self.sock = old, old_sock
+        """Waits until the takeover is over: the old process exits (the new one told it to),
+        or the new one exits, which is a failed takeover: the old one still serves, so it stays
+        the current process (killing it would leave the port unserved, which is not what a
+        failed upgrade does) and the failure is recorded with what the old process looked like.
+        Neither within TAKEOVER_DONE_S is a stuck takeover, recorded with both processes'
+        threads (the new one's at TAKEOVER_SETTLE_S too, when it is still running then);
+        the old process is reaped as at a stop."""
+        started = time.time()
+        early_look = None
+        while time.time() - started < TAKEOVER_DONE_S:
+            code = new.poll()
+            if code is not None:
+                self.failed_takeovers.append({"form": form, "new_pid": new.pid, "exit": code,
+                                              "old_pid": old.pid, "old_state": describe(old.pid),
+                                              "new_state_early": early_look})
+                self.stopped.append((new.pid, code))
+                if self.proc is new:
+                    self.proc, self.sock = old, old_sock
+                return
+            if old.poll() is not None:
+                self.stopped.append((old.pid, old.returncode))
+                return
+            if early_look is None and time.time() - started > TAKEOVER_SETTLE_S:
+                early_look = describe(new.pid)
+            time.sleep(0.05)
+        self.stuck_takeovers.append({"form": form, "new_pid": new.pid, "old_pid": old.pid,
+                                     "new_state_early": early_look,
+                                     "new_state": describe(new.pid),
+                                     "old_state": describe(old.pid)})
+        self.reap(old)
 
     def reap(self, proc):
         try:
@@ -187,7 +210,7 @@ class Server:
         # A takeover still settling finishes first: a SIGTERM to a process still starting
         # would read as a failed takeover.
         for t in self.settlers:
-            t.join(timeout=TAKEOVER_SETTLE_S + STOP_TIMEOUT_S)
+            t.join(timeout=TAKEOVER_DONE_S + STOP_TIMEOUT_S)
         self.proc.terminate()
         self.reap(self.proc)
 
@@ -389,6 +412,7 @@ def write_results(a, tmp, servers, legs, bad, rss_rows, takeovers, order, kv_hit
             "processes": len(s.stopped), "exit_codes": [c for _, c in s.stopped],
             "exit_pids": list(s.stopped),
             "takeovers_by_form": s.takeovers, "failed_takeovers": s.failed_takeovers,
+            "stuck_takeovers": s.stuck_takeovers,
             "stop_reports": stops, "lost_at_close": sum(r["lost_at_close"] for r in stops),
             "rss_kib": {"min": min(rss, default=0), "max": max(rss, default=0)},
             "misbehaving": bad[n]}
@@ -418,6 +442,8 @@ def failures(legs, per_server):
         out += [f"{n}: pid {pid} exited {code}" for pid, code in s["exit_pids"] if code != 0]
         out += [f"{n}: failed takeover ({f['form']}), new pid {f['new_pid']} exited {f['exit']}"
                 for f in s["failed_takeovers"]]
+        out += [f"{n}: stuck takeover ({f['form']}), new pid {f['new_pid']}, old pid "
+                f"{f['old_pid']}: threads in the JSON" for f in s["stuck_takeovers"]]
         if s["lost_at_close"]:
             out.append(f"{n}: lost at close {s['lost_at_close']}")
         if len(s["stop_reports"]) != s["processes"]:
