@@ -56,6 +56,8 @@ impl Handler for LineConn {
         } else if line == b"PING" {
             out.write(b"PONG\n");
             Step::read(consumed, 1)
+        } else if line == b"PANIC" {
+            panic!("the test asked this handler to panic");
         } else if line == b"QUIT" {
             Step::close(consumed, 1, CloseReason::Done)
         } else if line == b"FILE" {
@@ -482,6 +484,25 @@ fn a_released_server_leaves_the_shared_queue_to_its_successor(backend: BackendKi
     }
 }
 
+/// A worker whose loop ends on its own (here its handler panics) is reported by
+/// `Server::exited_worker` (the CLI then stops the server: its listener has nobody accepting),
+/// and the join says so; a stopping server's workers are not reported.
+fn a_worker_that_ends_on_its_own_is_reported(backend: BackendKind) {
+    let server = start(backend);
+    assert_eq!(server.exited_worker(), None);
+    let mut c = connect(addr(&server));
+    c.write_all(b"PANIC\n").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while server.exited_worker().is_none() {
+        assert!(Instant::now() < deadline, "the worker's end was not seen");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    server.stop();
+    assert_eq!(server.exited_worker(), None, "stopping: nothing to report");
+    let err = server.join().expect_err("a worker panicked");
+    assert!(err.to_string().contains("panicked"), "{err}");
+}
+
 /// Every behaviour above, on each backend.
 macro_rules! on_every_backend {
     ($($name:ident),* $(,)?) => {
@@ -507,7 +528,8 @@ on_every_backend!(
     graceful_stop_answers_announced_keep_alive_requests,
     local_mode_workers_accept_their_own_cpus_connections,
     stock_mode_serves_from_one_shared_socket,
-    a_released_server_leaves_the_shared_queue_to_its_successor
+    a_released_server_leaves_the_shared_queue_to_its_successor,
+    a_worker_that_ends_on_its_own_is_reported
 );
 
 /// A worker CPU that is not online stops `Server::start` before any worker starts, with an

@@ -237,6 +237,8 @@ pub struct RunFig {
     pub p50_us: f64,
     /// p99.
     pub p99_us: f64,
+    /// p99.9 (0 in reports written before it was read).
+    pub p999_us: f64,
     /// Errors in window.
     pub errors: u64,
     /// Host load average at the end.
@@ -269,6 +271,7 @@ pub fn figures(v: &Value, round: usize, json: &str) -> RunFig {
             .map(|(u, n)| u * n / txns),
         p50_us: g("/latency/txn/p50_us").unwrap_or(0.0),
         p99_us: g("/latency/txn/p99_us").unwrap_or(0.0),
+        p999_us: g("/latency/txn/p999_us").unwrap_or(0.0),
         errors: v
             .pointer("/errors/in_window")
             .and_then(Value::as_u64)

@@ -63,6 +63,8 @@ pub struct ServerSummary {
     pub p50_us: Option<Spread>,
     /// 99th percentile request→response latency (µs) over the runs.
     pub p99_us: Option<Spread>,
+    /// 99.9th percentile request→response latency (µs) over the runs.
+    pub p999_us: Option<Spread>,
     /// Median server µs/txn ÷ the baseline's.
     pub cpu_ratio_vs_baseline: Option<f64>,
     /// Median throughput ÷ the baseline's.
@@ -105,6 +107,7 @@ pub fn summarize(
                 server_us_per_txn_utime: col(&|x| x.server_us_per_txn_utime),
                 p50_us: col(&|x| Some(x.p50_us)),
                 p99_us: col(&|x| Some(x.p99_us)),
+                p999_us: col(&|x| Some(x.p999_us)),
                 cpu_ratio_vs_baseline: None,
                 throughput_ratio_vs_baseline: None,
                 failures: f.clone(),
@@ -270,14 +273,14 @@ pub fn markdown(
     }
     let _ = writeln!(
         s,
-        "\n| conns | server | server CPU µs/op (schedstat) median (min–max, ±half-spread) | µs/op utime+stime | ratio vs {baseline} | ops/s | ops/s ratio | p50 µs median (min–max) | p99 µs median (min–max) | failures |"
+        "\n| conns | server | server CPU µs/op (schedstat) median (min–max, ±half-spread) | µs/op utime+stime | ratio vs {baseline} | ops/s | ops/s ratio | p50 µs median (min–max) | p99 µs median (min–max) | p99.9 µs median (min–max) | failures |"
     );
-    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|");
     for c in by_conns {
         for x in &c.servers {
             let _ = writeln!(
                 s,
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 c.conns,
                 x.server.name,
                 fmt_spread(&x.server_us_per_txn, 2),
@@ -287,18 +290,19 @@ pub fn markdown(
                 fmt_ratio(x.throughput_ratio_vs_baseline),
                 fmt_range(&x.p50_us, 1),
                 fmt_range(&x.p99_us, 1),
+                fmt_range(&x.p999_us, 1),
                 x.failures.len()
             );
         }
     }
-    let _ = writeln!(s, "\nPer run:\n\n| conns | server | round | ops/s | server µs/op | server runs/op | client µs/op | p50 µs | p99 µs | errors | load |");
-    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(s, "\nPer run:\n\n| conns | server | round | ops/s | server µs/op | server runs/op | client µs/op | p50 µs | p99 µs | p99.9 µs | errors | load |");
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|---|");
     for c in by_conns {
         for x in &c.servers {
             for r in &x.runs {
                 let _ = writeln!(
                     s,
-                    "| {} | {} | {} | {:.0} | {} | {} | {} | {:.1} | {:.1} | {} | {} |",
+                    "| {} | {} | {} | {:.0} | {} | {} | {} | {:.1} | {:.1} | {:.1} | {} | {} |",
                     c.conns,
                     x.server.name,
                     r.round,
@@ -311,6 +315,7 @@ pub fn markdown(
                         .map_or("–".into(), |v| format!("{v:.2}")),
                     r.p50_us,
                     r.p99_us,
+                    r.p999_us,
                     r.errors,
                     r.load
                 );

@@ -26,6 +26,7 @@ fn ratios_against_the_first_server() {
         client_us_per_txn: None,
         p50_us: 0.0,
         p99_us: 0.0,
+        p999_us: 0.0,
         errors: 0,
         load: String::new(),
         json: String::new(),
@@ -374,6 +375,7 @@ fn fig(round: usize, us: f64, tp: f64, p99: f64) -> RunFig {
         client_us_per_txn: None,
         p50_us: p99 / 4.0,
         p99_us: p99,
+        p999_us: p99 * 2.0,
         errors: 0,
         load: String::new(),
         json: String::new(),
@@ -407,6 +409,7 @@ fn table_per_concurrency_against_a_named_baseline() {
     assert_eq!(s[2].cpu_ratio_vs_baseline, Some(1.0));
     assert_eq!(s[1].cpu_ratio_vs_baseline, Some(32.0 / 29.0));
     assert_eq!(s[0].p99_us.unwrap().median, 45.0);
+    assert_eq!(s[0].p999_us.unwrap().median, 90.0);
     let mut a = parse(&["--conns", "16,1024", "--baseline", "floor"]).unwrap();
     a.rounds = 2;
     let md = markdown(&a, &by_conns, "cmd", "0.1");
@@ -425,11 +428,11 @@ fn table_per_concurrency_against_a_named_baseline() {
         md.contains("| 1024 | 22.00 (0.759) | 32.00 (1.103) | 29.00 (1.000) |"),
         "{md}"
     );
-    // Per concurrency and server: spread, ratio, throughput, p50 and p99.
+    // Per concurrency and server: spread, ratio, throughput, p50, p99 and p99.9.
     assert!(
         md.contains(
             "| 1024 | nginx | 32.00 (32.00–32.00, ±0%) | 32.00 (32.00–32.00, ±0%) | 1.103 | \
-             80 (80–80, ±0%) | 0.941 | 17.5 (15.0–20.0) | 70.0 (60.0–80.0) | 0 |"
+             80 (80–80, ±0%) | 0.941 | 17.5 (15.0–20.0) | 70.0 (60.0–80.0) | 140.0 (120.0–160.0) | 0 |"
         ),
         "{md}"
     );

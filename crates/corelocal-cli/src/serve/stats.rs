@@ -18,7 +18,10 @@ const NET_SAMPLE_DEFAULT: Duration = Duration::from_secs(1);
 
 /// Samples the namespace's listen-path counters and prints stats every `--stats-interval`
 /// (sampling every second when printing is off) until SIGINT/SIGTERM (returned) or a handover over
-/// the upgrade socket (`None`); the handover flag is looked at every [`HANDOVER_POLL`].
+/// the upgrade socket (`None`); the handover flag is looked at every [`HANDOVER_POLL`]. A worker
+/// that ended on its own (a panic or an error in its loop) also returns `None`, said on stderr:
+/// the server then stops and exits 1, for its supervisor to start it again, rather than serve on
+/// with one CPU's connections queued where nothing accepts them.
 pub(super) fn wait_for_stop(
     common: &CommonArgs,
     server: &Server,
@@ -41,6 +44,13 @@ pub(super) fn wait_for_stop(
             return Some(stop);
         }
         if upgrade.is_some_and(|u| u.handed_over()) {
+            return None;
+        }
+        if let Some(worker) = server.exited_worker() {
+            corelocal::log_line!(
+                "corelocal serve: worker {worker} ended on its own (see above); stopping the \
+                 server (exit status 1) so that its CPU's connections are not left unaccepted"
+            );
             return None;
         }
         if Instant::now() < next_tick {

@@ -538,6 +538,16 @@ impl Server {
         self.net.sample();
     }
 
+    /// A worker whose thread ended while the server was neither stopping nor handed over (its
+    /// loop failed or panicked): its listener is no longer accepted from, so the connections
+    /// steered to its CPU would wait unanswered. The caller stops the server (see the CLI).
+    pub fn exited_worker(&self) -> Option<usize> {
+        if self.stop.load(Ordering::Acquire) || self.released.load(Ordering::Acquire) {
+            return None;
+        }
+        self.threads.iter().position(JoinHandle::is_finished)
+    }
+
     /// Asks every worker to stop without losing a queued connection: new SYNs are refused
     /// (eBPF steering; or a successor's listeners in the same group take them), each worker
     /// accepts until its queues are empty, requests in progress finish (bounded by the drain
