@@ -51,6 +51,10 @@ export CONNS=${CONNS:-$(workload conns 1)}
 export REPS=${REPS:-$(workload reps 2)}
 export CELLS=${CELLS:-$(workload cells "uring/http uring/kv epoll/http epoll/kv")}
 export PACED=${PACED:-$(workload paced 10)}
+# The path measured is the deferred-accept one (accept, read, answer and close in one turn),
+# the one a busy worker takes: paced one at a time, an adaptive worker would be idle and not
+# defer, which is another path (and not the baseline's).
+export SERVE_ARGS=${SERVE_ARGS:---defer-accept-adaptive off}
 keep=$(mktemp -d)
 trap 'rm -rf "$keep"' EXIT
 export KEEP=$keep

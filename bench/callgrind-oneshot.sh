@@ -22,6 +22,7 @@ conns=${CONNS:-4}
 cells=${CELLS:-"uring/http uring/kv epoll/http epoll/kv"}
 keep=${KEEP:-}
 paced=${PACED:-}
+serve_args=${SERVE_ARGS:-}  # more `serve` options (e.g. the guard's --defer-accept-adaptive off)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$tmp/www" && printf 'hello\n' >"$tmp/www/hello"
@@ -32,6 +33,7 @@ run() { # BIN BACKEND PROTO NAME
   unshare -n bash -euo pipefail -c '
     ip link set lo up
     bin=$1; backend=$2; proto=$3; warm=$4; n=$5; out=$6; www=$7; conns=$8; paced=$9
+    serve_args=${10}
     case $proto in
       http) serve="serve http --root $www"
             client="crr --target 127.0.0.1:8080 --proto http --path /hello" ;;
@@ -40,7 +42,7 @@ run() { # BIN BACKEND PROTO NAME
     esac
     taskset -c 1 valgrind --tool=callgrind --separate-threads=yes --callgrind-out-file="$out" \
       "$bin" $serve --listen 127.0.0.1:8080 --cpus 1 --stats-interval 0 \
-      --backend "$backend" >/dev/null 2>&1 &
+      --backend "$backend" $serve_args >/dev/null 2>&1 &
     server=$!
     for _ in $(seq 600); do ss -ltn | grep -q ":8080 " && break; sleep 0.1; done
     bench() { # REQUESTS CONNS
@@ -59,7 +61,7 @@ run() { # BIN BACKEND PROTO NAME
     fi
     callgrind_control --dump=measured "$server" >/dev/null 2>&1
     kill -KILL $server; wait $server 2>/dev/null || true
-  ' _ "$bin" "$backend" "$proto" "$warm" "$n" "$out" "$tmp/www" "$conns" "$paced"
+  ' _ "$bin" "$backend" "$proto" "$warm" "$n" "$out" "$tmp/www" "$conns" "$paced" "$serve_args"
   # The worker's thread only: per-connection work is its; the other threads' is periodic
   # (the main thread's counters sample, kv's crawler), so it would depend on the run's length.
   local worker

@@ -508,12 +508,17 @@ fn accepted_total(metrics: std::net::SocketAddr) -> u64 {
         .sum()
 }
 
-/// TCP_DEFER_ACCEPT (`--defer-accept`, 1 s by default): a connection is accepted with its
-/// first request; one that connects and speaks later (a preconnect, a pool's spare) is still
-/// answered; a silent one is accepted once the period passes. With it off, at once.
+/// TCP_DEFER_ACCEPT (`--defer-accept`, 1 s by default) held on (`--defer-accept-adaptive
+/// off`): a connection is accepted with its first request; one that connects and speaks later
+/// (a preconnect, a pool's spare) is still answered; a silent one is accepted once the period
+/// passes. With it off, at once; and by default an idle worker does not defer (it defers
+/// while it batches), so a silent connection is accepted at once there too.
 #[test]
 fn deferred_accept_answers_late_speakers_and_takes_silent_ones_after_the_period() {
-    let s = Served::start("http", &["--metrics", "127.0.0.1:0"]);
+    let s = Served::start(
+        "http",
+        &["--metrics", "127.0.0.1:0", "--defer-accept-adaptive", "off"],
+    );
     let m = s.metrics.expect("metrics address");
     let request = b"GET / HTTP/1.1\r\nHost: t\r\n\r\n";
     let mut early = TcpStream::connect(s.addr).unwrap();
@@ -558,6 +563,16 @@ fn deferred_accept_answers_late_speakers_and_takes_silent_ones_after_the_period(
         std::thread::sleep(Duration::from_millis(20));
     }
     assert_eq!(accepted_total(m), 1, "--defer-accept 0 still deferred");
+    assert_eq!(s.terminate().0, 0);
+
+    let s = Served::start("http", &["--metrics", "127.0.0.1:0"]);
+    let m = s.metrics.expect("metrics address");
+    let _silent = TcpStream::connect(s.addr).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_millis(900);
+    while accepted_total(m) < 1 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(accepted_total(m), 1, "an idle worker deferred");
     assert_eq!(s.terminate().0, 0);
 }
 

@@ -62,6 +62,11 @@ pub struct CommonArgs {
     /// (the kernel sends the SYN-ACK again and takes its ACK).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(0..=3600))]
     pub(super) defer_accept: u32,
+    /// With --defer-accept: each worker stops deferring on its own listeners while it is mostly
+    /// idle (the request would otherwise wait for the worker's wake-up: latency at light load)
+    /// and defers again while it batches (fewer wake-ups: CPU under load). `off`: always defer.
+    #[arg(long, default_value = "on", value_parser = ["on", "off"])]
+    pub(super) defer_accept_adaptive: String,
     /// Open connections per worker; at the limit a worker stops accepting and further
     /// connections wait in the kernel's accept queue (up to --backlog) until one closes.
     #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]

@@ -137,6 +137,7 @@ pub(super) fn server_config(common: &CommonArgs) -> Result<ServerConfig, String>
         .transpose()?;
     config.listen.backlog_total = common.backlog;
     config.listen.defer_accept_s = (common.defer_accept > 0).then_some(common.defer_accept);
+    config.listen.defer_accept_adaptive = common.defer_accept_adaptive == "on";
     config.backend = common.backend.parse::<BackendKind>()?;
     // A takeover starts behind the gate: the predecessor's connections and state come first.
     config.gated = common.takeover.is_some();

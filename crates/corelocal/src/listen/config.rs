@@ -142,6 +142,10 @@ pub struct GroupConfig {
     /// `TCP_DEFER_ACCEPT` on every listener, seconds (`None`: off). For protocols where the
     /// client speaks first: accept completes with the request already queued.
     pub defer_accept_s: Option<u32>,
+    /// With `defer_accept_s`: each worker turns deferring off on its own listeners while it is
+    /// mostly idle (the request would wait for the worker's wake-up) and on again while it
+    /// batches (see [`crate::runtime::defer`]). Not for listeners shared by workers (`stock`).
+    pub defer_accept_adaptive: bool,
     /// The group joins a running server's `SO_REUSEPORT` group on purpose (a binary upgrade
     /// by PID: `--takeover PID`). Otherwise an address another socket listens on is refused
     /// ([`ListenError::AddrInUse`](super::ListenError::AddrInUse)): joining a stranger's group
@@ -160,6 +164,7 @@ impl GroupConfig {
             backlog_total: 4096,
             flow_groups: crate::bpf::FLOW_GROUPS_DEFAULT,
             defer_accept_s: None,
+            defer_accept_adaptive: false,
             join_existing: false,
         }
     }

@@ -21,6 +21,7 @@
 mod accept;
 pub use crate::backend;
 pub mod balance;
+pub mod defer;
 pub mod handler;
 pub mod handoff;
 pub mod log;

@@ -353,6 +353,11 @@ impl Server {
             keeps_sent,
         ));
         let gate = config.gated.then(|| Arc::new(Gate::new(workers)));
+        // Each worker switches deferring on its own listeners; shared ones (`stock`) stay put.
+        let defer_switch_s = config
+            .listen
+            .defer_accept_s
+            .filter(|_| config.listen.defer_accept_adaptive && group.mode() != Mode::Stock);
         let mut threads = Vec::with_capacity(workers);
         for (index, worker_stats) in stats.iter().enumerate() {
             let setup = WorkerSetup {
@@ -368,6 +373,7 @@ impl Server {
                 balance: balance.clone(),
                 outbox: Some(outbox.clone()),
                 gate: gate.clone(),
+                defer_switch_s,
             };
             let ready = ready_tx.clone();
             let kind = config.backend;

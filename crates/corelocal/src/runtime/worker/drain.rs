@@ -59,8 +59,14 @@ impl<S: Service, B: Backend> Worker<S, B> {
             // stop accepting at once and leave what is queued to it (nothing needs to migrate).
             self.accept.finish(&mut self.backend, self.open);
         } else {
+            // The stop turned deferring off on every listener (`ListenerGroup::begin_stop`);
+            // a switch made by this worker just before it must not outlive that.
+            if self.defer.take().is_some_and(|d| d.is_on()) {
+                self.set_defer_accept(0);
+            }
             self.accept.begin_drain(&mut self.backend, self.open, now);
         }
+        self.defer = None;
         if self.moving() {
             return; // Connections move to the successor between requests (`detach_quiet`).
         }
@@ -85,15 +91,24 @@ impl<S: Service, B: Backend> Worker<S, B> {
     }
 
     /// While stopping, connections that never sent a request and stayed silent for
-    /// [`DRAIN_QUIESCE`] are closed (a request already on its way gets that long to land),
-    /// and so are idle connections told of the close that stayed silent for the keep-alive
-    /// grace ([`DRAIN_KEEPALIVE_GRACE`], at most half the drain timeout).
+    /// [`DRAIN_QUIESCE`] are closed (a request already on its way gets that long to land) — or
+    /// for the accept phase's quiesce when it is longer: with `TCP_DEFER_ACCEPT` configured, a
+    /// silent connection the worker accepted while not deferring is kept as long as the
+    /// deferral would have held it in the kernel — and so are idle connections told of the
+    /// close that stayed silent for the keep-alive grace ([`DRAIN_KEEPALIVE_GRACE`], at most
+    /// half the drain timeout).
     fn sweep_silent(&mut self, now: Instant) {
         if self.sweep_at.is_some_and(|t| now < t) {
             return;
         }
         self.sweep_at = Some(now + DRAIN_POLL * 4);
         let grace = DRAIN_KEEPALIVE_GRACE.min(self.setup.limits.drain_timeout / 2);
+        let unspoken = DRAIN_QUIESCE.max(
+            self.setup
+                .limits
+                .accept_quiesce
+                .min(self.setup.limits.drain_timeout / 2),
+        );
         let silent: Vec<ConnId> = self
             .conns
             .occupants()
@@ -102,7 +117,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
                 let waited = if c.served && c.drain_signalled {
                     grace
                 } else {
-                    DRAIN_QUIESCE
+                    unspoken
                 };
                 (!c.served || c.drain_signalled)
                     && c.closing == Closing::Open

@@ -20,6 +20,9 @@ impl<S: Service, B: Backend> Worker<S, B> {
         let local = incoming_cpu == Some(self.setup.cpu);
         let stolen = matches!(origin, Origin::Stolen(_));
         self.setup.stats.accepted(local, stolen);
+        if let Some(d) = self.defer.as_mut() {
+            d.accepted();
+        }
         if let Some(b) = self.balance.as_mut() {
             match origin {
                 Origin::Local(_) => b.accepted_local(),

@@ -18,6 +18,7 @@ use super::accept::AcceptPath;
 use super::backend::key::Slots;
 use super::backend::{Backend, Completion, ConnKey};
 use super::balance::{BalanceShared, WorkerBalance};
+use super::defer::DeferSwitch;
 use super::handler::{CloseReason, Output, Service};
 use super::handoff::{Gate, Outbox};
 use super::notify::{Notified, NotifyHub};
@@ -61,6 +62,9 @@ pub struct WorkerSetup<S: Service> {
     /// Set when the server starts on a predecessor's connections: the worker registers them
     /// and accepts nothing until the gate opens.
     pub gate: Option<Arc<Gate>>,
+    /// The worker switches `TCP_DEFER_ACCEPT` (this many seconds when on) on its own listeners
+    /// with its load (see [`crate::runtime::defer`]); `None`: as the listeners were set up.
+    pub defer_switch_s: Option<u32>,
 }
 
 /// Where a connection is on its way out: one state instead of flags (monoio's
@@ -170,6 +174,8 @@ pub struct Worker<S: Service, B: Backend> {
     /// Connections whose handler yielded with input left, run at the start of the next turn,
     /// before its completions.
     ready: VecDeque<ConnKey>,
+    /// `TCP_DEFER_ACCEPT` switched with the load (`WorkerSetup::defer_switch_s`).
+    defer: Option<DeferSwitch>,
 }
 
 impl<S: Service, B: Backend> Worker<S, B> {
@@ -186,7 +192,12 @@ impl<S: Service, B: Backend> Worker<S, B> {
             setup.limits,
         );
         let notify = Arc::new(NotifyHub::new(backend.waker()));
+        // A worker starts idle: not deferring until it batches.
+        let defer = setup
+            .defer_switch_s
+            .map(|_| DeferSwitch::new(false, Instant::now()));
         Worker {
+            defer,
             notify,
             notified: Notified::default(),
             ready: VecDeque::new(),
@@ -212,6 +223,9 @@ impl<S: Service, B: Backend> Worker<S, B> {
         for conn in adopted {
             self.on_adopted(conn, now);
         }
+        if self.defer.is_some() {
+            self.set_defer_accept(0);
+        }
         self.accept.set_accepting(&mut self.backend, 0, true);
         let mut completions = Vec::with_capacity(REAP_BATCH_MAX);
         loop {
@@ -221,8 +235,12 @@ impl<S: Service, B: Backend> Worker<S, B> {
             }
             let submitted = self.backend.submit()?;
             self.setup.stats.submitted(submitted);
+            let wait_start = self.defer.is_some().then(Instant::now);
             self.backend.wait(self.next_timeout(now))?;
             let now = Instant::now();
+            if let (Some(d), Some(start)) = (self.defer.as_mut(), wait_start) {
+                d.waited(now - start);
+            }
             if !self.ready.is_empty() {
                 self.run_ready(now);
             }
@@ -238,9 +256,30 @@ impl<S: Service, B: Backend> Worker<S, B> {
             self.expire_linger(now);
             self.accept.maybe_resume(&mut self.backend, self.open, now);
             self.balance_turn(now);
+            self.defer_turn(now);
             self.accept.turn(&mut self.backend, self.open);
         }
         self.backend.submit().map(|_| ())
+    }
+
+    /// Switches `TCP_DEFER_ACCEPT` on the worker's listeners when its load says so.
+    fn defer_turn(&mut self, now: Instant) {
+        let (Some(d), Some(secs)) = (self.defer.as_mut(), self.setup.defer_switch_s) else {
+            return;
+        };
+        if let Some(on) = d.decide(now) {
+            self.set_defer_accept(if on { secs } else { 0 });
+        }
+    }
+
+    /// Sets `TCP_DEFER_ACCEPT` on the worker's own listeners (a failure leaves it as it was:
+    /// counted, not fatal).
+    fn set_defer_accept(&self, secs: u32) {
+        for &fd in &self.setup.listeners {
+            if crate::sys::socket::set_defer_accept(fd, secs).is_err() {
+                self.setup.stats.error(ErrorKind::Accept);
+            }
+        }
     }
 
     /// Handles every completion the backend holds now, outside the loop's turn (bounded:
