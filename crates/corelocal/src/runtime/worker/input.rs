@@ -9,7 +9,8 @@ use crate::runtime::stats::ErrorKind;
 use crate::runtime::Limits;
 use std::time::Instant;
 
-/// `on_input` calls per received chunk, so one connection cannot starve the others.
+/// `on_input` calls for one connection in one go, so it cannot starve the others; input left
+/// after them runs at the worker's next turn, as a yield's does (`Step::yielded`).
 const HANDLER_ROUNDS_MAX: usize = 256;
 
 impl<S: Service, B: Backend> Worker<S, B> {
@@ -196,10 +197,18 @@ fn process<S: Service>(
     let mut verdict = None;
     let limit = setup.limits.output_bytes_max as u64;
     conn.output.set_limit(limit.saturating_sub(conn.in_flight));
-    for _ in 0..HANDLER_ROUNDS_MAX {
+    let mut rounds = 0;
+    loop {
         if offset == conn.input.len() {
             break;
         }
+        if rounds == HANDLER_ROUNDS_MAX {
+            // Out of rounds with input left: it runs at the next turn, as after a yield.
+            // Nothing else would run it: no more input may come (pipelined requests, all sent).
+            conn.yielded = true;
+            break;
+        }
+        rounds += 1;
         let step = conn
             .handler
             .on_input(&conn.input[offset..], &mut conn.output, now);
