@@ -81,6 +81,10 @@ impl Handler for LineConn {
         self.draining = self.announce;
         self.announce
     }
+
+    fn on_input_limit(&mut self, _input: &[u8], out: &mut Output, _now: Instant) {
+        out.write(b"ERR too large\n");
+    }
 }
 
 impl Service for Lines {
@@ -251,6 +255,21 @@ fn oversized_input_closes_that_connection_with_too_large(backend: BackendKind) {
     let mut good = connect(a);
     good.write_all(b"PING\nQUIT\n").unwrap();
     assert_eq!(read_to_end(good), b"PONG\n");
+    stop(server);
+}
+
+/// Input past the limit without progress: the handler's answer (`Handler::on_input_limit`)
+/// reaches the client before the close, though the client is still sending.
+fn input_past_the_limit_is_answered_before_the_close(backend: BackendKind) {
+    let limits = Limits {
+        input_bytes_max: 4096,
+        ..Limits::default()
+    };
+    let server = start_with(backend, Mode::Local, limits);
+    let mut bad = connect(addr(&server));
+    let _ = bad.write_all(&[b'a'; 20_000]);
+    assert_eq!(read_to_end(bad), b"ERR too large\n");
+    eventually(&server, |s| s.total.errors.too_large == 1);
     stop(server);
 }
 
@@ -540,6 +559,7 @@ on_every_backend!(
     every_pipelined_request_is_answered_without_more_input,
     garbage_closes_that_connection_counts_an_error_and_others_keep_working,
     oversized_input_closes_that_connection_with_too_large,
+    input_past_the_limit_is_answered_before_the_close,
     idle_connections_time_out,
     large_responses_to_a_slow_reader_arrive_whole,
     graceful_stop_closes_idle_connections_and_exits,
