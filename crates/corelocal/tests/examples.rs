@@ -153,14 +153,14 @@ fn kv_stores_are_per_worker(backend: BackendKind) {
             let mut s = connect(a);
             s.write_all(request).unwrap();
             s.write_all(b"QUIT\n").unwrap();
-            read_to_end(s)
+            String::from_utf8_lossy(&read_to_end(s)).into_owned()
         })
         .join()
         .unwrap()
     };
-    assert_eq!(ask(cpus[0], b"SET here 0\n"), b"STORED\n");
-    assert_eq!(ask(cpus[0], b"GET here\n"), b"VALUE 0\n");
-    assert_eq!(ask(cpus[1], b"GET here\n"), b"NOT_FOUND\n");
+    assert_eq!(ask(cpus[0], b"SET here 0\n"), "STORED\n");
+    assert_eq!(ask(cpus[0], b"GET here\n"), "VALUE 0\n");
+    assert_eq!(ask(cpus[1], b"GET here\n"), "NOT_FOUND\n");
     stop(server);
 }
 
