@@ -66,7 +66,7 @@ fn main() -> io::Result<()> {
         );
     })?;
     corelocal::log_line!(
-        "echo: stopped after {} connections",
+        "echo: stopped | connections {}",
         report.stats.total.accepted
     );
     Ok(())

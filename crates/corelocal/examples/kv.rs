@@ -158,7 +158,7 @@ fn main() -> io::Result<()> {
         );
     })?;
     corelocal::log_line!(
-        "kv: stopped after {} requests on {} connections",
+        "kv: stopped | requests {} | connections {}",
         report.stats.total.requests,
         report.stats.total.accepted
     );
