@@ -57,3 +57,34 @@ fn cpus_parse_errors_show_the_forms() {
     let e = parse_cpus(" ").unwrap_err();
     assert!(e.starts_with("empty CPU set"), "{e}");
 }
+
+/// `corelocal serve` with no flags runs what the library calls its recommended configuration
+/// (`ServerConfig::recommended`, documented as `corelocal serve`'s defaults): the two must not
+/// drift apart.
+#[test]
+fn the_defaults_are_the_librarys_recommended_config() {
+    use clap::Parser;
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        common: super::CommonArgs,
+    }
+    let cli = Cli::try_parse_from(["serve", "--listen", "127.0.0.1:0"]).unwrap();
+    let ours = super::config::server_config(&cli.common).unwrap();
+    let cpus = corelocal::cpu::current_affinity().unwrap();
+    let lib = corelocal::runtime::ServerConfig::recommended(cli.common.listen.clone(), &cpus);
+    assert_eq!(ours.backend, lib.backend);
+    assert_eq!(ours.limits, lib.limits);
+    assert_eq!(ours.balance, lib.balance);
+    assert_eq!(ours.xdp_iface, lib.xdp_iface);
+    assert_eq!(ours.gated, lib.gated);
+    let (o, l) = (&ours.listen, &lib.listen);
+    assert_eq!(o.addrs, l.addrs);
+    assert_eq!(o.worker_cpus, l.worker_cpus);
+    assert_eq!(o.mode, l.mode);
+    assert_eq!(o.steering, l.steering);
+    assert_eq!(o.backlog_total, l.backlog_total);
+    assert_eq!(o.flow_groups, l.flow_groups);
+    assert_eq!(o.defer_accept_s, l.defer_accept_s);
+    assert_eq!(o.join_existing, l.join_existing);
+}

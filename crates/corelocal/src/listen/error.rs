@@ -99,7 +99,7 @@ impl fmt::Display for Mismatch {
             ),
             Mismatch::WorkerCpus(ours, theirs) => write!(
                 f,
-                "worker CPUs (--cpus × --workers-per-cpu): {this} {}, {running} {}",
+                "worker CPUs (one per worker, in order): {this} {}, {running} {}",
                 list(ours),
                 list(theirs)
             ),
@@ -165,7 +165,8 @@ impl fmt::Display for ListenError {
             ListenError::AddrInUse(addr) => write!(
                 f,
                 "{addr} is in use by another listening socket (`ss -ltnp 'sport = :{}'` shows \
-                 whose); a running corelocal server is replaced with --takeover",
+                 whose); a running corelocal server is replaced by taking its sockets over \
+                 (a binary upgrade), not by a second bind",
                 addr.port()
             ),
         }

@@ -228,8 +228,8 @@ fn connect_context(path: &Path, e: &io::Error) -> String {
     let shown = path.display();
     match e.raw_os_error() {
         Some(libc::ENOENT) => format!(
-            "connecting to {shown}: no such socket (is the running server started with \
-             --upgrade-socket {shown}?)"
+            "connecting to {shown}: no such socket (does the running server offer its \
+             sockets there, as its upgrade socket?)"
         ),
         Some(libc::ECONNREFUSED) => format!(
             "connecting to {shown}: nothing listens there (a stale socket: the server that \
@@ -389,8 +389,8 @@ fn remove_if_stale(path: &Path) -> Result<(), HandoverError> {
     }
     match scm::connect_seqpacket(path) {
         Ok(_) => Err(HandoverError::Protocol(format!(
-            "another server listens on {shown} (take it over with --takeover {shown}, or \
-             pick another path)"
+            "another server listens on {shown} (take its sockets over from there, or pick \
+             another path)"
         ))),
         Err(e) if e.raw_os_error() == Some(libc::ECONNREFUSED) => std::fs::remove_file(path)
             .map_err(io_error(format!("removing the stale socket {shown}"))),

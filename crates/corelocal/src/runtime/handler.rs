@@ -4,6 +4,11 @@
 //! [`Handler`] per connection. The runtime does all I/O: it hands the handler the bytes
 //! received so far, the handler consumes what it can parse, appends responses to an [`Output`]
 //! and says what to do next. Handlers never touch sockets, threads or clocks: time is passed in.
+//!
+//! A whole server is a [`Service`], a [`Handler`] and one call
+//! ([`Server::run_until_signal`](super::Server::run_until_signal)); the crate's
+//! `examples/echo.rs` and `examples/kv.rs` are complete ones (`cargo run -p corelocal
+//! --example kv`).
 
 use super::handoff::{StateExport, StateImport};
 pub use super::notify::{Notifier, NotifyRef};
@@ -59,6 +64,21 @@ pub enum Next {
 }
 
 /// The result of one [`Handler::on_input`] call.
+///
+/// ```
+/// use corelocal::runtime::{CloseReason, Next, Step};
+///
+/// // 12 bytes consumed, 2 requests answered, keep reading.
+/// assert_eq!(Step::read(12, 2).next, Next::Read);
+/// // Nothing consumed: a partial request, wait for more bytes.
+/// let more = Step::read(0, 0);
+/// // Answered; close once the answer is sent.
+/// let done = Step::close(6, 1, CloseReason::Done);
+/// assert_eq!(done.next, Next::Close(CloseReason::Done));
+/// // Stop with input left and let other connections run: the rest runs next turn.
+/// assert!(Step::yielded(6, 1).yielded);
+/// # let _ = more;
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Step {
     /// Bytes of the input consumed (the runtime drops them from the front of its buffer).
@@ -115,6 +135,19 @@ impl Step {
 /// connection ([`room`](Output::room)); a handler that answers many pipelined requests in one
 /// call stops when no room is left and leaves the rest of the input unconsumed, so one call
 /// cannot queue more than about one response past the limit.
+///
+/// ```
+/// use corelocal::runtime::Output;
+/// use std::io::Write as _;
+///
+/// let mut out = Output::new();
+/// out.write(b"VALUE ");
+/// write!(out.bytes_mut(), "{}\r\n", 42).unwrap(); // formatted in place
+/// assert_eq!(out.as_bytes(), b"VALUE 42\r\n");
+/// // The runtime sets the limit; a handler answering many requests stops at no room.
+/// out.set_limit(16);
+/// assert_eq!(out.room(), 6);
+/// ```
 #[derive(Debug)]
 pub struct Output {
     bytes: Vec<u8>,
@@ -156,6 +189,12 @@ impl Output {
     /// Appends bytes.
     pub fn write(&mut self, data: &[u8]) {
         self.bytes.extend_from_slice(data);
+    }
+
+    /// The bytes queued (file regions not included, nor what was sent already): what a
+    /// handler wrote, for testing it without a server.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes
     }
 
     /// The byte buffer, for formatting responses in place (`write!` through `std::io::Write`).
@@ -263,13 +302,66 @@ pub enum OutputFront<'a> {
     File(&'a FileRegion),
 }
 
-/// Per-connection protocol state.
+/// Per-connection protocol state: bytes in, bytes out.
+///
+/// Only [`Handler::on_input`] is required; the other methods have defaults that suit a
+/// request/response protocol where the client speaks first.
+///
+/// ```
+/// use corelocal::runtime::{CloseReason, Handler, Output, Step};
+/// use std::time::Instant;
+///
+/// /// `PING` → `PONG`, `QUIT` closes, anything else is answered `ERROR` and closed.
+/// struct Ping;
+///
+/// impl Handler for Ping {
+///     fn on_input(&mut self, input: &[u8], out: &mut Output, _now: Instant) -> Step {
+///         let Some(end) = input.iter().position(|&b| b == b'\n') else {
+///             return Step::read(0, 0); // a partial line: wait for more bytes
+///         };
+///         match &input[..end] {
+///             b"PING" => {
+///                 out.write(b"PONG\n");
+///                 Step::read(end + 1, 1)
+///             }
+///             b"QUIT" => Step::close(end + 1, 1, CloseReason::Done),
+///             _ => {
+///                 out.write(b"ERROR\n");
+///                 Step::close(end + 1, 0, CloseReason::BadRequest)
+///             }
+///         }
+///     }
+/// }
+///
+/// // Sans-IO: a handler is tested without a socket. One request per call: the runtime calls
+/// // again while input is left (pipelined requests).
+/// let mut out = Output::new();
+/// assert_eq!(Ping.on_input(b"PING\nPI", &mut out, Instant::now()), Step::read(5, 1));
+/// assert_eq!(Ping.on_input(b"PI", &mut out, Instant::now()), Step::read(0, 0));
+/// assert_eq!(out.as_bytes(), b"PONG\n");
+/// ```
 pub trait Handler: Send + 'static {
     /// Processes `input` (every byte received and not yet consumed), appending responses to
     /// `out`. Consuming nothing and returning [`Next::Read`] means "need more bytes"; the
     /// runtime closes the connection with [`CloseReason::TooLarge`] if its input buffer limit
-    /// is reached without progress.
+    /// is reached without progress (after [`Handler::on_input_limit`]).
+    ///
+    /// A handler may answer one request per call or all it can: the runtime calls again while
+    /// input is left, the last call consumed some and the output has room (a bounded number
+    /// of calls in one go; what is left then runs at the worker's next turn, without waiting
+    /// for more input, as after [`Step::yielded`]).
     fn on_input(&mut self, input: &[u8], out: &mut Output, now: Instant) -> Step;
+
+    /// The connection's unconsumed input reached the runtime's limit
+    /// ([`Limits::input_bytes_max`](super::Limits#structfield.input_bytes_max)) while this
+    /// handler, with room to answer, made no progress on it: a request larger than the server
+    /// takes. What goes into `out` (an error line, such as memcached's `SERVER_ERROR object too
+    /// large for cache`) is sent before the connection closes as [`CloseReason::TooLarge`];
+    /// the close lingers, so the answer reaches a client that is still sending. `input` is the
+    /// full buffer (its start may name the request). The default writes nothing.
+    fn on_input_limit(&mut self, input: &[u8], out: &mut Output, now: Instant) {
+        let _ = (input, out, now);
+    }
 
     /// Called once when the connection is accepted, before anything is read: what the
     /// protocol says first (a greeting, or a refusal such as memcached's `ERROR Too many open
@@ -330,6 +422,57 @@ pub trait Handler: Send + 'static {
 }
 
 /// A server application: shared state plus a factory of per-connection handlers.
+///
+/// One service serves every worker (per-worker state: [`Service::for_worker`]); it makes a
+/// [`Handler`] for each connection. Only `name` and `connect` are required; the rest are for
+/// per-worker state and binary upgrades.
+///
+/// ```no_run
+/// use corelocal::cpu::current_affinity;
+/// use corelocal::runtime::{ConnInfo, Handler, Output, Server, ServerConfig, Service, Step};
+/// use std::sync::atomic::{AtomicU64, Ordering};
+/// use std::sync::Arc;
+/// use std::time::Instant;
+///
+/// /// Numbers each line it receives, counting over all connections and workers.
+/// #[derive(Default)]
+/// struct Numbered {
+///     lines: Arc<AtomicU64>,
+/// }
+/// struct NumberedConn {
+///     lines: Arc<AtomicU64>,
+/// }
+///
+/// impl Service for Numbered {
+///     type Conn = NumberedConn;
+///     fn name(&self) -> &'static str {
+///         "numbered"
+///     }
+///     fn connect(&self, _info: &ConnInfo) -> NumberedConn {
+///         NumberedConn { lines: Arc::clone(&self.lines) }
+///     }
+/// }
+///
+/// impl Handler for NumberedConn {
+///     fn on_input(&mut self, input: &[u8], out: &mut Output, _now: Instant) -> Step {
+///         let Some(end) = input.iter().position(|&b| b == b'\n') else {
+///             return Step::read(0, 0);
+///         };
+///         let n = self.lines.fetch_add(1, Ordering::Relaxed) + 1;
+///         out.write(format!("{n} ").as_bytes());
+///         out.write(&input[..=end]);
+///         Step::read(end + 1, 1)
+///     }
+/// }
+///
+/// let addrs = vec!["127.0.0.1:7008".parse().unwrap()];
+/// let config = ServerConfig::recommended(addrs, &current_affinity().unwrap());
+/// let report = Server::run_until_signal(config, Arc::new(Numbered::default()), |server| {
+///     println!("listening on {:?}", server.local_addrs());
+/// })
+/// .unwrap();
+/// println!("{} lines", report.stats.total.requests);
+/// ```
 pub trait Service: Send + Sync + 'static {
     /// The per-connection handler.
     type Conn: Handler;
@@ -339,6 +482,71 @@ pub trait Service: Send + Sync + 'static {
 
     /// Makes the handler of a new connection.
     fn connect(&self, info: &ConnInfo) -> Self::Conn;
+
+    /// Makes the service worker `worker` uses, on that worker's thread (pinned to its CPU)
+    /// before it accepts anything: per-worker state (a cache, counters, scratch buffers) with
+    /// no thread-locals and no lock shared between cores. The default shares this service
+    /// among all workers. The service given to [`Server::start`](super::Server::start) still
+    /// answers [`Service::export_state`] and [`Service::import_state`] at a binary upgrade:
+    /// what the per-worker services hold is not moved.
+    ///
+    /// Each worker's state is touched by that worker's thread only, so a `Mutex` around it is
+    /// never contended (handlers are `Send`, so `Rc<RefCell<_>>` is not an option). The
+    /// service given to the server serves as the template:
+    ///
+    /// ```
+    /// use corelocal::runtime::{ConnInfo, Handler, Output, Service, Step};
+    /// use std::sync::{Arc, Mutex};
+    /// use std::time::Instant;
+    ///
+    /// /// Answers each line with how many lines its worker has seen.
+    /// #[derive(Default)]
+    /// struct Count {
+    ///     /// This worker's count.
+    ///     seen: Arc<Mutex<u64>>,
+    /// }
+    /// struct CountConn(Arc<Mutex<u64>>);
+    ///
+    /// impl Service for Count {
+    ///     type Conn = CountConn;
+    ///     fn name(&self) -> &'static str {
+    ///         "count"
+    ///     }
+    ///     fn for_worker(self: Arc<Self>, _worker: usize) -> Arc<Self> {
+    ///         Arc::new(Count::default())
+    ///     }
+    ///     fn connect(&self, _info: &ConnInfo) -> CountConn {
+    ///         CountConn(Arc::clone(&self.seen))
+    ///     }
+    /// }
+    ///
+    /// impl Handler for CountConn {
+    ///     fn on_input(&mut self, input: &[u8], out: &mut Output, _now: Instant) -> Step {
+    ///         let Some(end) = input.iter().position(|&b| b == b'\n') else {
+    ///             return Step::read(0, 0);
+    ///         };
+    ///         let mut seen = self.0.lock().unwrap();
+    ///         *seen += 1;
+    ///         out.write(format!("{seen}\n").as_bytes());
+    ///         Step::read(end + 1, 1)
+    ///     }
+    /// }
+    ///
+    /// // What each worker does: its own service, then one handler per connection.
+    /// let template = Arc::new(Count::default());
+    /// let (w0, w1) = (template.clone().for_worker(0), template.for_worker(1));
+    /// let info = ConnInfo { worker: 0, peer: None, now: Instant::now(), notify: None };
+    /// let (mut a, mut b, mut c) = (w0.connect(&info), w0.connect(&info), w1.connect(&info));
+    /// let mut out = Output::new();
+    /// for conn in [&mut a, &mut b, &mut c] {
+    ///     conn.on_input(b"x\n", &mut out, Instant::now());
+    /// }
+    /// assert_eq!(out.as_bytes(), b"1\n2\n1\n");
+    /// ```
+    fn for_worker(self: Arc<Self>, worker: usize) -> Arc<Self> {
+        let _ = worker;
+        self
+    }
 
     /// Makes the handler of a connection moved from the predecessor process at a binary
     /// upgrade, from what its handler gave ([`Handler::handoff`]). The default ignores the

@@ -4,14 +4,13 @@
 //! - [`handler`]: the sans-IO application API ([`Service`], [`Handler`], [`Output`]).
 //! - [`handoff`]: what moves to a successor process besides the listeners (connections, the
 //!   service's state).
-//! - `accept`: the worker's accept path (allowances, pacing per loop turn, pauses, steals in
-//!   flight, the accept phase of a graceful stop).
 //! - [`balance`]: the Affinity-Accept balancer in the worker loop (sample, watch, wake, steal,
 //!   migrate).
 //! - [`backend`]: the submit / reap / wait interface every backend implements (a leaf module of
 //!   the crate, re-exported here: `sys` implements it without importing the runtime).
 //! - [`worker`]: the loop that drives a handler over a backend.
-//! - [`server`]: binding, starting, stats, graceful stop.
+//! - [`server`]: binding, starting, stats, graceful stop; [`Server::run_until_signal`] runs
+//!   a server until SIGINT or SIGTERM.
 //! - [`stats`]: per-worker counters on their own cache lines.
 //! - [`upgrade`]: binary upgrades: the upgrade socket that hands the listening sockets to a
 //!   successor process, and the move of connections and state that follows both forms.
@@ -30,6 +29,7 @@ pub mod notify;
 pub mod prometheus;
 pub mod server;
 pub mod stats;
+mod until_signal;
 pub mod upgrade;
 pub mod worker;
 
@@ -41,6 +41,7 @@ pub use handler::{
 pub use netstat::{NetCounters, NetSampler};
 pub use server::{
     BackendKind, ReleaseHandle, Server, ServerConfig, ServerError, ShutdownReport, StatsReader,
+    DEFER_ACCEPT_S_RECOMMENDED,
 };
 pub use stats::{Batching, ErrorKind, Snapshot, WorkerSnapshot, WorkerStats};
 pub use upgrade::{

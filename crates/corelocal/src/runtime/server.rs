@@ -46,7 +46,14 @@ impl FromStr for BackendKind {
     }
 }
 
+/// `TCP_DEFER_ACCEPT` of [`ServerConfig::recommended`], seconds: a client that connects and
+/// stays silent is accepted after about this long.
+pub const DEFER_ACCEPT_S_RECOMMENDED: u32 = 1;
+
 /// Everything a server needs besides its service.
+///
+/// [`ServerConfig::recommended`] gives the defaults of `corelocal serve`;
+/// [`ServerConfig::new`] a plain start (no balancer, no `TCP_DEFER_ACCEPT`) to build on.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
     /// Addresses, mode and steering; `worker_cpus` gets filled from `cpus`.
@@ -68,7 +75,9 @@ pub struct ServerConfig {
 }
 
 impl ServerConfig {
-    /// One worker per CPU of `cpus`, listening on `addrs` in `mode`, default limits.
+    /// One worker per CPU of `cpus`, listening on `addrs` in `mode`, default limits, the
+    /// backend picked at start ([`BackendKind::Auto`]); no balancer, no `TCP_DEFER_ACCEPT`
+    /// (see [`ServerConfig::recommended`] for those).
     pub fn new(addrs: Vec<SocketAddr>, cpus: &CpuSet, mode: Mode) -> ServerConfig {
         ServerConfig {
             listen: GroupConfig::new(addrs, cpus.iter().collect(), mode),
@@ -78,6 +87,39 @@ impl ServerConfig {
             xdp_iface: None,
             gated: false,
         }
+    }
+
+    /// What `corelocal serve` runs with unless told otherwise: one worker per CPU of `cpus` in
+    /// [`Mode::Local`] (each connection is accepted on the CPU that processed its SYN, with the
+    /// best steering the process may use), the Affinity-Accept balancer on with its paper
+    /// parameters when there are two or more workers (a stopped or starved worker's queued
+    /// connections are taken by the others), `TCP_DEFER_ACCEPT` of
+    /// [`DEFER_ACCEPT_S_RECOMMENDED`] (a connection is accepted with its first request bytes:
+    /// right for protocols where the client speaks first; set
+    /// `config.listen.defer_accept_s = None` for one where the server greets first), the
+    /// io_uring backend when the kernel allows it (else epoll, [`BackendKind::Auto`]), a
+    /// backlog of 4,096 per address and the default [`Limits`].
+    ///
+    /// ```
+    /// use corelocal::cpu::current_affinity;
+    /// use corelocal::runtime::ServerConfig;
+    ///
+    /// let cpus = current_affinity().unwrap();
+    /// let config = ServerConfig::recommended(vec!["127.0.0.1:7007".parse().unwrap()], &cpus);
+    /// assert_eq!(config.balance.is_some(), cpus.len() > 1);
+    /// assert_eq!(config.listen.defer_accept_s, Some(1));
+    /// ```
+    pub fn recommended(addrs: Vec<SocketAddr>, cpus: &CpuSet) -> ServerConfig {
+        let mut config = ServerConfig::new(addrs, cpus, Mode::Local);
+        config.listen.defer_accept_s = Some(DEFER_ACCEPT_S_RECOMMENDED);
+        let workers = config.listen.worker_cpus.len();
+        // One worker has nobody to balance with: pacing its accepts would only cost.
+        if workers > 1 {
+            let mut balance = crate::balance::BalanceConfig::new(workers);
+            balance.flow_groups = config.listen.flow_groups;
+            config.balance = Some(balance);
+        }
+        config
     }
 
     /// Runs `n` workers on each CPU (each with its own listener and ring), e.g. to hold more
@@ -133,7 +175,53 @@ impl std::error::Error for ServerError {}
 
 type Importer = Box<dyn Fn() -> Option<Box<dyn StateImport>> + Send + Sync>;
 
-/// A running server.
+/// A running server: one pinned worker per CPU, each with its listener, backend and
+/// connections.
+///
+/// [`Server::start`] binds, starts the workers and returns; the caller stops it
+/// ([`Server::stop`], then [`Server::join_report`]). [`Server::run_until_signal`] does the
+/// whole life in one call, until SIGINT or SIGTERM.
+///
+/// ```no_run
+/// use corelocal::cpu::current_affinity;
+/// use corelocal::runtime::{ConnInfo, Handler, Output, Server, ServerConfig, Service, Step};
+/// use std::io::{Read, Write};
+/// use std::net::TcpStream;
+/// use std::sync::Arc;
+/// use std::time::Instant;
+///
+/// struct Echo;
+/// struct EchoConn;
+/// impl Service for Echo {
+///     type Conn = EchoConn;
+///     fn name(&self) -> &'static str {
+///         "echo"
+///     }
+///     fn connect(&self, _info: &ConnInfo) -> EchoConn {
+///         EchoConn
+///     }
+/// }
+/// impl Handler for EchoConn {
+///     fn on_input(&mut self, input: &[u8], out: &mut Output, _now: Instant) -> Step {
+///         out.write(input);
+///         Step::read(input.len(), 1)
+///     }
+/// }
+///
+/// let addrs = vec!["127.0.0.1:0".parse().unwrap()]; // any free port
+/// let config = ServerConfig::recommended(addrs, &current_affinity().unwrap());
+/// let server = Server::start(config, Arc::new(Echo)).unwrap();
+/// let mut client = TcpStream::connect(server.local_addrs()[0]).unwrap();
+/// client.write_all(b"hi").unwrap();
+/// let mut answer = [0u8; 2];
+/// client.read_exact(&mut answer).unwrap();
+/// assert_eq!(&answer, b"hi");
+/// println!("{} connections", server.stats().total.accepted);
+/// server.stop(); // graceful: queued connections are served, then the workers exit
+/// let (result, report) = server.join_report();
+/// result.unwrap();
+/// assert_eq!(report.lost_at_close, 0);
+/// ```
 pub struct Server {
     outbox: Arc<Outbox>,
     gate: Option<Arc<Gate>>,
@@ -699,6 +787,8 @@ fn run_worker<S: Service>(
         let _ = ready.send((index, Err(error)));
         return Err(io::Error::new(e.kind(), "worker failed to start"));
     }
+    // On the worker's own thread, pinned: per-worker state is made (and first touched) here.
+    setup.service = Arc::clone(&setup.service).for_worker(index);
     let limits = setup.limits;
     let epoll = || {
         EpollBackend::new(PoolConfig {

@@ -16,7 +16,7 @@
 //!   descriptor numbers the callers pass;
 //! - the ethtool ioctl (`SIOCETHTOOL`);
 //! - signals: the mask, `sigtimedwait` and `sigaction` (`rustix` has them only as unsafe
-//!   functions of its unstable runtime module);
+//!   functions of its unstable runtime module), and `tgkill`;
 //! - `sched_getcpu` (libc reads it from rseq or the vDSO; `rustix` makes the `getcpu`
 //!   syscall);
 //! - `fork(2)`, through libc (its atfork handlers) and only while the process has one thread;
@@ -39,18 +39,18 @@
 //! - [`sockdiag`]: listening TCP sockets via `NETLINK_SOCK_DIAG` (cheap, unlike
 //!   `/proc/net/tcp`).
 //! - [`signal`]: SIGINT/SIGTERM blocked everywhere and awaited in one place; a handler that
-//!   only sets a flag, for the tools that clean up before they exit.
+//!   only sets a flag, for the tools that clean up before they exit; a SIGTERM to one thread.
 //! - [`process`]: uid, resource limits, a seccomp filter, a thread's own mount namespace; a
 //!   daemon's fork (single-threaded only), new session, standard descriptors and child.
 //! - [`pidfd`]: another process's descriptors (`pidfd_getfd`) and CPU affinity, for
 //!   `corelocal steer`.
 //! - [`scm`]: unix `SOCK_SEQPACKET` sockets and descriptor passing (`SCM_RIGHTS`) for handing
 //!   listening sockets to a successor process.
-//! - [`epoll`]: the epoll [`Backend`](crate::backend::Backend); [`uring`]: the io_uring one.
+//! - [`epoll`]: the epoll [`Backend`](crate::backend::Backend); [`uring`]: the io_uring one
+//!   (both are woken from other threads through an eventfd).
 //! - [`client`]: the load generator's side (`corelocal bench`): connection slots over io_uring
 //!   or epoll behind [`client::ClientIo`], with buffers the caller cannot free or move while
 //!   the kernel uses them. The server runtime does not use it.
-//! - `eventfd`: the eventfd waker both backends share.
 //!
 //! Every backend provides the same completion-style interface (see
 //! [`backend::Backend`](crate::backend::Backend)): `push` queues operations (accept, recv,

@@ -1,9 +1,11 @@
 //! Termination signals handled synchronously: block SIGINT/SIGTERM in every thread (workers
 //! inherit the mask), then wait for them with `sigtimedwait` in one place. Also a handler that
-//! only sets a flag ([`flag_on`]), for the tools that clean up before they exit, and `kill`.
+//! only sets a flag ([`flag_on`]), for the tools that clean up before they exit, `kill`, and a
+//! SIGTERM to one thread of this process ([`terminate_thread`], for tests).
 //!
-//! `kill` is `rustix`'s; the mask, `sigtimedwait` and `sigaction` are hand-written: `rustix`
-//! has them only in its unstable runtime module, as unsafe functions.
+//! `kill` and `gettid` are `rustix`'s; the mask, `sigtimedwait` and `sigaction` are
+//! hand-written (`rustix` has them only in its unstable runtime module, as unsafe functions),
+//! and so is `tgkill` (not in `rustix`).
 
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -83,6 +85,32 @@ pub fn terminate(pid: i32) -> io::Result<()> {
     }
     let pid = rustix::process::Pid::from_raw(pid).expect("pid > 1");
     rustix::process::kill_process(pid, rustix::process::Signal::TERM)?;
+    Ok(())
+}
+
+/// The calling thread's id (`gettid`), for [`terminate_thread`].
+pub fn current_thread_id() -> i32 {
+    rustix::thread::gettid().as_raw_nonzero().get()
+}
+
+/// Sends SIGTERM to thread `tid` of this process alone (`tgkill`): taken by that thread's
+/// [`wait_termination`] when it blocks the signal, never by another thread. For tests that
+/// stop a server waiting for a signal (`Server::run_until_signal`) in a process whose other
+/// threads do not block it.
+pub fn terminate_thread(tid: i32) -> io::Result<()> {
+    if tid <= 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("no thread {tid}"),
+        ));
+    }
+    let pid = std::process::id() as libc::c_long;
+    // SAFETY: tgkill takes three integers and touches no memory of ours; the thread group
+    // check keeps it inside this process.
+    let rc = unsafe { libc::syscall(libc::SYS_tgkill, pid, tid as libc::c_long, libc::SIGTERM) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
     Ok(())
 }
 

@@ -9,7 +9,8 @@ use crate::runtime::stats::ErrorKind;
 use crate::runtime::Limits;
 use std::time::Instant;
 
-/// `on_input` calls per received chunk, so one connection cannot starve the others.
+/// `on_input` calls for one connection in one go, so it cannot starve the others; input left
+/// after them runs at the worker's next turn, as a yield's does (`Step::yielded`).
 const HANDLER_ROUNDS_MAX: usize = 256;
 
 impl<S: Service, B: Backend> Worker<S, B> {
@@ -53,12 +54,23 @@ impl<S: Service, B: Backend> Worker<S, B> {
             self.queue_yielded(id);
         }
         if stuck {
-            // The buffer is full and the handler still cannot make progress.
-            self.setup.stats.error(ErrorKind::TooLarge);
-            self.begin_close(id, CloseReason::TooLarge);
-            return;
+            return self.input_limit_reached(id, now);
         }
         self.after_process(id, verdict);
+    }
+
+    /// The input buffer is full and the handler still cannot make progress: it may answer
+    /// (`Handler::on_input_limit`), then the connection closes as too large (lingering: the
+    /// input is unread).
+    fn input_limit_reached(&mut self, id: ConnId, now: Instant) {
+        if let Some(conn) = self.conns.occupant_mut(id) {
+            let limit = self.setup.limits.output_bytes_max as u64;
+            conn.output.set_limit(limit.saturating_sub(conn.in_flight));
+            conn.handler
+                .on_input_limit(&conn.input, &mut conn.output, now);
+        }
+        self.setup.stats.error(ErrorKind::TooLarge);
+        self.begin_close(id, CloseReason::TooLarge);
     }
 
     pub(super) fn after_process(&mut self, id: ConnId, verdict: Option<CloseReason>) {
@@ -145,7 +157,8 @@ impl<S: Service, B: Backend> Worker<S, B> {
             None
         };
         let yielded = conn.yielded;
-        if verdict.is_none() && !yielded && is_stuck(conn, &limits) {
+        let stuck = verdict.is_none() && !yielded && is_stuck(conn, &limits);
+        if stuck {
             verdict = Some(CloseReason::TooLarge);
         }
         // A closing connection stays paused: its lingering close resumes reading, to discard.
@@ -159,6 +172,9 @@ impl<S: Service, B: Backend> Worker<S, B> {
         }
         if yielded {
             self.queue_yielded(id);
+        }
+        if stuck {
+            return self.input_limit_reached(id, now);
         }
         self.after_process(id, verdict);
     }
@@ -196,10 +212,18 @@ fn process<S: Service>(
     let mut verdict = None;
     let limit = setup.limits.output_bytes_max as u64;
     conn.output.set_limit(limit.saturating_sub(conn.in_flight));
-    for _ in 0..HANDLER_ROUNDS_MAX {
+    let mut rounds = 0;
+    loop {
         if offset == conn.input.len() {
             break;
         }
+        if rounds == HANDLER_ROUNDS_MAX {
+            // Out of rounds with input left: it runs at the next turn, as after a yield.
+            // Nothing else would run it: no more input may come (pipelined requests, all sent).
+            conn.yielded = true;
+            break;
+        }
+        rounds += 1;
         let step = conn
             .handler
             .on_input(&conn.input[offset..], &mut conn.output, now);

@@ -119,7 +119,8 @@ struct Conn<H> {
     drain_signalled: bool,
     /// `Handler::on_notify` left no room: call it again once the output drained to half.
     notify_again: bool,
-    /// The handler yielded with input left (`Step::yielded`): to be queued on `ready`.
+    /// The handler yielded with input left (`Step::yielded`), or used its rounds for one go
+    /// with input left: to be queued on `ready`.
     yielded: bool,
     /// On the worker's `ready` list (once at most, so the list is bounded by the connections).
     ready: bool,
