@@ -86,5 +86,6 @@ fn the_defaults_are_the_librarys_recommended_config() {
     assert_eq!(o.backlog_total, l.backlog_total);
     assert_eq!(o.flow_groups, l.flow_groups);
     assert_eq!(o.defer_accept_s, l.defer_accept_s);
+    assert_eq!(o.defer_accept_adaptive, l.defer_accept_adaptive);
     assert_eq!(o.join_existing, l.join_existing);
 }

@@ -94,8 +94,9 @@ impl ServerConfig {
     /// best steering the process may use), the Affinity-Accept balancer on with its paper
     /// parameters when there are two or more workers (a stopped or starved worker's queued
     /// connections are taken by the others), `TCP_DEFER_ACCEPT` of
-    /// [`DEFER_ACCEPT_S_RECOMMENDED`] (a connection is accepted with its first request bytes:
-    /// right for protocols where the client speaks first; set
+    /// [`DEFER_ACCEPT_S_RECOMMENDED`] switched by each worker with its load (while it batches
+    /// a connection is accepted with its first request bytes; an idle worker accepts at once,
+    /// see [`crate::runtime::defer`]: right for protocols where the client speaks first; set
     /// `config.listen.defer_accept_s = None` for one where the server greets first), the
     /// io_uring backend when the kernel allows it (else epoll, [`BackendKind::Auto`]), a
     /// backlog of 4,096 per address and the default [`Limits`].
@@ -108,10 +109,12 @@ impl ServerConfig {
     /// let config = ServerConfig::recommended(vec!["127.0.0.1:7007".parse().unwrap()], &cpus);
     /// assert_eq!(config.balance.is_some(), cpus.len() > 1);
     /// assert_eq!(config.listen.defer_accept_s, Some(1));
+    /// assert!(config.listen.defer_accept_adaptive);
     /// ```
     pub fn recommended(addrs: Vec<SocketAddr>, cpus: &CpuSet) -> ServerConfig {
         let mut config = ServerConfig::new(addrs, cpus, Mode::Local);
         config.listen.defer_accept_s = Some(DEFER_ACCEPT_S_RECOMMENDED);
+        config.listen.defer_accept_adaptive = true;
         let workers = config.listen.worker_cpus.len();
         // One worker has nobody to balance with: pacing its accepts would only cost.
         if workers > 1 {
