@@ -8,6 +8,8 @@
 # Usage: .ci/package-check.sh [--keep]   (--keep: leave the package installed)
 # Needs root (dpkg -i), cargo-deb (installed here from crates.io when missing) and
 # dpkg-shlibdeps (dpkg-dev) for the package's library dependencies.
+# PACKAGE_PROFILE=dev packages the debug build (a quicker check; cargo-deb reads the
+# manifest's `target/release/` as the profile's directory); default: release.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 keep=0
@@ -26,13 +28,16 @@ if ! cargo deb --version >/dev/null 2>&1; then
 fi
 
 # --- build: the binary, then what the package ships beside it ------------------------------
-cargo build --release --quiet -p corelocal-cli
-generated=target/release/generated
+profile=${PACKAGE_PROFILE:-release}
+out=target/$profile
+[[ $profile == dev ]] && out=target/debug
+cargo build --profile "$profile" --quiet -p corelocal-cli
+generated=$out/generated
 rm -rf "$generated"
-target/release/corelocal generate man "$generated/man"
-target/release/corelocal generate completions "$generated/completions"
+"$out/corelocal" generate man "$generated/man"
+"$out/corelocal" generate completions "$generated/completions"
 rm -rf target/debian
-deb=$(cargo deb --quiet --no-build -p corelocal-cli 2>/dev/null | tail -n1)
+deb=$(cargo deb --no-build --profile "$profile" -p corelocal-cli | tail -n1)
 [[ -f $deb ]] || die "cargo deb gave no package (got: $deb)"
 say "built $deb"
 dpkg-deb --info "$deb" | sed -n 's/^ \(Package\|Version\|Depends\):/  \1:/p' >&2

@@ -47,7 +47,12 @@ pub fn run(cmd: Command) -> ExitCode {
 
 fn man(dir: &Path) -> std::io::Result<usize> {
     std::fs::create_dir_all(dir)?;
-    clap_mangen::generate_to(crate::Cli::command(), dir)?;
+    // memcached's options are read by memcached's reader, not clap: the page lists them as
+    // `corelocal memcached -h` does.
+    let cmd = crate::Cli::command().mut_subcommand("memcached", |c| {
+        c.after_long_help(crate::memcached::usage())
+    });
+    clap_mangen::generate_to(cmd, dir)?;
     count_files(dir)
 }
 

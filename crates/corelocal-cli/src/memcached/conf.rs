@@ -69,7 +69,7 @@ pub fn expand(
             break;
         }
         let path = if arg == FLAG {
-            rest.next().ok_or_else(|| {
+            rest.next().map(String::as_str).ok_or_else(|| {
                 Refusal::new(super::EX_USAGE, format!("{FLAG} needs a file"))
             })?
         } else if let Some(p) = arg.strip_prefix("--config-file=") {

@@ -18,6 +18,7 @@ mod getopt;
 mod help;
 mod parse;
 
+pub use help::usage;
 pub use parse::{parse, Env};
 
 use std::ffi::OsString;

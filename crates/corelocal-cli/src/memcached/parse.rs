@@ -125,7 +125,7 @@ fn read(args: &[String], env: &Env) -> Result<Outcome, Refusal> {
                 break;
             }
             Token::Operand(word) => s.note(
-                &word,
+                &format!("operand {word}"),
                 format!("{word:?} is not an option: ignored, as memcached ignores it"),
             ),
             Token::Options(options) => {
@@ -174,7 +174,7 @@ fn apply(s: &mut Settings, g: Given) -> Result<Option<Outcome>, Refusal> {
         'X' => s.switch("--disable-dumping"),
         'W' => s.switch("--disable-watch"),
         'o' => extended::apply(s, &value)?,
-        'v' => s.verbose += verbosity(&g)?,
+        'v' => s.verbose = s.verbose.saturating_add(verbosity(&g)?),
         _ => no_effect(s, &g)?,
     }
     Ok(None)
