@@ -95,9 +95,13 @@ trap - EXIT
 
 # --- the units --------------------------------------------------------------------------------
 if command -v systemd-analyze >/dev/null 2>&1; then
+    # Documentation=man:… pages are looked up when man is there (they are in the package).
+    man=no
+    command -v man >/dev/null 2>&1 && man=yes
     # The template is verified as one instance of it; its server unit need not exist.
     for unit in corelocal-http.service corelocal-memcached.service corelocal-steer@nginx.service; do
-        out=$(systemd-analyze verify "$unit" 2>&1) || die "systemd-analyze verify $unit: $out"
+        out=$(systemd-analyze verify --man="$man" "$unit" 2>&1) ||
+            die "systemd-analyze verify $unit: $out"
         # Other units' complaints (the host's own) are not ours; ours must have none.
         if grep -i "corelocal" <<<"$out" | grep -v "nginx.service" >&2; then
             die "systemd-analyze verify $unit complains (above)"

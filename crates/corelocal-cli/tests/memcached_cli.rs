@@ -44,13 +44,29 @@ fn refusals_exit_as_memcached_and_name_the_option() {
     let bin = std::path::Path::new(BIN);
     for (args, code, part) in [
         (&["memcached", "-z"][..], 1, "invalid option -- 'z'"),
-        (&["memcached", "-c", "0"][..], 1, "Maximum connections must be greater than 0"),
+        (
+            &["memcached", "-c", "0"][..],
+            1,
+            "Maximum connections must be greater than 0",
+        ),
         (&["memcached", "-S"][..], 64, "-S: not supported"),
-        (&["memcached", "-B", "http"][..], 64, "Invalid value for binding protocol: http"),
+        (
+            &["memcached", "-B", "http"][..],
+            64,
+            "Invalid value for binding protocol: http",
+        ),
         (&["memcached", "-I", "256m"][..], 64, "1/2 of memory max"),
-        (&["memcached", "-o", "ext_path=/x:1G"][..], 64, "-o ext_path: not supported"),
+        (
+            &["memcached", "-o", "ext_path=/x:1G"][..],
+            64,
+            "-o ext_path: not supported",
+        ),
         // A `serve kv` option after `--` is checked by serve kv.
-        (&["memcached", "--", "--backend", "nope"][..], 64, "--backend"),
+        (
+            &["memcached", "--", "--backend", "nope"][..],
+            64,
+            "--backend",
+        ),
     ] {
         let (status, stdout, stderr) = run(bin, args);
         assert_eq!(status, Some(code), "{args:?}: {stderr}");
@@ -67,7 +83,10 @@ fn the_binary_named_memcached_is_the_memcached_command() {
         std::os::unix::fs::symlink(BIN, &link).expect("link");
         let (status, stdout, _) = run(&link, &["-V"]);
         assert_eq!(status, Some(0));
-        assert!(stdout.starts_with("memcached 1.6.18 (corelocal "), "{stdout}");
+        assert!(
+            stdout.starts_with("memcached 1.6.18 (corelocal "),
+            "{stdout}"
+        );
         let (status, stdout, _) = run(&link, &["-h"]);
         assert_eq!(status, Some(0));
         assert!(stdout.contains("-p, --port=<num>"), "{stdout}");
@@ -117,7 +136,10 @@ fn a_memcached_conf_serves_a_set_and_a_get() {
     let mut err = BufReader::new(server.stderr.take().expect("stderr"));
     let said = wait_line(&mut err, "listening on");
     assert!(said.contains("-u memcache: no effect"), "{said}");
-    assert!(said.contains("`logfile /var/log/memcached.log` ignored"), "{said}");
+    assert!(
+        said.contains("`logfile /var/log/memcached.log` ignored"),
+        "{said}"
+    );
     assert!(!said.contains("--daemon"), "{said}");
     let ports = std::fs::read_to_string(&port_file).expect("port file");
     let port: u16 = ports
@@ -131,19 +153,24 @@ fn a_memcached_conf_serves_a_set_and_a_get() {
         .expect("send");
     let mut got = Vec::new();
     let mut buf = [0u8; 4096];
-    while !got.ends_with(b"END\r\n") || !String::from_utf8_lossy(&got).contains("STAT maxconns")
-    {
+    while !got.ends_with(b"END\r\n") || !String::from_utf8_lossy(&got).contains("STAT maxconns") {
         let n = c.read(&mut buf).expect("read");
         assert!(n > 0, "closed: {}", String::from_utf8_lossy(&got));
         got.extend_from_slice(&buf[..n]);
     }
     let got = String::from_utf8_lossy(&got);
-    assert!(got.starts_with("STORED\r\nVALUE k 0 2\r\nhi\r\nEND\r\n"), "{got}");
+    assert!(
+        got.starts_with("STORED\r\nVALUE k 0 2\r\nhi\r\nEND\r\n"),
+        "{got}"
+    );
     assert!(got.contains("STAT maxbytes 16777216\r\n"), "{got}");
     drop(c);
     // memcached writes nothing on stdout; a stop's summary goes to stderr too.
     let pid = server.id().to_string();
-    Command::new("kill").args(["-TERM", &pid]).status().expect("kill");
+    Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill");
     let status = server.wait().expect("wait");
     let mut stdout = String::new();
     server

@@ -69,9 +69,9 @@ pub fn expand(
             break;
         }
         let path = if arg == FLAG {
-            rest.next().map(String::as_str).ok_or_else(|| {
-                Refusal::new(super::EX_USAGE, format!("{FLAG} needs a file"))
-            })?
+            rest.next()
+                .map(String::as_str)
+                .ok_or_else(|| Refusal::new(super::EX_USAGE, format!("{FLAG} needs a file")))?
         } else if let Some(p) = arg.strip_prefix("--config-file=") {
             p
         } else {

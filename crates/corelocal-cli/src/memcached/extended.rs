@@ -106,9 +106,7 @@ fn check_value(name: &str, value: Option<&str>) -> Result<(), Refusal> {
 
 /// A suboption's number, with memcached's messages when it is missing or not one.
 fn number(name: &str, value: Option<&str>) -> Result<u64, Refusal> {
-    let v = value.ok_or_else(|| {
-        Refusal::new(1, format!("Missing numeric argument for {name}"))
-    })?;
+    let v = value.ok_or_else(|| Refusal::new(1, format!("Missing numeric argument for {name}")))?;
     v.parse::<u64>()
         .map_err(|_| Refusal::new(1, format!("Invalid numeric argument for {name}: {v}")))
 }

@@ -119,7 +119,9 @@ fn long(text: &str, args: &[String], next: &mut usize) -> Result<Given, Refusal>
     let value = match (takes, inline) {
         (Takes::Nothing, Some(v)) if letter == 'v' => Some(v),
         (Takes::Nothing, Some(_)) => {
-            return Err(illegal(format!("option '{spelled}' doesn't allow an argument")))
+            return Err(illegal(format!(
+                "option '{spelled}' doesn't allow an argument"
+            )))
         }
         (Takes::Nothing, None) => None,
         (Takes::Value, Some(v)) => Some(v),

@@ -125,7 +125,10 @@ fn utf8(args: Vec<OsString>) -> Result<Vec<String>, Refusal> {
     args.into_iter()
         .map(|a| {
             a.into_string().map_err(|a| {
-                Refusal::new(EX_USAGE, format!("{a:?}: not UTF-8 (memcached options are text)"))
+                Refusal::new(
+                    EX_USAGE,
+                    format!("{a:?}: not UTF-8 (memcached options are text)"),
+                )
             })
         })
         .collect()
@@ -143,6 +146,28 @@ fn serve(plan: Plan, said: &[String]) -> ExitCode {
     for line in said.iter().chain(&plan.notes) {
         corelocal::log_line!("corelocal memcached: {line}");
     }
+    let argv = ["corelocal", "serve", "kv"]
+        .into_iter()
+        .map(String::from)
+        .chain(plan.args);
+    let cmd = match <crate::Cli as clap::Parser>::try_parse_from(argv) {
+        Ok(crate::Cli {
+            command: crate::Command::Serve(cmd),
+        }) => cmd,
+        Ok(_) => return ExitCode::from(EX_USAGE),
+        // `-- --help`: serve kv's help.
+        Err(e) if !e.use_stderr() => {
+            print!("{}", e.render());
+            return ExitCode::SUCCESS;
+        }
+        // Most likely an option after `--` (memcached's were checked here already).
+        Err(e) => {
+            return refuse(&Refusal::new(
+                EX_USAGE,
+                format!("corelocal serve kv: {}", e.render()),
+            ))
+        }
+    };
     // memcached writes nothing on standard output: the server's stop summary goes to stderr
     // with its other messages (a test harness reads stdout; a unit's journal gets both).
     if let Err(e) =
@@ -150,23 +175,7 @@ fn serve(plan: Plan, said: &[String]) -> ExitCode {
     {
         corelocal::log_line!("corelocal memcached: standard output to stderr: {e}");
     }
-    let argv = ["corelocal", "serve", "kv"]
-        .into_iter()
-        .map(String::from)
-        .chain(plan.args);
-    match <crate::Cli as clap::Parser>::try_parse_from(argv) {
-        Ok(crate::Cli {
-            command: crate::Command::Serve(cmd),
-        }) => crate::serve::run(cmd),
-        Ok(_) => ExitCode::from(EX_USAGE),
-        Err(e) => {
-            let text = e.render().to_string();
-            refuse(&Refusal::new(
-                EX_USAGE,
-                format!("the serve kv options given after --: {text}"),
-            ))
-        }
-    }
+    crate::serve::run(cmd)
 }
 
 #[cfg(test)]

@@ -210,7 +210,12 @@ fn no_effect(s: &mut Settings, g: &Given) -> Result<(), Refusal> {
             positive(g, "Maximum number of NAPI IDs must be greater than 0")?;
             "each connection is served on the CPU that took its SYN already"
         }
-        's' => return Err(refused(g, "unix-domain sockets are not served (TCP and UDP only)")),
+        's' => {
+            return Err(refused(
+                g,
+                "unix-domain sockets are not served (TCP and UDP only)",
+            ))
+        }
         'S' => {
             return Err(refused(
                 g,
@@ -218,12 +223,7 @@ fn no_effect(s: &mut Settings, g: &Given) -> Result<(), Refusal> {
             ))
         }
         'Z' => return Err(refused(g, "This server is not built with TLS support")),
-        other => {
-            return Err(Refusal::new(
-                1,
-                format!("Illegal argument \"{other}\""),
-            ))
-        }
+        other => return Err(Refusal::new(1, format!("Illegal argument \"{other}\""))),
     };
     let shown = match &g.value {
         Some(v) => format!("{} {v}", g.spelled),

@@ -62,7 +62,12 @@ fn each_mapped_option_gives_its_serve_kv_arguments() {
         ("-p 0 -U 5000", &["--no-tcp", "--udp-port 5000"]),
         // memcached 1.6: -U alone (not 0) puts TCP on the same port.
         ("-U 5000", &["--listen 0.0.0.0:5000", "--udp-port 5000"]),
-        ("-U -1", &["--listen 0.0.0.0:11211", "--udp-port any"]),
+        // As memcached: -U -1 alone puts TCP on a port the kernel picks too.
+        ("-U -1", &["--listen 0.0.0.0:0", "--udp-port any"]),
+        (
+            "-p 11211 -U -1",
+            &["--listen 0.0.0.0:11211", "--udp-port any"],
+        ),
         ("-p 1 -U 2", &["--listen 0.0.0.0:1", "--udp-port 2"]),
         ("-l 127.0.0.1", &["--listen 127.0.0.1:11211"]),
         ("-l 127.0.0.1 -p 7", &["--listen 127.0.0.1:7"]),
@@ -90,7 +95,12 @@ fn each_mapped_option_gives_its_serve_kv_arguments() {
         ("-W", &["--disable-watch"]),
         (
             "-AMFC",
-            &["--disable-evictions", "--enable-shutdown", "--disable-flush-all", "--disable-cas"],
+            &[
+                "--disable-evictions",
+                "--enable-shutdown",
+                "--disable-flush-all",
+                "--disable-cas",
+            ],
         ),
         ("-Y /etc/auth", &["--auth-file /etc/auth"]),
         ("-D :", &["--detail-delimiter :"]),
@@ -121,7 +131,11 @@ fn each_mapped_option_gives_its_serve_kv_arguments() {
     for (line, wants) in table {
         let p = plan(line);
         for want in *wants {
-            assert!(holds(&p.args, want), "{line:?}: no {want:?} in {:?}", p.args);
+            assert!(
+                holds(&p.args, want),
+                "{line:?}: no {want:?} in {:?}",
+                p.args
+            );
         }
     }
 }
@@ -134,7 +148,11 @@ fn a_later_option_replaces_an_earlier_one() {
     assert!(holds(&p.args, "--listen 0.0.0.0:2") && !holds(&p.args, "--listen 0.0.0.0:1"));
     assert!(holds(&p.args, "--pid-file /b") && !holds(&p.args, "--pid-file /a"));
     let p = plan("-o idle_timeout=5 -o idle_timeout=0");
-    assert!(!p.args.iter().any(|a| a == "--idle-timeout"), "{:?}", p.args);
+    assert!(
+        !p.args.iter().any(|a| a == "--idle-timeout"),
+        "{:?}",
+        p.args
+    );
 }
 
 /// Options with no effect here: accepted, and said once each with the reason.
@@ -159,11 +177,20 @@ fn harmless_options_are_accepted_and_said_once() {
         ("--verbose=2", "-vv: no per-request log here"),
         ("-o maxconns_fast", "-o maxconns_fast: no effect"),
         ("-o hashpower=16", "-o hashpower=16: no effect"),
-        ("-o tail_repair_time=10", "-o tail_repair_time=10: no effect"),
-        ("-o lru_maintainer,lru_crawler", "-o lru_maintainer: no effect"),
+        (
+            "-o tail_repair_time=10",
+            "-o tail_repair_time=10: no effect",
+        ),
+        (
+            "-o lru_maintainer,lru_crawler",
+            "-o lru_maintainer: no effect",
+        ),
         ("-o slab_reassign", "-o slab_reassign: no effect"),
         ("-o slab_automove=1", "-o slab_automove=1: no effect"),
-        ("-o hash_algorithm=xxh3", "-o hash_algorithm=xxh3: no effect"),
+        (
+            "-o hash_algorithm=xxh3",
+            "-o hash_algorithm=xxh3: no effect",
+        ),
         ("-o relaxed_privileges", "-o relaxed_privileges: no effect"),
         ("-o no_drop_privileges", "-o no_drop_privileges: no effect"),
         ("-o modern", "-o modern: no effect"),
@@ -185,41 +212,125 @@ fn refusals_name_the_option_and_exit_as_memcached() {
         ("--disable", 1, "option '--disable' is ambiguous"),
         ("-p", 1, "option requires an argument -- 'p'"),
         ("--port", 1, "option '--port' requires an argument"),
-        ("--daemon=yes", 1, "option '--daemon' doesn't allow an argument"),
+        (
+            "--daemon=yes",
+            1,
+            "option '--daemon' doesn't allow an argument",
+        ),
         ("-c 0", 1, "Maximum connections must be greater than 0"),
         ("-c x", 1, "Maximum connections must be greater than 0"),
         ("-t 0", 1, "Number of threads must be greater than 0"),
-        ("-R 0", 1, "Number of requests per event must be greater than 0"),
+        (
+            "-R 0",
+            1,
+            "Number of requests per event must be greater than 0",
+        ),
         ("-f 1", 1, "Factor must be greater than 1"),
         ("-n 0", 1, "Chunk size must be greater than 0"),
-        ("-N 0", 1, "Maximum number of NAPI IDs must be greater than 0"),
-        ("-B soap", EX_USAGE, "Invalid value for binding protocol: soap"),
-        ("-I 1000", EX_USAGE, "Item max size cannot be less than 1024 bytes."),
-        ("-I 1g", EX_USAGE, "-I 1g: an item size in bytes, or with k or m"),
-        ("-I 64m", EX_USAGE, "Cannot set item size limit higher than 1/2 of memory max."),
-        ("-m 4096 -I 2048m", EX_USAGE, "Cannot set item size limit higher than a gigabyte."),
-        ("-m 0", EX_USAGE, "Cannot set item size limit higher than 1/2 of memory max."),
-        ("-Y /a -B binary", EX_USAGE, "You cannot allow the BINARY protocol"),
-        ("-Y /a -U 5", EX_USAGE, "Cannot use UDP with ascii authentication enabled"),
+        (
+            "-N 0",
+            1,
+            "Maximum number of NAPI IDs must be greater than 0",
+        ),
+        (
+            "-B soap",
+            EX_USAGE,
+            "Invalid value for binding protocol: soap",
+        ),
+        (
+            "-I 1000",
+            EX_USAGE,
+            "Item max size cannot be less than 1024 bytes.",
+        ),
+        (
+            "-I 1g",
+            EX_USAGE,
+            "-I 1g: an item size in bytes, or with k or m",
+        ),
+        (
+            "-I 64m",
+            EX_USAGE,
+            "Cannot set item size limit higher than 1/2 of memory max.",
+        ),
+        (
+            "-m 4096 -I 2048m",
+            EX_USAGE,
+            "Cannot set item size limit higher than a gigabyte.",
+        ),
+        (
+            "-m 0",
+            EX_USAGE,
+            "Cannot set item size limit higher than 1/2 of memory max.",
+        ),
+        (
+            "-Y /a -B binary",
+            EX_USAGE,
+            "You cannot allow the BINARY protocol",
+        ),
+        (
+            "-Y /a -U 5",
+            EX_USAGE,
+            "Cannot use UDP with ascii authentication enabled",
+        ),
         ("-p 70000", EX_USAGE, "-p 70000: not a port"),
         ("-U x", EX_USAGE, "-U x: not a port"),
         ("-b 0", EX_USAGE, "-b 0: the listen backlog is 1 or more"),
         ("-l [::1", 1, "Invalid IPV6 address: \"[::1\""),
         ("-l 127.0.0.1:x", 1, "Invalid port number: \"x\""),
-        ("-s /tmp/m.sock", EX_USAGE, "-s: not supported by corelocal memcached"),
-        ("--unix-socket=/tmp/m", EX_USAGE, "--unix-socket: not supported"),
-        ("-S", EX_USAGE, "-S: not supported by corelocal memcached: This server is not built with SASL"),
-        ("-Z", EX_USAGE, "-Z: not supported by corelocal memcached: This server is not built with TLS"),
-        ("-o ext_path=/mnt/x:1G", EX_USAGE, "-o ext_path: not supported"),
+        (
+            "-s /tmp/m.sock",
+            EX_USAGE,
+            "-s: not supported by corelocal memcached",
+        ),
+        (
+            "--unix-socket=/tmp/m",
+            EX_USAGE,
+            "--unix-socket: not supported",
+        ),
+        (
+            "-S",
+            EX_USAGE,
+            "-S: not supported by corelocal memcached: This server is not built with SASL",
+        ),
+        (
+            "-Z",
+            EX_USAGE,
+            "-Z: not supported by corelocal memcached: This server is not built with TLS",
+        ),
+        (
+            "-o ext_path=/mnt/x:1G",
+            EX_USAGE,
+            "-o ext_path: not supported",
+        ),
         ("-o ssl_key=/k", EX_USAGE, "-o ssl_key: not supported"),
-        ("-o proxy_config=/c", EX_USAGE, "-o proxy_config: not supported"),
-        ("-o meta_response_old", EX_USAGE, "-o meta_response_old: not supported"),
+        (
+            "-o proxy_config=/c",
+            EX_USAGE,
+            "-o proxy_config: not supported",
+        ),
+        (
+            "-o meta_response_old",
+            EX_USAGE,
+            "-o meta_response_old: not supported",
+        ),
         ("-o fooble", 1, "Illegal suboption \"fooble\""),
-        ("-o hashpower=4", 1, "Initial hashtable multiplier of 4 is too low"),
+        (
+            "-o hashpower=4",
+            1,
+            "Initial hashtable multiplier of 4 is too low",
+        ),
         ("-o hashpower", 1, "Missing numeric argument for hashpower"),
-        ("-o idle_timeout=x", 1, "Invalid numeric argument for idle_timeout"),
+        (
+            "-o idle_timeout=x",
+            1,
+            "Invalid numeric argument for idle_timeout",
+        ),
         ("-o hash_algorithm=md5", 1, "Unknown hash_algorithm option"),
-        ("-o watcher_logbuf_size=0", EX_USAGE, "-o watcher_logbuf_size=0: 1 to 65536"),
+        (
+            "-o watcher_logbuf_size=0",
+            EX_USAGE,
+            "-o watcher_logbuf_size=0: 1 to 65536",
+        ),
         ("-D", 1, "option requires an argument -- 'D'"),
     ];
     for (line, code, message) in table {
@@ -248,7 +359,13 @@ fn help_version_and_license_print() {
     assert_eq!(print("-p 1 -h -z"), help);
     assert_eq!(print("-vh"), help);
     // memcached's test suite tests the features its help names: none refused here may be.
-    for word in ["unix-socket", "sasl", "ext_path", "enable-ssl", "proxy_config"] {
+    for word in [
+        "unix-socket",
+        "sasl",
+        "ext_path",
+        "enable-ssl",
+        "proxy_config",
+    ] {
         assert!(!help.to_lowercase().contains(word), "-h names {word}");
     }
 }
@@ -260,7 +377,9 @@ fn the_debug_build_has_debugtime() {
         debug_build: true,
         ..Env::default()
     };
-    assert!(plan_in("-p 1", &debug).args.contains(&"--debug-time".into()));
+    assert!(plan_in("-p 1", &debug)
+        .args
+        .contains(&"--debug-time".into()));
     assert!(!plan("-p 1").args.contains(&"--debug-time".into()));
     let env = Env {
         port_file: Some("/tmp/ports".into()),
