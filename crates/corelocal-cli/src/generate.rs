@@ -48,10 +48,13 @@ pub fn run(cmd: Command) -> ExitCode {
 fn man(dir: &Path) -> std::io::Result<usize> {
     std::fs::create_dir_all(dir)?;
     // memcached's options are read by memcached's reader, not clap: the page lists them as
-    // `corelocal memcached -h` does.
-    let cmd = crate::Cli::command().mut_subcommand("memcached", |c| {
-        c.after_long_help(crate::memcached::usage())
-    });
+    // `corelocal memcached -h` does, line for line (a line that starts with a space is not
+    // filled into the one before it by roff).
+    let usage: String = crate::memcached::usage()
+        .lines()
+        .map(|line| format!(" {line}\n"))
+        .collect();
+    let cmd = crate::Cli::command().mut_subcommand("memcached", |c| c.after_long_help(usage));
     clap_mangen::generate_to(cmd, dir)?;
     count_files(dir)
 }
