@@ -37,7 +37,9 @@ rm -rf "$generated"
 "$out/corelocal" generate man "$generated/man"
 "$out/corelocal" generate completions "$generated/completions"
 rm -rf target/debian
-deb=$(cargo deb --no-build --profile "$profile" -p corelocal-cli | tail -n1)
+fast=()
+[[ $profile == dev ]] && fast=(--fast) # a debug binary is large: quicker compression
+deb=$(cargo deb --no-build --profile "$profile" "${fast[@]}" -p corelocal-cli | tail -n1)
 [[ -f $deb ]] || die "cargo deb gave no package (got: $deb)"
 say "built $deb"
 dpkg-deb --info "$deb" | sed -n 's/^ \(Package\|Version\|Depends\):/  \1:/p' >&2
