@@ -182,3 +182,45 @@ fn a_memcached_conf_serves_a_set_and_a_get() {
     assert!(status.success(), "{status}");
     assert_eq!(stdout, "");
 }
+
+/// `-d` with `-- --log-file -`, as the units run it: the command exits once the server
+/// serves, the pid file names the server, and what the server says after that (its stop)
+/// still reaches the command's standard error (a unit's journal).
+#[test]
+fn a_daemon_logs_to_the_commands_stderr_with_log_file_dash() {
+    let dir = Scratch::new("memcached-daemon");
+    let (pid_file, ports, log) = (dir.0.join("pid"), dir.0.join("ports"), dir.0.join("log"));
+    let status = Command::new(BIN)
+        .args([
+            "memcached",
+            "-d",
+            "-l",
+            "127.0.0.1",
+            "-p",
+            "-1",
+            "-U",
+            "0",
+            "-P",
+        ])
+        .arg(&pid_file)
+        .args(["--", "--log-file", "-"])
+        .env("MEMCACHED_PORT_FILENAME", &ports)
+        .stderr(std::fs::File::create(&log).expect("log"))
+        .status()
+        .expect("run");
+    assert!(status.success(), "{status}");
+    let pid = std::fs::read_to_string(&pid_file).expect("pid file");
+    let pid = pid.trim().to_string();
+    Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while pid_file.exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(!pid_file.exists(), "the server did not stop");
+    let said = std::fs::read_to_string(&log).expect("log");
+    assert!(said.contains("listening on"), "{said}");
+    assert!(said.contains("signal 15"), "{said}");
+}
