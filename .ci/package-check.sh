@@ -127,4 +127,6 @@ done <<<"$files"
 ((${#left[@]} == 0)) || die "left behind after dpkg -r: ${left[*]}"
 [[ -d /usr/share/doc/corelocal ]] && die "left behind after dpkg -r: /usr/share/doc/corelocal"
 say "dpkg -r corelocal: none of its $(grep -c . <<<"$files") paths left"
+# Its maintainer scripts keep a removed package known to dpkg ("rc") until purged.
+dpkg --purge corelocal >/dev/null || die "dpkg --purge corelocal"
 say "OK"
