@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # memcached's own text-protocol tests (the Perl suite in t/ of memcached 1.6.18, the version
-# Debian bookworm ships) run unmodified against `corelocal serve kv`, through the
-# .ci/memcached-debug shim that maps memcached's flags onto ours.
+# Debian bookworm ships) run unmodified against `corelocal memcached`, which reads memcached's
+# command line natively and serves it with `serve kv`: the harness's ./memcached-debug is a
+# one-line wrapper that runs the binary under that name (memcached's debug build: `debugtime`
+# on), with --backend after `--`.
 #
 # Usage:
 #   .ci/memcached-suite.sh [--backend auto|epoll|uring] [--bin PATH] [--reference] [TEST...]
@@ -32,7 +34,7 @@ tests_default=(00-startup ascii-auth bogus-commands cas chunked-items daemonize 
     quit restart shutdown stats stats-conns stats-detail strtol-testing touch watcher
     watcher_connid)
 # Files that need memcached's debug build (`debugtime`), which Debian does not ship: run
-# against serve kv only (the shim turns the command on).
+# against serve kv only (run as memcached-debug, corelocal turns the command on).
 tests_debug_only=(expirations)
 
 backend=auto
@@ -121,8 +123,8 @@ fetch_source() {
 [[ -f $src/t/lib/MemcachedTest.pm ]] || fetch_source
 
 # --- the "build directory": t/, ./memcached-debug and ./timedrun ---------------------------
-# Removed first: after a run against our server it is a link to .ci/memcached-debug, which
-# writing through it would overwrite.
+# Removed first: whatever an earlier run left there (once a link, which writing through
+# would have overwritten its target).
 rm -f "$src/memcached-debug"
 if ((reference)); then
     real=$(command -v memcached || true)
@@ -154,15 +156,19 @@ else
     fi
     bin=$(cd "$(dirname "$bin")" && pwd)/$(basename "$bin")
     [[ -x $bin ]] || die "no corelocal binary at $bin"
-    ln -sf "$repo/.ci/memcached-debug" "$src/memcached-debug"
-    label="corelocal serve kv --backend $backend ($bin)"
+    # The binary under memcached's debug build's name; the server's messages (stderr; it
+    # writes nothing on stdout, the test's TAP stream) to the server log.
+    # shellcheck disable=SC2016
+    printf '#!/bin/bash\nexec -a memcached-debug "%s" "$@" -- $CORELOCAL_KV_ARGS 2>>"$MEMCACHED_SHIM_LOG"\n' \
+        "$bin" >"$src/memcached-debug"
+    chmod +x "$src/memcached-debug"
+    label="corelocal memcached -- --backend $backend ($bin)"
 fi
 # memcached's timedrun runs the server under a time limit; ours keeps the server's pid (the
 # harness signals it) and the whole run has a limit instead.
 printf '#!/bin/sh\nshift\nexec "$@"\n' >"$src/timedrun"
 chmod +x "$src/timedrun"
 
-export CORELOCAL_BIN=${bin:-}
 export CORELOCAL_KV_ARGS="--backend $backend"
 log=$work/server.log
 : >"$log"

@@ -6,6 +6,8 @@ use std::process::ExitCode;
 mod check;
 mod duration;
 mod files;
+mod generate;
+mod memcached;
 mod metrics;
 mod serve;
 mod sim;
@@ -40,9 +42,19 @@ enum Command {
     Sim(sim::Command),
     /// CPU-local accept for process-per-core servers we did not write (nginx reuseport).
     Steer(corelocal_steer::Command),
+    /// memcached 1.6's command line, served by `serve kv` (`corelocal memcached -h`); also
+    /// the binary's command when run as `memcached` or `memcached-debug`.
+    Memcached(memcached::Command),
+    /// Man pages and shell completions from these definitions (for packaging).
+    #[command(hide = true)]
+    Generate(generate::Command),
 }
 
 fn main() -> ExitCode {
+    // memcached's command line is read as memcached reads it, not by clap.
+    if let Some(code) = memcached::dispatch() {
+        return code;
+    }
     let cli = Cli::parse();
     match cli.command {
         Command::Serve(cmd) => serve::run(cmd),
@@ -53,5 +65,7 @@ fn main() -> ExitCode {
         Command::Files(cmd) => files::run(cmd),
         Command::Sim(cmd) => sim::run(cmd),
         Command::Steer(cmd) => corelocal_steer::run(cmd),
+        Command::Memcached(cmd) => memcached::run(cmd.args, false),
+        Command::Generate(cmd) => generate::run(cmd),
     }
 }

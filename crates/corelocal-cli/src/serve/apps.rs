@@ -336,24 +336,16 @@ fn check_http(args: &HttpArgs, access_log: &AccessLog) -> Result<(), String> {
 /// (`-o idle_timeout`), and cache clients keep pooled connections idle for long.
 const KV_IDLE_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30 * 24 * 3600);
 
-/// Whether `--idle-timeout` was on the command line (clap's default cannot be told apart
-/// from an explicit 60s here).
-fn idle_timeout_given() -> bool {
-    std::env::args_os().any(|a| {
-        a.to_str()
-            .is_some_and(|a| a == "--idle-timeout" || a.starts_with("--idle-timeout="))
-    })
-}
-
 /// The kv service's configuration from its arguments (and what it reports of the common
 /// ones, as memcached's `stats settings`).
 fn kv_config(args: &mut KvArgs, get_line_bytes_max: usize) -> Result<KvConfig, String> {
     let common = &mut args.common;
-    let idle_timeout_secs = if idle_timeout_given() {
-        common.idle_timeout.as_secs().max(1)
-    } else {
-        common.idle_timeout = KV_IDLE_TIMEOUT_DEFAULT;
-        0
+    let idle_timeout_secs = match common.idle_timeout {
+        Some(given) => given.as_secs().max(1),
+        None => {
+            common.idle_timeout = Some(KV_IDLE_TIMEOUT_DEFAULT);
+            0
+        }
     };
     let threads = common
         .cpus

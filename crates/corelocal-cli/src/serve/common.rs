@@ -80,9 +80,12 @@ pub struct CommonArgs {
     /// `SERVER_ERROR out of memory reading request` first, as memcached).
     #[arg(long, value_parser = parse_bytes)]
     pub(super) input_limit: Option<u64>,
-    /// Close connections idle this long (e.g. 60s, 500ms).
-    #[arg(long, default_value = "60s", value_parser = parse_duration)]
-    pub(super) idle_timeout: Duration,
+    /// Close connections idle this long (e.g. 60s, 500ms) [default: 60s; kv: never, as
+    /// memcached without -o idle_timeout].
+    // No clap default: kv tells a given value from none (its `stats settings` reports 0 for
+    // none, as memcached), however the command line was built (`corelocal memcached`).
+    #[arg(long, value_parser = parse_duration)]
+    pub(super) idle_timeout: Option<Duration>,
     /// Lingering close (nginx's lingering_time): when a connection closes while its client may
     /// still be sending (an error answered before the request was read to its end, an unread
     /// body, requests pipelined after `Connection: close`), the answer goes out, the sending
@@ -146,7 +149,8 @@ pub struct CommonArgs {
     #[arg(long)]
     pub(super) daemon: bool,
     /// With --daemon: once the server serves, append its messages (stderr) and stats lines
-    /// (stdout) to this file instead of discarding them.
+    /// (stdout) to this file instead of discarding them; `-`: to the command's standard error
+    /// (a systemd unit's journal with `Type=forking`).
     #[arg(long, value_name = "PATH", requires = "daemon")]
     pub(super) log_file: Option<PathBuf>,
 }

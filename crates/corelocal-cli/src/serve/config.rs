@@ -10,6 +10,9 @@ use corelocal::runtime::{BackendKind, ServerConfig, ServerError};
 /// --input-limit of every server but kv (see `KV_INPUT_LIMIT_DEFAULT`).
 const INPUT_LIMIT_DEFAULT: u64 = 64 << 10;
 
+/// --idle-timeout of every server but kv (see `KV_IDLE_TIMEOUT_DEFAULT`).
+const IDLE_TIMEOUT_DEFAULT: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Checks the shared options before anything starts; each error names the flag and value.
 fn check_common(common: &CommonArgs) -> Result<(), String> {
     if let Some(cpus) = &common.cpus {
@@ -22,7 +25,9 @@ fn check_common(common: &CommonArgs) -> Result<(), String> {
             ));
         }
     }
-    check::positive("--idle-timeout", common.idle_timeout, "60s")?;
+    if let Some(idle) = common.idle_timeout {
+        check::positive("--idle-timeout", idle, "60s")?;
+    }
     check::positive("--linger-timeout", common.linger_timeout, "5s")?;
     check::positive("--migrate-interval", common.migrate_interval, "100ms")?;
     check::positive("--takeover-timeout", common.takeover_timeout, "10s")?;
@@ -143,7 +148,7 @@ pub(super) fn server_config(common: &CommonArgs) -> Result<ServerConfig, String>
     config.gated = common.takeover.is_some();
     // `--takeover PID` joins the running server's group (the socket form adopts its sockets).
     config.listen.join_existing = matches!(common.takeover, Some(Takeover::Pid(_)));
-    config.limits.idle_timeout = common.idle_timeout;
+    config.limits.idle_timeout = common.idle_timeout.unwrap_or(IDLE_TIMEOUT_DEFAULT);
     config.limits.drain_timeout = common.drain_timeout;
     config.limits.linger_time = common.linger_time;
     config.limits.linger_timeout = common.linger_timeout;

@@ -25,6 +25,9 @@ use std::process::ExitCode;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+/// `--log-file -`: the daemon's messages go where the command's standard error went.
+const LOG_TO_STDERR: &str = "-";
+
 /// How long the launcher waits for the server to serve.
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -55,6 +58,14 @@ pub(super) fn detach(app: &mut App) -> Result<Detached, String> {
     let common = app.common();
     // Opened before the fork: a log file that cannot be opened stops the launcher itself.
     let output: OwnedFd = match &common.log_file {
+        // The command's own standard error, kept (a systemd unit's journal).
+        Some(path) if path.as_os_str() == LOG_TO_STDERR => {
+            use std::os::fd::AsFd;
+            io::stderr()
+                .as_fd()
+                .try_clone_to_owned()
+                .map_err(|e| format!("--log-file -: standard error: {e}"))?
+        }
         Some(path) => std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -251,7 +262,7 @@ fn absolute_paths(app: &mut App) -> Result<(), String> {
         ("--pid-file", &mut common.pid_file),
         ("--log-file", &mut common.log_file),
     ] {
-        if let Some(p) = path {
+        if let Some(p) = path.as_mut().filter(|p| p.as_os_str() != LOG_TO_STDERR) {
             paths.push((flag, p));
         }
     }
