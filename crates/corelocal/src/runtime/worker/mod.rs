@@ -324,6 +324,9 @@ impl<S: Service, B: Backend> Worker<S, B> {
         deadline.map(|d| d.saturating_duration_since(now))
     }
 
+    // Inlined into the loop: called from `handle_queued` too, it was no longer, which cost
+    // ~160 instructions per one-get connection (callgrind guard, uring/kv +2.7%).
+    #[inline(always)]
     fn handle(&mut self, completion: Completion, now: Instant) {
         match completion {
             Completion::Accepted {
