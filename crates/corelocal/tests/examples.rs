@@ -205,19 +205,8 @@ fn run_until_signal_returns_a_failed_start() {
     assert!(inner.is_some(), "{e:?}");
 }
 
-/// Every test above, on each backend.
-macro_rules! on_every_backend {
-    ($($name:ident),* $(,)?) => {
-        mod epoll {
-            $(#[test] fn $name() { super::$name(corelocal::runtime::BackendKind::Epoll) })*
-        }
-        mod uring {
-            $(#[test] fn $name() { super::$name(corelocal::runtime::BackendKind::Uring) })*
-        }
-    };
-}
-
-on_every_backend!(
+/// Every behaviour above, on each backend.
+corelocal::on_every_backend!(
     echo_sends_back_what_it_receives,
     kv_answers_pipelined_requests,
     kv_answers_a_line_too_long_then_closes,

@@ -160,18 +160,8 @@ fn output_past_the_limit_arrives_whole(backend: BackendKind) {
     stop(server);
 }
 
-macro_rules! on_every_backend {
-    ($($name:ident),* $(,)?) => {
-        mod epoll {
-            $(#[test] fn $name() { super::$name(corelocal::runtime::BackendKind::Epoll) })*
-        }
-        mod uring {
-            $(#[test] fn $name() { super::$name(corelocal::runtime::BackendKind::Uring) })*
-        }
-    };
-}
-
-on_every_backend!(
+/// Every behaviour above, on each backend.
+corelocal::on_every_backend!(
     a_notify_from_another_thread_writes,
     a_stale_notifier_never_reaches_the_slots_next_connection,
     output_past_the_limit_arrives_whole,

@@ -561,18 +561,7 @@ fn a_worker_that_ends_on_its_own_is_reported(backend: BackendKind) {
 }
 
 /// Every behaviour above, on each backend.
-macro_rules! on_every_backend {
-    ($($name:ident),* $(,)?) => {
-        mod epoll {
-            $(#[test] fn $name() { super::$name(corelocal::runtime::BackendKind::Epoll) })*
-        }
-        mod uring {
-            $(#[test] fn $name() { super::$name(corelocal::runtime::BackendKind::Uring) })*
-        }
-    };
-}
-
-on_every_backend!(
+corelocal::on_every_backend!(
     starved_receives_recover,
     file_regions_are_sent_in_order_with_the_bytes_around_them,
     serves_keep_alive_requests_on_many_connections,
