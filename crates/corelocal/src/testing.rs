@@ -165,6 +165,20 @@ impl IoWqHold {
     }
 }
 
+/// Runs each named test function `fn name(backend: BackendKind)` on each backend, as the
+/// tests `epoll::name` and `uring::name` (for the integration tests of both backends).
+#[macro_export]
+macro_rules! on_every_backend {
+    ($($name:ident),* $(,)?) => {
+        mod epoll {
+            $(#[test] fn $name() { super::$name($crate::runtime::BackendKind::Epoll) })*
+        }
+        mod uring {
+            $(#[test] fn $name() { super::$name($crate::runtime::BackendKind::Uring) })*
+        }
+    };
+}
+
 #[cfg(test)]
 mod tests {
     use super::ScratchDir;
@@ -185,18 +199,4 @@ mod tests {
         assert!(!path.exists(), "{} survived its drop", path.display());
         assert!(b.is_dir());
     }
-}
-
-/// Runs each named test function `fn name(backend: BackendKind)` on each backend, as the
-/// tests `epoll::name` and `uring::name` (for the integration tests of both backends).
-#[macro_export]
-macro_rules! on_every_backend {
-    ($($name:ident),* $(,)?) => {
-        mod epoll {
-            $(#[test] fn $name() { super::$name($crate::runtime::BackendKind::Epoll) })*
-        }
-        mod uring {
-            $(#[test] fn $name() { super::$name($crate::runtime::BackendKind::Uring) })*
-        }
-    };
 }

@@ -205,7 +205,7 @@ fn run_until_signal_returns_a_failed_start() {
     assert!(inner.is_some(), "{e:?}");
 }
 
-/// Every behaviour above, on each backend.
+// Every behaviour above, on each backend.
 corelocal::on_every_backend!(
     echo_sends_back_what_it_receives,
     kv_answers_pipelined_requests,

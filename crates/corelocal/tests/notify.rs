@@ -160,7 +160,7 @@ fn output_past_the_limit_arrives_whole(backend: BackendKind) {
     stop(server);
 }
 
-/// Every behaviour above, on each backend.
+// Every behaviour above, on each backend.
 corelocal::on_every_backend!(
     a_notify_from_another_thread_writes,
     a_stale_notifier_never_reaches_the_slots_next_connection,

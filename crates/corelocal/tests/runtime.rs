@@ -560,7 +560,7 @@ fn a_worker_that_ends_on_its_own_is_reported(backend: BackendKind) {
     assert!(err.to_string().contains("panicked"), "{err}");
 }
 
-/// Every behaviour above, on each backend.
+// Every behaviour above, on each backend.
 corelocal::on_every_backend!(
     starved_receives_recover,
     file_regions_are_sent_in_order_with_the_bytes_around_them,
