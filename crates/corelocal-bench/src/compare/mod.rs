@@ -20,7 +20,7 @@ mod table;
 #[cfg(test)]
 mod tests;
 
-pub use peers::{lighttpd_conf, nginx_conf, parse_server, sockperf_feed, ServerDef};
+pub use peers::{h2o_conf, lighttpd_conf, nginx_conf, parse_server, sockperf_feed, ServerDef};
 use peers::{preset, which};
 pub use rounds::{bench_args, figures, round, RunFig};
 pub use table::{
@@ -95,7 +95,7 @@ pub struct CompareArgs {
     /// A preset server: floor (shared/tools/floor_server), kv-floor (its memcached-protocol
     /// counterpart, for kv1/kv100), kv-uring-floor (the same with io_uring: multishot accept
     /// into direct descriptors, DEFER_TASKRUN, TCP_DEFER_ACCEPT as `serve` sets it), nginx,
-    /// lighttpd, corelocal-rpc, corelocal-http, memcached, corelocal-kv, sockperf,
+    /// h2o, lighttpd, corelocal-rpc, corelocal-http, memcached, corelocal-kv, sockperf,
     /// corelocal-sockperf (Debian peers are
     /// installed when missing). Repeat; the first is the baseline of the ratios.
     #[arg(long)]

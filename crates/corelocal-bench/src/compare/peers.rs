@@ -186,6 +186,19 @@ pub fn nginx_conf(dir: &Path, port: u16, root: Option<&Path>) -> String {
     )
 }
 
+/// h2o (Debian's 2.2) with one thread, serving `root` as static files (`/hello`: the same 6
+/// bytes nginx's preset returns), keep-alive on, no access log. `user: root`: the benchmark's
+/// work directory is private, and h2o started by root would otherwise become `nobody`.
+pub fn h2o_conf(dir: &Path, port: u16, root: &Path) -> String {
+    format!(
+        "num-threads: 1\nuser: root\nerror-log: {d}/error.log\nmax-connections: 20000\n\
+         listen:\n  host: 127.0.0.1\n  port: {port}\n\
+         hosts:\n  \"default\":\n    paths:\n      /:\n        file.dir: {r}\n",
+        d = dir.display(),
+        r = root.display()
+    )
+}
+
 /// The address list of the sockperf preset: one TCP address. `sockperf server --tcp -i IP -p
 /// PORT` waits in a blocking `recvfrom()` on one connection at a time (its "recvfrom" handler,
 /// taken whenever it has a single address on the command line), so 64 connections are served
@@ -255,6 +268,16 @@ pub(super) fn preset(name: &str, a: &CompareArgs, work: &Path) -> Result<ServerD
                 .map_err(|e| e.to_string())?;
             def("http", format!("{} -p {} -c {}/nginx.conf", nginx.display(), dir.display(), dir.display()))
         }
+        "h2o" => {
+            let bin = which_or_install("h2o", "h2o")?;
+            let dir = work.join("h2o");
+            std::fs::create_dir_all(dir.join("www")).map_err(|e| e.to_string())?;
+            std::fs::write(dir.join("www/hello"), "hello\n").map_err(|e| e.to_string())?;
+            let root = site(a, work)?.unwrap_or_else(|| dir.join("www"));
+            std::fs::write(dir.join("h2o.conf"), h2o_conf(&dir, a.port, &root))
+                .map_err(|e| e.to_string())?;
+            def("http", format!("{} -c {}/h2o.conf", bin.display(), dir.display()))
+        }
         "lighttpd" => {
             let bin = which_or_install("lighttpd", "lighttpd")?;
             let dir = work.join("lighttpd");
@@ -313,6 +336,6 @@ pub(super) fn preset(name: &str, a: &CompareArgs, work: &Path) -> Result<ServerD
             "sockperf",
             format!("{} serve sockperf --listen 127.0.0.1:{{port}} --cpus {{cpu}} --stats-interval 0", cl.display()),
         ),
-        _ => Err(format!("unknown --peer {name:?}: floor, kv-floor, kv-uring-floor, nginx, lighttpd, corelocal-rpc, corelocal-http, memcached, corelocal-kv, sockperf, corelocal-sockperf")),
+        _ => Err(format!("unknown --peer {name:?}: floor, kv-floor, kv-uring-floor, nginx, h2o, lighttpd, corelocal-rpc, corelocal-http, memcached, corelocal-kv, sockperf, corelocal-sockperf")),
     }
 }

@@ -145,6 +145,12 @@ fn servers_args_dates() {
     );
     assert!(nginx_conf(Path::new("/t"), 9, None).contains("listen 127.0.0.1:9 reuseport"));
     assert!(lighttpd_conf(Path::new("/t"), 9, None).contains("server.port = 9"));
+    let h = h2o_conf(Path::new("/t"), 9, Path::new("/t/www"));
+    assert!(
+        h.contains("num-threads: 1") && h.contains("  port: 9\n"),
+        "{h}"
+    );
+    assert!(h.contains("file.dir: /t/www"), "{h}");
 }
 
 fn args(w: CmpWorkload) -> CompareArgs {
