@@ -834,10 +834,13 @@ fn launch<S: Service, B: Backend>(
 ) -> io::Result<()> {
     match backend {
         Ok(backend) => {
-            let _ = ready.send((setup.index, Ok((backend.name(), backend.waker()))));
-            drop(ready);
+            let (index, name, waker) = (setup.index, backend.name(), backend.waker());
             let _exit = setup.outbox.clone().map(ExitNotice);
-            Worker::new(setup, backend).run()
+            // Built before the server reports started: its listeners are as it starts them.
+            let worker = Worker::new(setup, backend);
+            let _ = ready.send((index, Ok((name, waker))));
+            drop(ready);
+            worker.run()
         }
         Err(e) => {
             if let Some(outbox) = &setup.outbox {

@@ -197,7 +197,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
         let defer = setup
             .defer_switch_s
             .map(|_| DeferSwitch::new(false, Instant::now()));
-        Worker {
+        let worker = Worker {
             defer,
             notify,
             notified: Notified::default(),
@@ -214,7 +214,11 @@ impl<S: Service, B: Backend> Worker<S, B> {
             drain_deadline: None,
             sweep_at: None,
             detach_at: None,
+        };
+        if worker.defer.is_some() {
+            worker.set_defer_accept(0); // it starts idle (see `defer`)
         }
+        worker
     }
 
     /// Runs until a graceful stop completes.
@@ -223,9 +227,6 @@ impl<S: Service, B: Backend> Worker<S, B> {
         let now = Instant::now();
         for conn in adopted {
             self.on_adopted(conn, now);
-        }
-        if self.defer.is_some() {
-            self.set_defer_accept(0);
         }
         self.accept.set_accepting(&mut self.backend, 0, true);
         let mut completions = Vec::with_capacity(REAP_BATCH_MAX);
