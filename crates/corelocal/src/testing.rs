@@ -165,6 +165,21 @@ impl IoWqHold {
     }
 }
 
+/// Reads until `want` bytes arrived, the end, or nothing came for the stream's read timeout;
+/// what arrived (for tests that check a server's answers).
+pub fn read_up_to(s: &mut impl std::io::Read, want: usize) -> Vec<u8> {
+    let mut got = vec![0u8; want];
+    let mut len = 0;
+    while len < want {
+        match s.read(&mut got[len..]) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => len += n,
+        }
+    }
+    got.truncate(len);
+    got
+}
+
 /// Runs each named test function `fn name(backend: BackendKind)` on each backend, as the
 /// tests `epoll::name` and `uring::name` (for the integration tests of both backends).
 #[macro_export]

@@ -12,6 +12,7 @@ mod kv;
 use corelocal::cpu::{current_affinity, pin_current_thread, CpuSet};
 use corelocal::runtime::{BackendKind, Server, Service};
 use corelocal::sys::signal;
+use corelocal::testing::read_up_to;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::{mpsc, Arc};
@@ -38,20 +39,6 @@ fn connect(a: SocketAddr) -> TcpStream {
     let s = TcpStream::connect(a).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     s
-}
-
-/// Reads until `want` bytes arrived, the end, or nothing came for the read timeout.
-fn read_up_to(s: &mut TcpStream, want: usize) -> Vec<u8> {
-    let mut got = vec![0u8; want];
-    let mut len = 0;
-    while len < want {
-        match s.read(&mut got[len..]) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => len += n,
-        }
-    }
-    got.truncate(len);
-    got
 }
 
 fn read_to_end(mut s: TcpStream) -> Vec<u8> {

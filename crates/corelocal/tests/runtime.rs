@@ -9,6 +9,7 @@ use corelocal::runtime::{
     Service, Step,
 };
 use corelocal::sys::scm;
+use corelocal::testing::read_up_to;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::os::fd::AsRawFd;
@@ -189,20 +190,6 @@ fn pipelined_requests_are_answered_in_order(backend: BackendKind) {
     s.write_all(b"PING\nPING\nBIG 3\nPING\nQUIT\n").unwrap();
     assert_eq!(read_to_end(s), b"PONG\nPONG\nbbbPONG\n");
     stop(server);
-}
-
-/// Reads until `want` bytes arrived or nothing came for the read timeout; what arrived.
-fn read_up_to(s: &mut TcpStream, want: usize) -> Vec<u8> {
-    let mut got = vec![0u8; want];
-    let mut len = 0;
-    while len < want {
-        match s.read(&mut got[len..]) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => len += n,
-        }
-    }
-    got.truncate(len);
-    got
 }
 
 /// A handler that answers one request per `on_input` call (`LineConn`) gets every request of

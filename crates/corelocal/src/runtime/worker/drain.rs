@@ -54,6 +54,8 @@ impl<S: Service, B: Backend> Worker<S, B> {
     fn begin_drain(&mut self, now: Instant) {
         let timeout = self.setup.limits.drain_timeout;
         self.drain_deadline = Some(now + timeout);
+        // Stopping: the worker switches deferring no more.
+        let deferring = self.defer.take().is_some_and(|d| d.is_on());
         if self.setup.released.load(Ordering::Acquire) {
             // The listeners belong to a successor now, which accepts from the same queues:
             // stop accepting at once and leave what is queued to it (nothing needs to migrate).
@@ -61,12 +63,11 @@ impl<S: Service, B: Backend> Worker<S, B> {
         } else {
             // The stop turned deferring off on every listener (`ListenerGroup::begin_stop`);
             // a switch made by this worker just before it must not outlive that.
-            if self.defer.take().is_some_and(|d| d.is_on()) {
+            if deferring {
                 self.set_defer_accept(0);
             }
             self.accept.begin_drain(&mut self.backend, self.open, now);
         }
-        self.defer = None;
         if self.moving() {
             return; // Connections move to the successor between requests (`detach_quiet`).
         }
