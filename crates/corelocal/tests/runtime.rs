@@ -547,6 +547,30 @@ fn a_worker_that_ends_on_its_own_is_reported(backend: BackendKind) {
     assert!(err.to_string().contains("panicked"), "{err}");
 }
 
+/// `Server::run_until_signal` does not serve on with a dead worker: a handler's panic stops
+/// the server, and the call returns that worker's error instead of waiting for a signal that
+/// may never come.
+fn run_until_signal_returns_when_a_worker_ends_on_its_own(backend: BackendKind) {
+    let mut config = ServerConfig::new(vec!["127.0.0.1:0".parse().unwrap()], &cpus(), Mode::Local);
+    config.backend = backend;
+    let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+    let client = std::thread::spawn(move || {
+        let mut c = connect(addr_rx.recv().unwrap());
+        c.write_all(b"PANIC\n").unwrap();
+        read_to_end(c)
+    });
+    let result = Server::run_until_signal(config, Arc::new(Lines::default()), |server| {
+        addr_tx.send(addr(server)).unwrap();
+    });
+    let err = result.expect_err("a worker panicked: the call must fail, not serve on");
+    assert!(err.to_string().contains("panicked"), "{err}");
+    assert_eq!(
+        client.join().unwrap(),
+        b"",
+        "the panicking connection got no answer"
+    );
+}
+
 // Every behaviour above, on each backend.
 corelocal::on_every_backend!(
     starved_receives_recover,
@@ -564,7 +588,8 @@ corelocal::on_every_backend!(
     local_mode_workers_accept_their_own_cpus_connections,
     stock_mode_serves_from_one_shared_socket,
     a_released_server_leaves_the_shared_queue_to_its_successor,
-    a_worker_that_ends_on_its_own_is_reported
+    a_worker_that_ends_on_its_own_is_reported,
+    run_until_signal_returns_when_a_worker_ends_on_its_own
 );
 
 /// A worker CPU that is not online stops `Server::start` before any worker starts, with an

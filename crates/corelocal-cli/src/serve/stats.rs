@@ -1,27 +1,25 @@
-//! Stats while serving and at the stop: the wait for a signal or a handover, which samples the
-//! listen-path counters and prints per-worker lines (text or JSON, also to `--stats-file`),
-//! and the stop summary.
+//! Stats while serving and at the stop: the wait for a signal or a handover (the library's
+//! [`Server::wait_for_stop`], which also samples the listen-path counters) with per-worker
+//! lines printed between (text or JSON, also to `--stats-file`), and the stop summary.
 
 use super::common::CommonArgs;
 use super::fail;
-use corelocal::runtime::{Server, Snapshot, UpgradeServer};
+use corelocal::runtime::{Server, Snapshot, StopReason, UpgradeServer};
 use corelocal::sys::signal;
 use std::io::Write;
+use std::ops::ControlFlow;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 /// How often the main thread looks whether a successor took the sockets over.
 const HANDOVER_POLL: Duration = Duration::from_millis(50);
 
-/// How often the listen-path counters are sampled when stats printing is off.
-const NET_SAMPLE_DEFAULT: Duration = Duration::from_secs(1);
-
-/// Samples the namespace's listen-path counters and prints stats every `--stats-interval`
-/// (sampling every second when printing is off) until SIGINT/SIGTERM (returned) or a handover over
-/// the upgrade socket (`None`); the handover flag is looked at every [`HANDOVER_POLL`]. A worker
-/// that ended on its own (a panic or an error in its loop) also returns `None`, said on stderr:
-/// the server then stops and exits 1, for its supervisor to start it again, rather than serve on
-/// with one CPU's connections queued where nothing accepts them.
+/// Prints stats every `--stats-interval` (when not zero) while [`Server::wait_for_stop`] waits
+/// for SIGINT/SIGTERM (returned) or a handover over the upgrade socket (`None`), looked at every
+/// [`HANDOVER_POLL`]. A worker that ended on its own (a panic or an error in its loop) also
+/// returns `None`, said on stderr: the server then stops and exits 1, for its supervisor to
+/// start it again, rather than serve on with one CPU's connections queued where nothing
+/// accepts them.
 pub(super) fn wait_for_stop(
     common: &CommonArgs,
     server: &Server,
@@ -30,43 +28,35 @@ pub(super) fn wait_for_stop(
 ) -> Option<signal::Termination> {
     let started = Instant::now();
     let mut last = server.stats();
-    let printing = !common.stats_interval.is_zero();
-    let tick = if printing {
-        common.stats_interval
-    } else {
-        NET_SAMPLE_DEFAULT
-    };
+    let tick = common.stats_interval;
     let mut next_tick = started + tick;
-    loop {
-        let now = Instant::now();
-        let wait = next_tick.saturating_duration_since(now).min(HANDOVER_POLL);
-        if let Some(stop) = signal::wait_termination_from(wait) {
-            return Some(stop);
-        }
+    let reason = server.wait_for_stop(HANDOVER_POLL, |server| {
         if upgrade.is_some_and(|u| u.handed_over()) {
-            return None;
+            return ControlFlow::Break(());
         }
-        if let Some(worker) = server.exited_worker() {
-            corelocal::log_line!(
-                "corelocal serve: worker {worker} ended on its own (see above); stopping the \
-                 server (exit status 1) so that its CPU's connections are not left unaccepted"
-            );
-            return None;
-        }
-        if Instant::now() < next_tick {
-            continue;
+        if tick.is_zero() || Instant::now() < next_tick {
+            return ControlFlow::Continue(());
         }
         next_tick = (next_tick + tick).max(Instant::now());
         server.sample_net();
-        if !printing {
-            continue;
-        }
         let now = server.stats();
         if let Some(f) = stats_file.as_mut() {
             let _ = writeln!(f, "{}", now.to_json());
         }
         print_stats(&now, &last, started.elapsed(), tick, common.json);
         last = now;
+        ControlFlow::Continue(())
+    });
+    match reason {
+        StopReason::Signal(stop) => Some(stop),
+        StopReason::Asked => None,
+        StopReason::WorkerEnded(worker) => {
+            corelocal::log_line!(
+                "corelocal serve: worker {worker} ended on its own (see above); stopping the \
+                 server (exit status 1) so that its CPU's connections are not left unaccepted"
+            );
+            None
+        }
     }
 }
 

@@ -10,7 +10,8 @@
 //!   the crate, re-exported here: `sys` implements it without importing the runtime).
 //! - [`worker`]: the loop that drives a handler over a backend.
 //! - [`server`]: binding, starting, stats, graceful stop; [`Server::run_until_signal`] runs
-//!   a server until SIGINT or SIGTERM.
+//!   a server until SIGINT or SIGTERM; [`Server::wait_for_stop`] is its wait, for callers
+//!   with checks of their own between.
 //! - [`stats`]: per-worker counters on their own cache lines.
 //! - [`upgrade`]: binary upgrades: the upgrade socket that hands the listening sockets to a
 //!   successor process, and the move of connections and state that follows both forms.
@@ -44,6 +45,7 @@ pub use server::{
     DEFER_ACCEPT_S_RECOMMENDED,
 };
 pub use stats::{Batching, ErrorKind, Snapshot, WorkerSnapshot, WorkerStats};
+pub use until_signal::{StopReason, Termination};
 pub use upgrade::{
     close_moving, receive_moving, resume, send_moving, Handover, MoveFailure, MoveReport,
     UpgradeServer,
