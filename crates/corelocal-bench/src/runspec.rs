@@ -6,7 +6,9 @@
 use crate::engine::Unit;
 use crate::options::Common;
 use crate::stats::Stats;
-use crate::workload::{CloseBy, FixedScript, HttpSession, KvScript, Reply, Script, SockperfScript};
+use crate::workload::{
+    CloseBy, FixedScript, HttpSession, KvDialect, KvScript, Reply, Script, SockperfScript,
+};
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::sync::Arc;
 
@@ -65,8 +67,8 @@ pub enum ScriptKind {
         prefix: String,
         /// Transactions per connection.
         txns: u64,
-        /// The meta protocol (`mg`/`ms`).
-        meta: bool,
+        /// The request language.
+        dialect: KvDialect,
     },
 }
 
@@ -198,11 +200,13 @@ impl RunSpec {
                 value_size,
                 prefix,
                 txns,
-                meta,
+                dialect,
             } => {
                 let prefix: Arc<str> = prefix.as_str().into();
-                let (k, g, v, t, m) = (*keys, *get_ratio, *value_size, *txns, *meta);
-                Box::new(move || Box::new(KvScript::new(k, g, v, prefix.clone(), t).with_meta(m)))
+                let (k, g, v, t, d) = (*keys, *get_ratio, *value_size, *txns, *dialect);
+                Box::new(move || {
+                    Box::new(KvScript::new(k, g, v, prefix.clone(), t).with_dialect(d))
+                })
             }
         }
     }

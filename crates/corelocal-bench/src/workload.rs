@@ -319,8 +319,20 @@ pub struct KvScript {
     value_size: usize,
     prefix: Arc<str>,
     per_conn: PerConn,
-    /// The meta protocol (`mg`/`ms`) instead of `get`/`set`.
-    meta: bool,
+    dialect: KvDialect,
+}
+
+/// Which request language a kv client speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KvDialect {
+    /// memcached's text protocol: `get`/`set`.
+    #[default]
+    Text,
+    /// memcached's meta protocol: `mg <key> v`/`ms <key> <len>`.
+    Meta,
+    /// The line protocol of corelocal's `kv` example (`crates/corelocal/examples/kv.rs`):
+    /// `GET key` / `SET key value`, one answer line each.
+    Line,
 }
 
 impl KvScript {
@@ -332,13 +344,13 @@ impl KvScript {
             value_size,
             prefix,
             per_conn: PerConn::new(txns, CloseBy::Client),
-            meta: false,
+            dialect: KvDialect::Text,
         }
     }
 
-    /// Speaks the meta protocol: `mg <key> v` and `ms <key> <len>`.
-    pub fn with_meta(mut self, meta: bool) -> Self {
-        self.meta = meta;
+    /// Speaks `dialect` instead of memcached's text protocol.
+    pub fn with_dialect(mut self, dialect: KvDialect) -> Self {
+        self.dialect = dialect;
         self
     }
 }
@@ -350,11 +362,16 @@ impl Script for KvScript {
         }
         let key = format!("{}{}", self.prefix, io.rng.below(self.keys));
         let get = io.rng.unit() < self.get_ratio;
-        let (request, expect) = match (get, self.meta) {
-            (true, false) => (proto::kv_get(&key), KvExpect::Get),
-            (false, false) => (proto::kv_set(&key, self.value_size), KvExpect::Store),
-            (true, true) => (proto::kv_mg(&key), KvExpect::MetaGet),
-            (false, true) => (proto::kv_ms(&key, self.value_size), KvExpect::MetaStore),
+        let (request, expect) = match (get, self.dialect) {
+            (true, KvDialect::Text) => (proto::kv_get(&key), KvExpect::Get),
+            (false, KvDialect::Text) => (proto::kv_set(&key, self.value_size), KvExpect::Store),
+            (true, KvDialect::Meta) => (proto::kv_mg(&key), KvExpect::MetaGet),
+            (false, KvDialect::Meta) => (proto::kv_ms(&key, self.value_size), KvExpect::MetaStore),
+            (true, KvDialect::Line) => (proto::kv_line_get(&key), KvExpect::LineGet),
+            (false, KvDialect::Line) => (
+                proto::kv_line_set(&key, self.value_size),
+                KvExpect::LineStore,
+            ),
         };
         io.out.extend_from_slice(&request);
         io.expect.push_back(Parser::Kv(KvParser::new(expect)));

@@ -3,7 +3,7 @@
 
 use super::{load_urls, resolve, Command, Common, CrrProto, Dur, RpcProto, SrcSpec, Workload};
 use crate::runner::{self, RunSpec, ScriptKind};
-use crate::workload::CloseBy;
+use crate::workload::{CloseBy, KvDialect};
 use std::path::Path;
 use std::process::ExitCode;
 
@@ -322,7 +322,11 @@ pub fn to_spec(w: Workload) -> Result<RunSpec, String> {
                     value_size: a.value_size,
                     prefix: a.key_prefix.clone(),
                     txns: a.txns_per_conn,
-                    meta: a.meta,
+                    dialect: match (a.meta, a.line) {
+                        (true, _) => KvDialect::Meta,
+                        (_, true) => KvDialect::Line,
+                        _ => KvDialect::Text,
+                    },
                 },
                 false,
                 serde_json::to_value(&a).map_err(|e| e.to_string())?,

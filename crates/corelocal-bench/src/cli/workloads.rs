@@ -124,6 +124,10 @@ pub struct KvArgs {
     #[arg(long, default_value = "0")]
     pub txns_per_conn: u64,
     /// Speak the meta protocol: `mg <key> v` for gets, `ms <key> <len>` for sets.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "line")]
     pub meta: bool,
+    /// Speak the line protocol of corelocal's `kv` example (`GET key`, `SET key value`, one
+    /// answer line each) instead of memcached's.
+    #[arg(long)]
+    pub line: bool,
 }

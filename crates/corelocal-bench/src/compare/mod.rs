@@ -95,9 +95,10 @@ pub struct CompareArgs {
     /// A preset server: floor (shared/tools/floor_server), kv-floor (its memcached-protocol
     /// counterpart, for kv1/kv100), kv-uring-floor (the same with io_uring: multishot accept
     /// into direct descriptors, DEFER_TASKRUN, TCP_DEFER_ACCEPT as `serve` sets it), nginx,
-    /// h2o, lighttpd, corelocal-rpc, corelocal-http, memcached, corelocal-kv, sockperf,
-    /// corelocal-sockperf (Debian peers are
-    /// installed when missing). Repeat; the first is the baseline of the ratios.
+    /// h2o, lighttpd, corelocal-rpc, corelocal-http, memcached, corelocal-kv,
+    /// corelocal-kv-example (the library's `kv` example, built beside the binary with `cargo
+    /// build --release -p corelocal --example kv`; kv workloads in its line protocol), sockperf,
+    /// corelocal-sockperf (Debian peers are installed when missing). Repeat; the first is the baseline of the ratios.
     #[arg(long)]
     pub peer: Vec<String>,
     /// A custom server: NAME=PROTO:COMMAND with PROTO http|rpc|kv|sockperf and {port} {cpu} in COMMAND,

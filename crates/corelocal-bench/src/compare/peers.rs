@@ -11,7 +11,7 @@ use std::process::Command as Proc;
 pub struct ServerDef {
     /// Name in the tables.
     pub name: String,
-    /// Protocol it speaks: http, rpc, kv, sockperf.
+    /// Protocol it speaks: http, rpc, kv, kv-line (the `kv` example's), sockperf.
     pub proto: String,
     /// Command with {port} and {cpu}.
     pub cmd: String,
@@ -25,9 +25,9 @@ pub fn parse_server(s: &str) -> Result<ServerDef, String> {
     let (proto, cmd) = rest
         .split_once(':')
         .ok_or_else(|| format!("--server {s:?}: expected NAME=PROTO:COMMAND"))?;
-    if !matches!(proto, "http" | "rpc" | "kv" | "sockperf") {
+    if !matches!(proto, "http" | "rpc" | "kv" | "kv-line" | "sockperf") {
         return Err(format!(
-            "--server {s:?}: PROTO must be http, rpc, kv or sockperf"
+            "--server {s:?}: PROTO must be http, rpc, kv, kv-line or sockperf"
         ));
     }
     if name.is_empty()
@@ -321,6 +321,18 @@ pub(super) fn preset(name: &str, a: &CompareArgs, work: &Path) -> Result<ServerD
         "corelocal-kv" => {
             def("kv", format!("{} serve kv --listen 127.0.0.1:{{port}} --cpus {{cpu}} --stats-interval 0", cl.display()))
         }
+        "corelocal-kv-example" => {
+            // The library's own example (crates/corelocal/examples/kv.rs), beside the binary:
+            // pinned by taskset, it starts one worker on that CPU.
+            let b = corelocal_bin(a).with_file_name("examples").join("kv");
+            if !b.is_file() {
+                return Err(format!(
+                    "{} not found: cargo build --release -p corelocal --example kv",
+                    b.display()
+                ));
+            }
+            def("kv-line", format!("{} 127.0.0.1:{{port}}", b.display()))
+        }
         "memcached" => {
             let m = which_or_install("memcached", "memcached")?;
             def("kv", format!("{} -l 127.0.0.1 -p {{port}} -t 1 -U 0 -c 20000 -u nobody", m.display()))
@@ -336,6 +348,6 @@ pub(super) fn preset(name: &str, a: &CompareArgs, work: &Path) -> Result<ServerD
             "sockperf",
             format!("{} serve sockperf --listen 127.0.0.1:{{port}} --cpus {{cpu}} --stats-interval 0", cl.display()),
         ),
-        _ => Err(format!("unknown --peer {name:?}: floor, kv-floor, kv-uring-floor, nginx, h2o, lighttpd, corelocal-rpc, corelocal-http, memcached, corelocal-kv, sockperf, corelocal-sockperf")),
+        _ => Err(format!("unknown --peer {name:?}: floor, kv-floor, kv-uring-floor, nginx, h2o, lighttpd, corelocal-rpc, corelocal-http, memcached, corelocal-kv, corelocal-kv-example, sockperf, corelocal-sockperf")),
     }
 }

@@ -16,6 +16,11 @@ pub fn bench_args(
     json: &Path,
 ) -> Result<Vec<String>, String> {
     let t = format!("127.0.0.1:{}", a.port);
+    // `kv-line`: the kv workloads in the `kv` example's line protocol.
+    let (proto, line) = match proto {
+        "kv-line" => ("kv", true),
+        p => (p, false),
+    };
     let mut v: Vec<String> = match (a.workload, proto) {
         (CmpWorkload::Crr, "http") => vec![
             "crr".into(),
@@ -136,6 +141,15 @@ pub fn bench_args(
         v.extend(["--target".into(), format!("http://{t}/hello")]);
     } else if !v.iter().any(|x| x == "--target") {
         v.extend(["--target".into(), t]);
+    }
+    if line {
+        if v.iter().any(|x| x == "--meta") {
+            return Err(format!(
+                "workload {:?} has no line-protocol form",
+                a.workload
+            ));
+        }
+        v.push("--line".into());
     }
     v.extend([
         "--cpus".into(),

@@ -29,6 +29,20 @@ pub fn kv_ms(key: &str, size: usize) -> Vec<u8> {
     v
 }
 
+/// Builds `GET key\n` in the line protocol of corelocal's `kv` example.
+pub fn kv_line_get(key: &str) -> Vec<u8> {
+    format!("GET {key}\n").into_bytes()
+}
+
+/// Builds `SET key value\n` in the `kv` example's line protocol, with the value of
+/// [`kv_set`] (letters only: a value there is one word).
+pub fn kv_line_set(key: &str, size: usize) -> Vec<u8> {
+    let mut v = format!("SET {key} ").into_bytes();
+    v.extend((0..size).map(|i| b'a' + (i % 26) as u8));
+    v.push(b'\n');
+    v
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum KvState {
     Line,
@@ -46,6 +60,10 @@ pub enum KvExpect {
     MetaGet,
     /// A meta set: one status line (`HD`, `NS`, `EX`, `NF`).
     MetaStore,
+    /// The `kv` example's `GET`: `VALUE <value>` or `NOT_FOUND`.
+    LineGet,
+    /// The `kv` example's `SET`: `STORED`.
+    LineStore,
 }
 
 /// Incremental memcached text-protocol response parser.
@@ -72,7 +90,10 @@ impl KvParser {
         let line =
             std::str::from_utf8(&self.line).map_err(|_| ProtoError("non-UTF-8 reply".into()))?;
         let line = line.trim_end_matches('\r');
-        if line.starts_with("SERVER_ERROR") || line.starts_with("CLIENT_ERROR") || line == "ERROR" {
+        if line.starts_with("SERVER_ERROR")
+            || line.starts_with("CLIENT_ERROR")
+            || line.starts_with("ERROR")
+        {
             return err(format!("memcached: {line}"));
         }
         match self.expect {
@@ -80,6 +101,21 @@ impl KvParser {
                 match line {
                     "STORED" | "NOT_STORED" | "EXISTS" | "NOT_FOUND" => {}
                     _ => return err(format!("unexpected store reply {line:?}")),
+                }
+                Ok(true)
+            }
+            KvExpect::LineStore => match line {
+                "STORED" => Ok(true),
+                _ => err(format!("unexpected SET reply {line:?}")),
+            },
+            KvExpect::LineGet => {
+                if line == "NOT_FOUND" {
+                    self.info.hit = Some(false);
+                } else if let Some(value) = line.strip_prefix("VALUE ") {
+                    self.info.hit = Some(true);
+                    self.info.body += value.len();
+                } else {
+                    return err(format!("unexpected GET reply {line:?}"));
                 }
                 Ok(true)
             }

@@ -17,7 +17,7 @@ mod sockperf;
 mod tests;
 
 pub use http::{http_get, HttpParser};
-pub use kv::{kv_get, kv_mg, kv_ms, kv_set, KvExpect, KvParser};
+pub use kv::{kv_get, kv_line_get, kv_line_set, kv_mg, kv_ms, kv_set, KvExpect, KvParser};
 pub use rpc::{rpc_request, RpcParser};
 pub use sockperf::SockperfParser;
 

@@ -183,3 +183,31 @@ fn kv_meta_get_hit_miss_and_store() {
     assert_eq!(kv_ms("k", 3), b"ms k 3\r\nabc\r\n");
     assert_eq!(kv_mg("k"), b"mg k v\r\n");
 }
+
+#[test]
+fn kv_line_get_hit_miss_and_store() {
+    let (c, info) = all_splits(
+        || Parser::Kv(KvParser::new(KvExpect::LineGet)),
+        b"VALUE hello\nSTORED\n",
+    );
+    assert_eq!((c, info.hit, info.body), (12, Some(true), 5));
+    let (c, info) = all_splits(
+        || Parser::Kv(KvParser::new(KvExpect::LineGet)),
+        b"NOT_FOUND\r\n",
+    );
+    assert_eq!((c, info.hit), (11, Some(false)));
+    let (c, _) = all_splits(
+        || Parser::Kv(KvParser::new(KvExpect::LineStore)),
+        b"STORED\n",
+    );
+    assert_eq!(c, 7);
+    assert!(KvParser::new(KvExpect::LineGet)
+        .feed(b"ERROR unknown command\n")
+        .is_err());
+    assert!(KvParser::new(KvExpect::LineStore)
+        .feed(b"ERROR store full\n")
+        .is_err());
+    assert!(KvParser::new(KvExpect::LineGet).feed(b"END\r\n").is_err());
+    assert_eq!(kv_line_set("k", 3), b"SET k abc\n");
+    assert_eq!(kv_line_get("k"), b"GET k\n");
+}
