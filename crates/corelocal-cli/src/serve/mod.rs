@@ -22,9 +22,8 @@ pub use args::Command;
 pub use common::CommonArgs;
 
 use config::server_config;
-use corelocal::runtime::{
-    resume, Handover, MoveFailure, Server, ServerConfig, Service, UpgradeServer,
-};
+use corelocal::runtime::upgrade::{resume, Handover, MoveFailure, UpgradeServer};
+use corelocal::runtime::{Server, ServerConfig, Service};
 use corelocal::sys::signal;
 use stats::{finish, open_stats_file, wait_for_stop};
 use std::process::ExitCode;

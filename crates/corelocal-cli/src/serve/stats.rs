@@ -4,7 +4,8 @@
 
 use super::common::CommonArgs;
 use super::fail;
-use corelocal::runtime::{Server, Snapshot, StopReason, UpgradeServer};
+use corelocal::runtime::upgrade::UpgradeServer;
+use corelocal::runtime::{Server, Snapshot, StopReason};
 use corelocal::sys::signal;
 use std::io::Write;
 use std::ops::ControlFlow;

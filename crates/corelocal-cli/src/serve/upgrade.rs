@@ -6,10 +6,10 @@ use super::config::start_error;
 use corelocal::listen::transfer::{self, Successor, UpgradeListener};
 use corelocal::listen::{ActiveSteering, Steering};
 use corelocal::procfs;
-use corelocal::runtime::{
-    receive_moving, send_moving, MoveFailure, MoveReport, Server, ServerConfig, Service,
-    UpgradeServer,
+use corelocal::runtime::upgrade::{
+    receive_moving, send_moving, MoveFailure, MoveReport, UpgradeServer,
 };
+use corelocal::runtime::{Server, ServerConfig, Service};
 use corelocal::sys::pidfd;
 use std::net::SocketAddr;
 use std::os::fd::OwnedFd;

@@ -46,10 +46,8 @@ pub use server::{
 };
 pub use stats::{Batching, ErrorKind, Snapshot, WorkerSnapshot, WorkerStats};
 pub use until_signal::{StopReason, Termination};
-pub use upgrade::{
-    close_moving, receive_moving, resume, send_moving, Handover, MoveFailure, MoveReport,
-    UpgradeServer,
-};
+// Binary upgrades (the upgrade socket, moving connections) are `upgrade::…`: not re-exported
+// here, so that the serving API above reads first.
 
 use std::time::Duration;
 
