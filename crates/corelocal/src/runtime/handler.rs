@@ -275,6 +275,25 @@ impl Output {
         }
     }
 
+    /// The byte buffer, emptied, leaving none (the runtime reuses a closed connection's).
+    pub(crate) fn take_buffer(&mut self) -> Vec<u8> {
+        let mut buf = std::mem::take(&mut self.bytes);
+        buf.clear();
+        buf
+    }
+
+    /// Whether the byte buffer was never allocated (or was taken: [`Output::take_buffer`]).
+    pub(crate) fn has_no_buffer(&self) -> bool {
+        self.bytes.capacity() == 0
+    }
+
+    /// Gives the output `buf` (empty) as its byte buffer, so that the first write does not
+    /// allocate. Only when it has none ([`Output::has_no_buffer`]).
+    pub(crate) fn set_buffer(&mut self, buf: Vec<u8>) {
+        debug_assert!(buf.is_empty() && self.has_no_buffer());
+        self.bytes = buf;
+    }
+
     /// Drops everything queued.
     pub fn clear(&mut self) {
         self.bytes.clear();

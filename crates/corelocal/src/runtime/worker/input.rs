@@ -35,6 +35,14 @@ impl<S: Service, B: Backend> Worker<S, B> {
             }
         }
         conn.last_active = now;
+        if conn.input.capacity() == 0 {
+            // The first input (or the first after a large buffer was given back): a spare
+            // buffer for it and for the answer, rather than two allocations.
+            conn.input = self.spare.take();
+            if conn.output.has_no_buffer() {
+                conn.output.set_buffer(self.spare.take());
+            }
+        }
         conn.input
             .extend_from_slice(self.backend.recv_data(buf, len));
         self.process_buffered(id, now);

@@ -61,6 +61,11 @@ impl<S: Service, B: Backend> Worker<S, B> {
     }
 
     pub(super) fn on_closed(&mut self, id: ConnId) {
+        if let Some(conn) = self.conns.occupant_mut(id) {
+            // Its buffers serve the next connection (see `SpareBufs`).
+            self.spare.give(std::mem::take(&mut conn.input));
+            self.spare.give(conn.output.take_buffer());
+        }
         if !self.conns.vacate(id) {
             return;
         }
@@ -80,7 +85,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
             conn.unread |= reason != CloseReason::Done
                 || !conn.input.is_empty()
                 || conn.handler.expects_input();
-            conn.input = Vec::new();
+            self.spare.give(std::mem::take(&mut conn.input));
             // A client that broke the protocol is not read while its answer goes out (what it
             // sends waits in the kernel; lingering reads it afterwards). After a normal end
             // input is dropped on arrival (and makes the close linger): not worth an extra

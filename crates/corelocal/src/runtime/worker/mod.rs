@@ -159,7 +159,8 @@ pub struct Worker<S: Service, B: Backend> {
     idle: VecDeque<(Instant, ConnKey)>,
     /// Lingering closes: (deadline, conn), lazily corrected like `idle`.
     linger: VecDeque<(Instant, ConnKey)>,
-    spare_bufs: Vec<Vec<u8>>,
+    /// Byte buffers for reuse (send buffers, connections' input and output).
+    spare: output::SpareBufs,
     /// Allowances, pacing, pauses, the steal in flight and the stop's accept phase.
     accept: AcceptPath,
     drain_deadline: Option<Instant>,
@@ -210,7 +211,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
             open: 0,
             idle: VecDeque::new(),
             linger: VecDeque::new(),
-            spare_bufs: Vec::new(),
+            spare: output::SpareBufs::default(),
             drain_deadline: None,
             sweep_at: None,
             detach_at: None,
@@ -359,7 +360,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
                 self.force_close(conn);
             }
             Completion::Sent { conn, buf, result } => {
-                self.recycle(buf);
+                self.spare.give(buf);
                 self.on_sent(conn, result.map(|n| n as u64), now);
             }
             Completion::SentFile { conn, result } => self.on_sent(conn, result, now),

@@ -70,23 +70,31 @@ impl UringBackend {
     /// still open and not paused (see `RecvState::ArmAtSubmit`). While the answer to the
     /// first request is being sent, arming waits: a one-shot connection closes right after it.
     pub(super) fn arm_after_first_recv(&mut self) {
-        let pending = std::mem::take(&mut self.arm_at_submit);
-        let mut waiting = Vec::new();
-        for key in pending {
+        if self.arm_at_submit.is_empty() {
+            return;
+        }
+        // Taken out while `arm_recv` borrows the backend, and put back with its allocation
+        // (one `malloc`/`free` per connection otherwise).
+        let mut pending = std::mem::take(&mut self.arm_at_submit);
+        pending.retain(|&key| {
             // Closed since (and maybe the slot reused): nothing to arm.
             let Some(slot) = self.slots.get(key) else {
-                continue;
+                return false;
             };
             if slot.recv != RecvState::ArmAtSubmit || slot.closing {
-                continue;
+                return false;
             }
             if slot.send.is_some() {
-                waiting.push(key);
-            } else {
-                self.arm_recv(key.slot());
+                return true; // Armed once its send is done.
             }
-        }
-        self.arm_at_submit = waiting;
+            self.arm_recv(key.slot());
+            false
+        });
+        debug_assert!(
+            self.arm_at_submit.is_empty(),
+            "arm_recv queues nothing here"
+        );
+        self.arm_at_submit = pending;
     }
 
     /// Re-arms receives that ran out of buffers, once buffers came back.
