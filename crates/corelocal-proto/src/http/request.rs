@@ -254,24 +254,67 @@ pub fn parse<'a>(buf: &'a [u8], limits: &Limits) -> Result<Parse<'a>, Error> {
     Parser::new().parse(buf, limits)
 }
 
+/// The first `b` in `hay` (memchr's SIMD search: a request head is scanned for line ends
+/// twice, once to find the head's end and once to split its lines).
+#[inline]
 fn find_byte(hay: &[u8], b: u8) -> Option<usize> {
-    hay.iter().position(|&x| x == b)
+    memchr::memchr(b, hay)
 }
 
 fn trim_cr(line: &[u8]) -> &[u8] {
     line.strip_suffix(b"\r").unwrap_or(line)
 }
 
-/// The lines of a block, each without its `\n` and optional `\r`.
+/// The lines of a block, each without its `\n` and optional `\r` (a last line without `\n`
+/// included; nothing after a final `\n`).
 fn lines(block: &[u8]) -> impl Iterator<Item = &[u8]> {
-    block
-        .split_inclusive(|&b| b == b'\n')
-        .map(|l| trim_cr(l.strip_suffix(b"\n").unwrap_or(l)))
+    let mut rest = block;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let (line, next) = match find_byte(rest, b'\n') {
+            Some(i) => (&rest[..i], &rest[i + 1..]),
+            None => (rest, &rest[rest.len()..]),
+        };
+        rest = next;
+        Some(trim_cr(line))
+    })
 }
 
+/// `tchar` of RFC 9110 §5.6.2, by byte value.
+const TCHAR: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut i = 0;
+    while i < 256 {
+        let b = i as u8;
+        table[i] = b.is_ascii_alphanumeric()
+            || matches!(
+                b,
+                b'!' | b'#'
+                    | b'$'
+                    | b'%'
+                    | b'&'
+                    | b'\''
+                    | b'*'
+                    | b'+'
+                    | b'-'
+                    | b'.'
+                    | b'^'
+                    | b'_'
+                    | b'`'
+                    | b'|'
+                    | b'~'
+            );
+        i += 1;
+    }
+    table
+};
+
 /// `tchar` of RFC 9110 §5.6.2.
+#[inline]
 fn is_tchar(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+    TCHAR[usize::from(b)]
 }
 
 fn trim_ows(mut v: &[u8]) -> &[u8] {

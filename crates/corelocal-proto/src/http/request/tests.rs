@@ -197,3 +197,33 @@ fn garbage_never_completes_silently() {
     let junk: Vec<u8> = (0..=255u8).cycle().take(100_000).collect();
     assert!(parse(&junk, &lim()).is_err());
 }
+
+/// The tchar table holds exactly RFC 9110's `tchar`: ALPHA, DIGIT and the fifteen marks.
+#[test]
+fn the_tchar_table_is_rfc_9110s() {
+    for b in 0..=255u8 {
+        let rfc = b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
+        assert_eq!(is_tchar(b), rfc, "byte {b:#04x}");
+    }
+}
+
+/// `lines` splits as `split_inclusive` on `\n` with the `\n` and one `\r` trimmed.
+#[test]
+fn lines_split_like_split_inclusive() {
+    for block in [
+        &b""[..],
+        b"\n",
+        b"a",
+        b"a\n",
+        b"a\r\nb",
+        b"a\r\n\r\n",
+        b"\r\r\n\n\nx\r",
+    ] {
+        let ours: Vec<&[u8]> = lines(block).collect();
+        let theirs: Vec<&[u8]> = block
+            .split_inclusive(|&b| b == b'\n')
+            .map(|l| trim_cr(l.strip_suffix(b"\n").unwrap_or(l)))
+            .collect();
+        assert_eq!(ours, theirs, "{:?}", String::from_utf8_lossy(block));
+    }
+}
