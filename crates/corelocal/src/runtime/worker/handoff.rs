@@ -94,7 +94,8 @@ impl<S: Service, B: Backend> Worker<S, B> {
     /// the predecessor read handled first, then receiving.
     pub(super) fn on_adopted(&mut self, adopted: Adopted, now: Instant) {
         let id = adopted.id;
-        let info = self.conn_info(id, adopted.peer, now);
+        // Which address it came on is not handed over: the first (a TLS connection never moves).
+        let info = self.conn_info(id, 0, adopted.peer, now);
         let handler = self.setup.service.resume(&info, &adopted.state);
         self.insert_conn(id, handler, now);
         self.setup.stats.adopted();

@@ -29,7 +29,13 @@ impl<S: Service, B: Backend> Worker<S, B> {
                 Origin::Stolen(victim) => b.stole(victim as usize),
             }
         }
-        let handler = self.setup.service.connect(&self.conn_info(conn, peer, now));
+        // Stealing takes from the victim's first listener (`Balance::steal_order`).
+        let listener = match origin {
+            Origin::Local(i) => i as usize,
+            Origin::Stolen(_) => 0,
+        };
+        let info = self.conn_info(conn, listener, peer, now);
+        let handler = self.setup.service.connect(&info);
         self.insert_conn(conn, handler, now);
         self.backend.push(Op::Recv { conn });
         self.accept.accepted(&mut self.backend, origin, self.open);

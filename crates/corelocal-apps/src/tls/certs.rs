@@ -1,0 +1,158 @@
+//! Certificates: PEM chains and keys loaded and checked at start, and the SNI choice among
+//! them — a read-only map shared by every worker (no lock, nothing written after start).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+
+/// A certificate chain (leaf first, then intermediates) and its private key, as PEM files.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CertFiles {
+    /// The chain: the server's certificate first, then the intermediates.
+    pub chain: PathBuf,
+    /// Its private key: PKCS#8, PKCS#1 (RSA) or SEC1 (EC).
+    pub key: PathBuf,
+}
+
+/// Loads one chain and key and checks they belong together (ECDSA P-256/P-384, Ed25519 or
+/// RSA keys).
+pub fn load(files: &CertFiles) -> Result<Arc<CertifiedKey>, String> {
+    let chain = read_chain(&files.chain)?;
+    let key = PrivateKeyDer::from_pem_file(&files.key)
+        .map_err(|e| format!("{}: no private key ({e})", files.key.display()))?;
+    let signer = rustls::crypto::ring::sign::any_supported_type(&key)
+        .map_err(|e| format!("{}: unusable private key: {e}", files.key.display()))?;
+    let certified = CertifiedKey::new(chain, signer);
+    certified.keys_match().map_err(|e| {
+        format!(
+            "{} and {} do not match: {e}",
+            files.chain.display(),
+            files.key.display()
+        )
+    })?;
+    Ok(Arc::new(certified))
+}
+
+fn read_chain(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
+    let chain = CertificateDer::pem_file_iter(path)
+        .map_err(|e| format!("{}: {e}", path.display()))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    if chain.is_empty() {
+        return Err(format!("{}: no certificate in it", path.display()));
+    }
+    Ok(chain)
+}
+
+/// Picks a certificate by the name the client asks for (SNI): exact names first, then a
+/// wildcard one level up; no name or an unknown one gets the first certificate.
+#[derive(Debug)]
+pub struct SniResolver {
+    first: Arc<CertifiedKey>,
+    by_name: HashMap<String, Arc<CertifiedKey>>,
+}
+
+impl SniResolver {
+    /// Indexes the certificates by the DNS names each is valid for (checked with webpki, the
+    /// way a client checks them); earlier certificates win a name both hold.
+    pub fn new(certs: Vec<Arc<CertifiedKey>>) -> Result<SniResolver, String> {
+        let first = certs.first().cloned().ok_or("no certificate")?;
+        let mut by_name = HashMap::new();
+        for certified in &certs {
+            for name in names(certified)? {
+                by_name.entry(name).or_insert_with(|| certified.clone());
+            }
+        }
+        Ok(SniResolver { first, by_name })
+    }
+
+    /// The certificate for `name` (`None`: no SNI).
+    pub fn pick(&self, name: Option<&str>) -> Arc<CertifiedKey> {
+        let Some(name) = name.map(str::to_ascii_lowercase) else {
+            return self.first.clone();
+        };
+        if let Some(c) = self.by_name.get(&name) {
+            return c.clone();
+        }
+        let wildcard = name.split_once('.').map(|(_, up)| format!("*.{up}"));
+        wildcard
+            .and_then(|w| self.by_name.get(&w).cloned())
+            .unwrap_or_else(|| self.first.clone())
+    }
+}
+
+/// The DNS names (and wildcards) the leaf is valid for.
+fn names(certified: &CertifiedKey) -> Result<Vec<String>, String> {
+    let leaf = certified.end_entity_cert().map_err(|e| e.to_string())?;
+    let parsed = webpki::EndEntityCert::try_from(leaf).map_err(|e| format!("{e:?}"))?;
+    let mut names = Vec::new();
+    for name in parsed.valid_dns_names() {
+        // A listed name is taken only if webpki agrees the leaf is valid for it.
+        let exact = name
+            .strip_prefix("*.")
+            .map_or(name.to_string(), |up| format!("x.{up}"));
+        let Ok(server) = ServerName::try_from(exact.as_str()) else {
+            continue;
+        };
+        if parsed.verify_is_valid_for_subject_name(&server).is_ok() {
+            names.push(name.to_ascii_lowercase());
+        }
+    }
+    Ok(names)
+}
+
+impl ResolvesServerCert for SniResolver {
+    fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(self.pick(hello.server_name()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn files(name: &str) -> CertFiles {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/tls");
+        CertFiles {
+            chain: dir.join(format!("{name}.pem")),
+            key: dir.join(format!("{name}.key")),
+        }
+    }
+
+    #[test]
+    fn ecdsa_and_rsa_chains_load_with_their_intermediate() {
+        for name in ["ecdsa", "rsa", "other"] {
+            let c = load(&files(name)).unwrap();
+            assert_eq!(c.cert.len(), 2, "{name}: leaf and intermediate");
+        }
+    }
+
+    #[test]
+    fn a_key_of_another_certificate_is_refused() {
+        let mut wrong = files("ecdsa");
+        wrong.key = files("other").key;
+        assert!(load(&wrong).unwrap_err().contains("do not match"));
+        let mut missing = files("ecdsa");
+        missing.chain = "/nonexistent.pem".into();
+        assert!(load(&missing).is_err());
+    }
+
+    #[test]
+    fn sni_picks_by_name_and_falls_back_to_the_first() {
+        let (a, b) = (
+            load(&files("ecdsa")).unwrap(),
+            load(&files("other")).unwrap(),
+        );
+        let r = SniResolver::new(vec![a.clone(), b.clone()]).unwrap();
+        assert!(Arc::ptr_eq(&r.pick(Some("other.test")), &b));
+        assert!(Arc::ptr_eq(&r.pick(Some("OTHER.test")), &b));
+        assert!(Arc::ptr_eq(&r.pick(Some("localhost")), &a));
+        assert!(Arc::ptr_eq(&r.pick(Some("unknown.example")), &a));
+        assert!(Arc::ptr_eq(&r.pick(None), &a));
+    }
+}
