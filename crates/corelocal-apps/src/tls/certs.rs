@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
+use rustls::SignatureScheme;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 
@@ -50,39 +51,58 @@ fn read_chain(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
 }
 
 /// Picks a certificate by the name the client asks for (SNI): exact names first, then a
-/// wildcard one level up; no name or an unknown one gets the first certificate.
+/// wildcard one level up; no name or an unknown one gets the first certificates. Among the
+/// certificates for a name (an ECDSA and an RSA one, say), the first whose key can sign with
+/// a scheme the client offers wins.
 #[derive(Debug)]
 pub struct SniResolver {
-    first: Arc<CertifiedKey>,
-    by_name: HashMap<String, Arc<CertifiedKey>>,
+    all: Vec<Arc<CertifiedKey>>,
+    by_name: HashMap<String, Vec<Arc<CertifiedKey>>>,
 }
 
 impl SniResolver {
     /// Indexes the certificates by the DNS names each is valid for (checked with webpki, the
-    /// way a client checks them); earlier certificates win a name both hold.
+    /// way a client checks them), in the order given.
     pub fn new(certs: Vec<Arc<CertifiedKey>>) -> Result<SniResolver, String> {
-        let first = certs.first().cloned().ok_or("no certificate")?;
-        let mut by_name = HashMap::new();
+        if certs.is_empty() {
+            return Err("no certificate".into());
+        }
+        let mut by_name: HashMap<String, Vec<Arc<CertifiedKey>>> = HashMap::new();
         for certified in &certs {
             for name in names(certified)? {
-                by_name.entry(name).or_insert_with(|| certified.clone());
+                by_name.entry(name).or_default().push(certified.clone());
             }
         }
-        Ok(SniResolver { first, by_name })
+        Ok(SniResolver {
+            all: certs,
+            by_name,
+        })
     }
 
-    /// The certificate for `name` (`None`: no SNI).
-    pub fn pick(&self, name: Option<&str>) -> Arc<CertifiedKey> {
+    /// The certificates for `name` (`None`: no SNI), best first.
+    fn candidates(&self, name: Option<&str>) -> &[Arc<CertifiedKey>] {
         let Some(name) = name.map(str::to_ascii_lowercase) else {
-            return self.first.clone();
+            return &self.all;
         };
         if let Some(c) = self.by_name.get(&name) {
-            return c.clone();
+            return c;
         }
         let wildcard = name.split_once('.').map(|(_, up)| format!("*.{up}"));
-        wildcard
-            .and_then(|w| self.by_name.get(&w).cloned())
-            .unwrap_or_else(|| self.first.clone())
+        match wildcard.and_then(|w| self.by_name.get(&w)) {
+            Some(c) => c,
+            None => &self.all,
+        }
+    }
+
+    /// The certificate for `name` whose key signs with one of `schemes` (the first for
+    /// `name` if none does: the handshake then fails with a clear alert).
+    pub fn pick(&self, name: Option<&str>, schemes: &[SignatureScheme]) -> Arc<CertifiedKey> {
+        let candidates = self.candidates(name);
+        candidates
+            .iter()
+            .find(|c| c.key.choose_scheme(schemes).is_some())
+            .unwrap_or(&candidates[0])
+            .clone()
     }
 }
 
@@ -108,7 +128,7 @@ fn names(certified: &CertifiedKey) -> Result<Vec<String>, String> {
 
 impl ResolvesServerCert for SniResolver {
     fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        Some(self.pick(hello.server_name()))
+        Some(self.pick(hello.server_name(), hello.signature_schemes()))
     }
 }
 
@@ -143,16 +163,26 @@ mod tests {
     }
 
     #[test]
-    fn sni_picks_by_name_and_falls_back_to_the_first() {
-        let (a, b) = (
+    fn sni_picks_by_name_and_key_type_and_falls_back_to_the_first() {
+        let (ec, rsa, other) = (
             load(&files("ecdsa")).unwrap(),
+            load(&files("rsa")).unwrap(),
             load(&files("other")).unwrap(),
         );
-        let r = SniResolver::new(vec![a.clone(), b.clone()]).unwrap();
-        assert!(Arc::ptr_eq(&r.pick(Some("other.test")), &b));
-        assert!(Arc::ptr_eq(&r.pick(Some("OTHER.test")), &b));
-        assert!(Arc::ptr_eq(&r.pick(Some("localhost")), &a));
-        assert!(Arc::ptr_eq(&r.pick(Some("unknown.example")), &a));
-        assert!(Arc::ptr_eq(&r.pick(None), &a));
+        let r = SniResolver::new(vec![ec.clone(), rsa.clone(), other.clone()]).unwrap();
+        let any = [
+            SignatureScheme::ECDSA_NISTP256_SHA256,
+            SignatureScheme::RSA_PSS_SHA256,
+        ];
+        let rsa_only = [SignatureScheme::RSA_PSS_SHA256];
+        let pick = |name, schemes: &[SignatureScheme]| r.pick(name, schemes);
+        assert!(Arc::ptr_eq(&pick(Some("other.test"), &any), &other));
+        assert!(Arc::ptr_eq(&pick(Some("OTHER.test"), &any), &other));
+        assert!(Arc::ptr_eq(&pick(Some("localhost"), &any), &ec));
+        assert!(Arc::ptr_eq(&pick(Some("localhost"), &rsa_only), &rsa));
+        assert!(Arc::ptr_eq(&pick(Some("unknown.example"), &any), &ec));
+        assert!(Arc::ptr_eq(&pick(None, &rsa_only), &rsa));
+        // No key signs with what the client offers: the first, and the handshake fails.
+        assert!(Arc::ptr_eq(&pick(Some("other.test"), &rsa_only), &other));
     }
 }

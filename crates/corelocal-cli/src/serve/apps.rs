@@ -11,6 +11,7 @@ use corelocal_apps::kv::udp::{self, UdpLimits, UdpSockets};
 use corelocal_apps::kv::{KvConfig, KvService, Protocol, Report, ShutdownHook};
 use corelocal_apps::rpc::{RpcConfig, RpcService};
 use corelocal_apps::sockperf::{SockperfConfig, SockperfService};
+use corelocal_apps::tls::{CertFiles, TlsConfig, TlsService};
 use corelocal_proto::memcache;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -54,7 +55,7 @@ fn run_app(cmd: Command) -> ExitCode {
                 return fail(&e);
             }
             let config = HttpConfig {
-                root: args.root,
+                root: args.root.clone(),
                 cache_bytes_max: args.cache_mb.saturating_mul(1 << 20),
                 access_log,
                 header_timeout_ms: u64::try_from(args.header_timeout.as_millis())
@@ -62,8 +63,15 @@ fn run_app(cmd: Command) -> ExitCode {
                     .max(1),
                 ..HttpConfig::default()
             };
-            match HttpService::new(config) {
-                Ok(service) => serve(&args.common, Arc::new(service)),
+            let service = match HttpService::new(config) {
+                Ok(service) => Arc::new(service),
+                Err(e) => return fail(&format!("http: {e}")),
+            };
+            if args.tls_cert.is_empty() {
+                return serve(&args.common, service);
+            }
+            match tls_service(&mut args, service) {
+                Ok(tls) => serve(&args.common, Arc::new(tls)),
                 Err(e) => fail(&format!("http: {e}")),
             }
         }
@@ -313,6 +321,53 @@ fn port_file_text(tcp: &[SocketAddr], udp: &[SocketAddr]) -> String {
         }
     }
     text
+}
+
+/// `serve http --tls-cert`: the HTTP service wrapped in TLS on the --tls-listen addresses
+/// (appended after the plain ones), or on every --listen address without them.
+fn tls_service(
+    args: &mut HttpArgs,
+    http: Arc<HttpService>,
+) -> Result<TlsService<HttpService>, String> {
+    if args.tls_cert.len() != args.tls_key.len() {
+        return Err(format!(
+            "{} --tls-cert but {} --tls-key: give one key per certificate, in the same order",
+            args.tls_cert.len(),
+            args.tls_key.len()
+        ));
+    }
+    let plain = args.common.listen.len();
+    let listeners = if args.tls_listen.is_empty() {
+        (0..plain).collect()
+    } else {
+        args.common.listen.extend(args.tls_listen.iter().copied());
+        (plain..plain + args.tls_listen.len()).collect()
+    };
+    let certs = args
+        .tls_cert
+        .iter()
+        .zip(&args.tls_key)
+        .map(|(chain, key)| CertFiles {
+            chain: chain.clone(),
+            key: key.clone(),
+        })
+        .collect();
+    let config = TlsConfig {
+        certs,
+        listeners,
+        handshake_bytes_max: args.tls_handshake_bytes_max as usize,
+        handshake_timeout: args.tls_handshake_timeout,
+        session_cache_entries_max: args.tls_session_cache,
+        tickets: !args.tls_no_tickets,
+        ticket_period: args.tls_ticket_period,
+        ..TlsConfig::default()
+    };
+    let service = TlsService::new(http, config)?;
+    eprintln!(
+        "tls: rustls (ring), records in user space; {}",
+        corelocal::sys::ktls::tls_ulp()
+    );
+    Ok(service)
 }
 
 /// Checks `serve http`'s own flags before anything starts.
