@@ -15,7 +15,7 @@
 //!
 //! TLS 1.3 and 1.2, ALPN `http/1.1` (or what [`TlsConfig::alpn`] says), ECDSA, RSA and
 //! Ed25519 keys, chains, SNI among several certificates. Bounded: the handshake in bytes and
-//! time, the decrypted input in bytes (see [`conn`]).
+//! time, the decrypted input in bytes (see [`TlsConn`]).
 //!
 //! kTLS (record work in the kernel) is not used: [`corelocal::sys::ktls`] only detects
 //! whether the kernel offers it, and `serve` reports that at start.
