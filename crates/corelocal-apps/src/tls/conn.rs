@@ -81,14 +81,14 @@ impl<H: Handler> TlsConn<H> {
         while taken < input.len() && self.plain.len() < self.limits.plain_bytes_max {
             let handshaking = self.tls.is_handshaking();
             let mut rest = &input[taken..];
-            if handshaking {
-                self.check_handshake(rest.len(), now)?;
-            }
             let n = match self.tls.read_tls(&mut rest) {
                 Ok(0) | Err(_) => return Err(CloseReason::BadRequest),
                 Ok(n) => n,
             };
             taken += n;
+            if handshaking {
+                self.check_handshake(n, now)?;
+            }
             if let Err(_e) = self.tls.process_new_packets() {
                 // rustls queued the alert that says why: it goes out before the close.
                 self.write_records(out);
@@ -100,10 +100,10 @@ impl<H: Handler> TlsConn<H> {
     }
 
     /// Bounds the handshake: bytes and time since its first byte.
-    fn check_handshake(&mut self, arriving: usize, now: Instant) -> Result<(), CloseReason> {
+    fn check_handshake(&mut self, arrived: usize, now: Instant) -> Result<(), CloseReason> {
         let (bytes, started) = &mut self.handshake;
         let started = *started.get_or_insert(now);
-        *bytes += arriving;
+        *bytes += arrived;
         if *bytes > self.limits.handshake_bytes_max {
             return Err(CloseReason::TooLarge);
         }
