@@ -265,14 +265,28 @@ fn resumption_by_ticket_and_by_session_id(backend: BackendKind) {
 
 fn tickets_resume_on_any_worker(backend: BackendKind) {
     let cpus = current_affinity().unwrap();
-    if cpus.iter().count() < 2 {
+    let cpu_list: Vec<usize> = cpus.iter().collect();
+    if cpu_list.len() < 2 {
         eprintln!("skipped: needs 2 CPUs (tickets made on one worker, opened on another)");
         return;
     }
     let f = Fixture::start(backend, &cpus, tls_config(&["ecdsa"]));
     let config = Arc::new(client_config(&[&rustls::version::TLS13]));
-    // Connections land on either worker: every resumption must work wherever it lands.
-    assert_eq!(resumed_of(f.tls(), &config, 12), 11);
+    // The client hops between CPUs: in local mode each connection goes to the worker of the
+    // CPU its SYN came from, so tickets made on one worker are offered to the other.
+    let tls = f.tls();
+    let resumed = (0..12)
+        .filter(|i| {
+            let (config, cpu) = (config.clone(), cpu_list[i % 2]);
+            std::thread::spawn(move || {
+                corelocal::cpu::pin_current_thread(&CpuSet::single(cpu)).unwrap();
+                resumed_of(tls, &config, 1) == 1
+            })
+            .join()
+            .unwrap()
+        })
+        .count();
+    assert_eq!(resumed, 11, "every connection after the first resumes");
     let per_worker: Vec<u64> = f
         .server
         .stats()
@@ -280,7 +294,10 @@ fn tickets_resume_on_any_worker(backend: BackendKind) {
         .iter()
         .map(|w| w.accepted)
         .collect();
-    eprintln!("accepted per worker: {per_worker:?}");
+    assert!(
+        per_worker.iter().all(|&n| n > 0),
+        "accepted per worker: {per_worker:?}"
+    );
     f.stop();
 }
 
