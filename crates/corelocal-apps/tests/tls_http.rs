@@ -393,6 +393,15 @@ fn hostile_clients_get_an_alert_or_a_close(backend: BackendKind) {
     assert!(sent < hello.len(), "the whole dribbled hello was taken");
     still_serves(&f);
 
+    // A client that connects and says nothing, and one that stops halfway through its
+    // ClientHello: closed after the handshake timeout (the idle timeout is a minute).
+    for part in [&hello[..0], &hello[..hello.len() / 2]] {
+        let mut s = TcpStream::connect(f.tls()).unwrap();
+        s.write_all(part).unwrap();
+        let _ = until_closed(&mut s, patience);
+    }
+    still_serves(&f);
+
     // A truncated ClientHello, then the client's end.
     let mut s = TcpStream::connect(f.tls()).unwrap();
     s.write_all(&hello[..hello.len() / 2]).unwrap();

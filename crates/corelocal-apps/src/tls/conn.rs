@@ -12,7 +12,8 @@
 //! The handshake is bounded: bytes received before it completes (`handshake_bytes_max`: an
 //! oversize ClientHello, or a flood of records) and time since the first byte
 //! (`handshake_timeout`, checked at every byte that arrives: a client dribbling one byte at a
-//! time). A client that says nothing at all is closed by the runtime's idle timeout.
+//! time). A client that goes silent before its handshake completes is closed by the runtime
+//! after the same timeout ([`Handler::idle_timeout`]).
 
 use std::io::Read as _;
 use std::os::unix::fs::FileExt as _;
@@ -306,6 +307,13 @@ impl<H: Handler> Handler for TlsConn<H> {
 
     fn holds_input(&self) -> bool {
         self.held
+    }
+
+    fn idle_timeout(&self) -> Option<Duration> {
+        // Until the handshake completes, silence closes after the handshake timeout.
+        self.tls
+            .is_handshaking()
+            .then_some(self.limits.handshake_timeout)
     }
 
     fn handoff(&self) -> Option<Vec<u8>> {

@@ -272,6 +272,14 @@ impl<H: Handler> Handler for MaybeTls<H> {
         }
     }
 
+    fn idle_timeout(&self) -> Option<std::time::Duration> {
+        match self {
+            MaybeTls::Plain(h) => h.idle_timeout(),
+            MaybeTls::Tls(t) => t.idle_timeout(),
+            MaybeTls::Refused => None,
+        }
+    }
+
     fn handoff(&self) -> Option<Vec<u8>> {
         match self {
             MaybeTls::Plain(h) => h.handoff(),

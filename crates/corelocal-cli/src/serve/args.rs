@@ -108,7 +108,7 @@ pub(super) struct HttpArgs {
           requires = "tls_cert", help_heading = "TLS")]
     pub(super) tls_listen: Vec<std::net::SocketAddr>,
     /// A TLS handshake must complete this long after its first byte, else the connection
-    /// closes (a client that says nothing is closed by --idle-timeout).
+    /// closes; a client silent this long before its handshake completes is closed too.
     #[arg(long, default_value = "10s", value_parser = parse_duration, help_heading = "TLS")]
     pub(super) tls_handshake_timeout: Duration,
     /// Bytes a client may send before its handshake completes (an oversize ClientHello

@@ -413,6 +413,16 @@ pub trait Handler: Send + 'static {
         false
     }
 
+    /// A shorter idle timeout of the handler's own, while it returns `Some`: the connection
+    /// closes once it has been silent (nothing received, nothing sent) that long, as with
+    /// [`Limits::idle_timeout`](super::Limits#structfield.idle_timeout), which still applies.
+    /// A TLS layer returns its handshake timeout until the handshake completes, so a client
+    /// that stalls mid-handshake is closed then and not a minute later. Asked when the
+    /// connection is accepted and whenever its deadline comes up; the default: none.
+    fn idle_timeout(&self) -> Option<std::time::Duration> {
+        None
+    }
+
     /// Whether the handler holds work of its own that no new input will bring: bytes it took
     /// from the input but has not processed yet, or output it has not produced yet (a TLS
     /// layer's decrypted requests, waiting while the output was full, or the rest of a file it

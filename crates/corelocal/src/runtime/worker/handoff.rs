@@ -173,6 +173,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
 
     /// A new connection's state, in its slot, under the key `conn_info` gave its notifier.
     pub(super) fn insert_conn(&mut self, id: ConnId, handler: S::Conn, now: Instant) {
+        let short_idle = handler.idle_timeout();
         let (key, place) = self.conns.claim(id);
         *place = Some(Conn {
             handler,
@@ -195,5 +196,8 @@ impl<S: Service, B: Backend> Worker<S, B> {
         self.open += 1;
         self.idle
             .push_back((now + self.setup.limits.idle_timeout, key));
+        if let Some(t) = short_idle {
+            self.short_idle.push_back((now + t, key));
+        }
     }
 }

@@ -194,6 +194,33 @@ impl<S: Service, B: Backend> Worker<S, B> {
         }
     }
 
+    /// Connections silent for their handler's own shorter idle timeout close
+    /// (`Handler::idle_timeout`); an entry whose handler no longer has one goes.
+    pub(super) fn expire_short_idle(&mut self, now: Instant) {
+        while let Some(&(deadline, key)) = self.short_idle.front() {
+            if deadline > now {
+                break;
+            }
+            self.short_idle.pop_front();
+            let Some(conn) = self.conns.live(key) else {
+                continue;
+            };
+            let Some(timeout) = conn.handler.idle_timeout() else {
+                continue;
+            };
+            if conn.closing != Closing::Open {
+                continue;
+            }
+            let real_deadline = conn.last_active + timeout;
+            if real_deadline > now {
+                self.short_idle.push_back((real_deadline, key));
+            } else {
+                self.setup.stats.error(ErrorKind::IdleTimeout);
+                self.force_close(key.slot());
+            }
+        }
+    }
+
     pub(super) fn expire_idle(&mut self, now: Instant) {
         let timeout = self.setup.limits.idle_timeout;
         while let Some(&(deadline, key)) = self.idle.front() {

@@ -159,6 +159,9 @@ pub struct Worker<S: Service, B: Backend> {
     idle: VecDeque<(Instant, ConnKey)>,
     /// Lingering closes: (deadline, conn), lazily corrected like `idle`.
     linger: VecDeque<(Instant, ConnKey)>,
+    /// Handlers' own shorter idle timeouts (`Handler::idle_timeout`: a TLS handshake), lazily
+    /// corrected like `idle`; an entry goes once its handler has none.
+    short_idle: VecDeque<(Instant, ConnKey)>,
     spare_bufs: Vec<Vec<u8>>,
     /// Allowances, pacing, pauses, the steal in flight and the stop's accept phase.
     accept: AcceptPath,
@@ -210,6 +213,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
             open: 0,
             idle: VecDeque::new(),
             linger: VecDeque::new(),
+            short_idle: VecDeque::new(),
             spare_bufs: Vec::new(),
             drain_deadline: None,
             sweep_at: None,
@@ -255,6 +259,9 @@ impl<S: Service, B: Backend> Worker<S, B> {
             self.run_notified(now);
             self.take_late(now);
             self.expire_idle(now);
+            if !self.short_idle.is_empty() {
+                self.expire_short_idle(now);
+            }
             self.expire_linger(now);
             self.accept.maybe_resume(&mut self.backend, self.open, now);
             self.balance_turn(now);
@@ -303,10 +310,12 @@ impl<S: Service, B: Backend> Worker<S, B> {
     fn next_timeout(&self, now: Instant) -> Option<Duration> {
         let mut deadline = self.idle.front().map(|e| e.0);
         let linger = self.linger.front().map(|e| e.0);
+        let short_idle = self.short_idle.front().map(|e| e.0);
         let [resume, drain_check] = self.accept.deadlines();
         let watch = self.balance.as_ref().and_then(|b| b.watch_at());
         for d in [
             linger,
+            short_idle,
             resume,
             self.drain_deadline,
             drain_check,
