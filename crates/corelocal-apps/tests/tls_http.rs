@@ -194,6 +194,39 @@ fn tls13_and_tls12_with_ecdsa_and_rsa_chains(backend: BackendKind) {
     }
 }
 
+/// Pipelined requests whose answers are far past the output limit (1 MiB): the decrypted
+/// requests wait while the output drains, and each is answered in order.
+fn pipelined_requests_past_the_output_limit(backend: BackendKind) {
+    let f = Fixture::one_cpu(backend, tls_config(&["ecdsa"]));
+    let config = Arc::new(client_config(rustls::ALL_VERSIONS));
+    let mut c = Https::connect(f.tls(), &config, "localhost");
+    let mut pipeline = Vec::new();
+    for path in [
+        "/big.bin",
+        "/hello.txt",
+        "/big.bin",
+        "/big.bin",
+        "/hello.txt",
+    ] {
+        pipeline.extend_from_slice(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes());
+    }
+    c.tls.write_all(&pipeline).unwrap();
+    for path in [
+        "/big.bin",
+        "/hello.txt",
+        "/big.bin",
+        "/big.bin",
+        "/hello.txt",
+    ] {
+        let body = read_response(&mut c.tls);
+        match path {
+            "/big.bin" => assert!(body == big_body(), "{path}"),
+            _ => assert_eq!(body, b"hello over tls\n"),
+        }
+    }
+    f.stop();
+}
+
 fn a_plain_port_beside_the_tls_one(backend: BackendKind) {
     let f = Fixture::one_cpu(backend, tls_config(&["ecdsa"]));
     let mut plain = TcpStream::connect(f.plain()).unwrap();
@@ -431,6 +464,7 @@ fn hostile_clients_get_an_alert_or_a_close(backend: BackendKind) {
 
 corelocal::on_every_backend!(
     tls13_and_tls12_with_ecdsa_and_rsa_chains,
+    pipelined_requests_past_the_output_limit,
     a_plain_port_beside_the_tls_one,
     sni_picks_the_certificate_by_name,
     resumption_by_ticket_and_by_session_id,

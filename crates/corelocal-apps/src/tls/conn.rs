@@ -221,8 +221,9 @@ impl<H: Handler> TlsConn<H> {
             self.held = false;
             return Step::close(consumed, requests, reason);
         }
-        let waiting = !self.plain.is_empty() && self.inner_out.room() == 0;
-        self.held = !all_out || waiting || self.closing.is_some();
+        // Decrypted requests left (the output was full, or one is partial: then the extra
+        // call the runtime makes finds nothing to do) are run again once the output drains.
+        self.held = !all_out || !self.plain.is_empty() || self.closing.is_some();
         Step::read(consumed, requests)
     }
 }
