@@ -15,7 +15,7 @@ use corelocal::listen::Mode;
 use corelocal::runtime::{BackendKind, Server, ServerConfig};
 use corelocal::testing::ScratchDir;
 use corelocal_apps::http::{HttpConfig, HttpService};
-use corelocal_apps::tls::{CertFiles, TlsConfig, TlsService};
+use corelocal_apps::tls::{CertFiles, CertStore, TlsConfig, TlsService};
 use rustls::client::Resumption;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
@@ -41,6 +41,7 @@ fn big_body() -> Vec<u8> {
 
 struct Fixture {
     server: Server,
+    certs: Arc<CertStore>,
     _root: ScratchDir,
 }
 
@@ -60,12 +61,14 @@ impl Fixture {
             ..tls
         };
         let service = Arc::new(TlsService::new(Arc::new(http), tls).unwrap());
+        let certs = service.certs();
         let addrs = vec!["127.0.0.1:0".parse().unwrap(); 2];
         let mut config = ServerConfig::new(addrs, cpus, Mode::Local);
         config.backend = backend;
         let server = Server::start(config, service).unwrap();
         Fixture {
             server,
+            certs,
             _root: root,
         }
     }
@@ -251,6 +254,53 @@ fn sni_picks_the_certificate_by_name(backend: BackendKind) {
         let mut c = Https::connect(f.tls(), &config, name);
         assert_eq!(c.get("/hello.txt"), b"hello over tls\n", "{name}");
     }
+    f.stop();
+}
+
+/// The certificate chain's files replaced and reloaded: new handshakes get the new leaf,
+/// a connection established before keeps working; a reload of broken files keeps the old.
+fn reloaded_certificates_serve_new_handshakes(backend: BackendKind) {
+    let dir = ScratchDir::new("corelocal-tls-reload");
+    let files = CertFiles {
+        chain: dir.join("chain.pem"),
+        key: dir.join("key.pem"),
+    };
+    let install = |name: &str| {
+        std::fs::copy(cert(name).chain, &files.chain).unwrap();
+        std::fs::copy(cert(name).key, &files.key).unwrap();
+    };
+    install("ecdsa");
+    let config = TlsConfig {
+        certs: vec![files.clone()],
+        ..TlsConfig::default()
+    };
+    let f = Fixture::one_cpu(backend, config);
+    // A fresh client each time: a resumed session would show the first certificate again.
+    let client = || Arc::new(client_config(rustls::ALL_VERSIONS));
+    let leaf = |c: &Https| c.conn().peer_certificates().unwrap()[0].to_vec();
+    let first_leaf = |name: &str| {
+        CertificateDer::pem_file_iter(cert(name).chain)
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap()
+            .to_vec()
+    };
+    let mut before = Https::connect(f.tls(), &client(), "localhost");
+    assert_eq!(before.get("/hello.txt"), b"hello over tls\n");
+    assert_eq!(leaf(&before), first_leaf("ecdsa"));
+    install("rsa");
+    assert_eq!(f.certs.reload(), Ok(1));
+    let mut after = Https::connect(f.tls(), &client(), "localhost");
+    assert_eq!(after.get("/hello.txt"), b"hello over tls\n");
+    assert_eq!(leaf(&after), first_leaf("rsa"));
+    assert_eq!(before.get("/hello.txt"), b"hello over tls\n");
+    // A key that does not match its chain: refused, the RSA pair stays in force.
+    std::fs::copy(cert("other").key, &files.key).unwrap();
+    assert!(f.certs.reload().is_err());
+    let mut still = Https::connect(f.tls(), &client(), "localhost");
+    assert_eq!(still.get("/hello.txt"), b"hello over tls\n");
+    assert_eq!(leaf(&still), first_leaf("rsa"));
     f.stop();
 }
 
@@ -465,6 +515,7 @@ fn hostile_clients_get_an_alert_or_a_close(backend: BackendKind) {
 corelocal::on_every_backend!(
     tls13_and_tls12_with_ecdsa_and_rsa_chains,
     pipelined_requests_past_the_output_limit,
+    reloaded_certificates_serve_new_handshakes,
     a_plain_port_beside_the_tls_one,
     sni_picks_the_certificate_by_name,
     resumption_by_ticket_and_by_session_id,

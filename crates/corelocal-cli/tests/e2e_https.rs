@@ -191,3 +191,32 @@ fn openssl_alpn_key_types_and_resumption() {
     let (code, _) = served.terminate();
     assert_eq!(code, 0);
 }
+
+#[test]
+fn sighup_reloads_the_certificate_files() {
+    if !need(&["openssl"]) {
+        return;
+    }
+    let t = TempDir::new("https-sighup");
+    std::fs::write(t.0.join("a.txt"), BODY).unwrap();
+    let (chain, key) = (t.0.join("chain.pem"), t.0.join("key.pem"));
+    let install = |name: &str| {
+        std::fs::copy(cert_path(&format!("{name}.pem")), &chain).unwrap();
+        std::fs::copy(cert_path(&format!("{name}.key")), &key).unwrap();
+    };
+    install("ecdsa");
+    let root = t.0.to_str().unwrap().to_string();
+    let (c, k) = (chain.to_str().unwrap(), key.to_str().unwrap());
+    let args = ["--root", &root, "--tls-cert", c, "--tls-key", k];
+    let mut served = Served::start("http", &args);
+    let tls = served.addr;
+    assert!(s_client(tls, &[]).contains("Peer signature type: ECDSA"));
+    install("rsa");
+    // SAFETY: a signal to our own child, not yet reaped.
+    unsafe { libc::kill(served.pid() as i32, libc::SIGHUP) };
+    served.wait_line("certificates reloaded", std::time::Duration::from_secs(10));
+    let out = s_client(tls, &[]);
+    assert!(out.contains("Peer signature type: RSA"), "{out}");
+    let (code, _) = served.terminate();
+    assert_eq!(code, 0);
+}

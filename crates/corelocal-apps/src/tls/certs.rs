@@ -3,7 +3,8 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
@@ -103,6 +104,86 @@ impl SniResolver {
             .find(|c| c.key.choose_scheme(schemes).is_some())
             .unwrap_or(&candidates[0])
             .clone()
+    }
+}
+
+/// The certificates in force, replaceable at run time ([`CertStore::reload`]) with no lock on
+/// the handshake path: each worker keeps its own [`WorkerCerts`] copy and looks at one shared
+/// generation number per handshake (a cache line written only at a reload); only a worker that
+/// sees a new generation takes the store's lock, once, to fetch the new map.
+#[derive(Debug)]
+pub struct CertStore {
+    files: Vec<CertFiles>,
+    generation: AtomicU64,
+    current: Mutex<Arc<SniResolver>>,
+}
+
+impl CertStore {
+    /// Loads every certificate and key.
+    pub fn load(files: Vec<CertFiles>) -> Result<CertStore, String> {
+        let resolver = Arc::new(load_all(&files)?);
+        Ok(CertStore {
+            files,
+            generation: AtomicU64::new(0),
+            current: Mutex::new(resolver),
+        })
+    }
+
+    /// Reads the same files again; new handshakes use what they hold now (connections
+    /// already established keep theirs). On an error (a missing file, a key that does not
+    /// match) the certificates in force stay. Returns how many were loaded.
+    pub fn reload(&self) -> Result<usize, String> {
+        let resolver = Arc::new(load_all(&self.files)?);
+        let mut current = self
+            .current
+            .lock()
+            .map_err(|_| "certificate store poisoned")?;
+        *current = resolver;
+        self.generation.fetch_add(1, Ordering::Release);
+        Ok(self.files.len())
+    }
+
+    fn snapshot(&self) -> (u64, Arc<SniResolver>) {
+        // The generation read under the lock matches the map: a reload bumps it under it.
+        let current = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        (self.generation.load(Ordering::Acquire), current.clone())
+    }
+}
+
+fn load_all(files: &[CertFiles]) -> Result<SniResolver, String> {
+    SniResolver::new(files.iter().map(load).collect::<Result<Vec<_>, _>>()?)
+}
+
+/// One worker's view of the [`CertStore`] (rustls's certificate resolver for its
+/// configuration): its own copy of the map behind a mutex only its thread takes.
+#[derive(Debug)]
+pub struct WorkerCerts {
+    store: Arc<CertStore>,
+    held: Mutex<(u64, Arc<SniResolver>)>,
+}
+
+impl WorkerCerts {
+    /// A worker's view, holding the store's map now.
+    pub fn new(store: Arc<CertStore>) -> WorkerCerts {
+        let held = Mutex::new(store.snapshot());
+        WorkerCerts { store, held }
+    }
+
+    fn resolver(&self) -> Arc<SniResolver> {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        if self.store.generation.load(Ordering::Acquire) != held.0 {
+            *held = self.store.snapshot();
+        }
+        held.1.clone()
+    }
+}
+
+impl ResolvesServerCert for WorkerCerts {
+    fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(
+            self.resolver()
+                .pick(hello.server_name(), hello.signature_schemes()),
+        )
     }
 }
 

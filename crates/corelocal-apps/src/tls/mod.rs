@@ -32,7 +32,7 @@ use corelocal::runtime::{CloseReason, ConnInfo, Handler, Next, Output, Service, 
 use rustls::server::ServerSessionMemoryCache;
 use rustls::ServerConfig;
 
-pub use certs::{load, CertFiles, SniResolver};
+pub use certs::{load, CertFiles, CertStore, SniResolver, WorkerCerts};
 pub use conn::TlsConn;
 use tickets::{TicketKeys, WorkerTickets};
 
@@ -79,11 +79,12 @@ impl Default for TlsConfig {
     }
 }
 
-/// What every worker shares, read-only: the certificates and the ticket secret.
+/// What every worker shares: the certificates (replaced only at a reload) and the ticket
+/// secret.
 #[derive(Debug)]
 struct Shared {
     config: TlsConfig,
-    resolver: Arc<SniResolver>,
+    certs: Arc<CertStore>,
     ticket_keys: Arc<TicketKeys>,
 }
 
@@ -106,16 +107,11 @@ impl<S> std::fmt::Debug for TlsService<S> {
 impl<S: Service> TlsService<S> {
     /// Loads and checks every certificate and key, draws the ticket secret.
     pub fn new(inner: Arc<S>, config: TlsConfig) -> Result<TlsService<S>, String> {
-        let certs = config
-            .certs
-            .iter()
-            .map(load)
-            .collect::<Result<Vec<_>, _>>()?;
-        let resolver = Arc::new(SniResolver::new(certs)?);
+        let certs = Arc::new(CertStore::load(config.certs.clone())?);
         let ticket_keys = Arc::new(TicketKeys::generate(config.ticket_period.as_secs())?);
         let shared = Arc::new(Shared {
             config,
-            resolver,
+            certs,
             ticket_keys,
         });
         let server = worker_config(&shared)?;
@@ -124,6 +120,12 @@ impl<S: Service> TlsService<S> {
             shared,
             server,
         })
+    }
+
+    /// The certificate store, to reload it (SIGHUP): new handshakes on every worker use
+    /// the files' new contents, established connections keep theirs.
+    pub fn certs(&self) -> Arc<CertStore> {
+        self.shared.certs.clone()
     }
 
     fn limits(&self) -> conn::ConnLimits {
@@ -144,7 +146,7 @@ fn worker_config(shared: &Shared) -> Result<Arc<ServerConfig>, String> {
         .with_protocol_versions(&versions)
         .map_err(|e| e.to_string())?
         .with_no_client_auth()
-        .with_cert_resolver(shared.resolver.clone());
+        .with_cert_resolver(Arc::new(WorkerCerts::new(shared.certs.clone())));
     server.alpn_protocols = shared.config.alpn.clone();
     server.session_storage = ServerSessionMemoryCache::new(shared.config.session_cache_entries_max);
     if shared.config.tickets {

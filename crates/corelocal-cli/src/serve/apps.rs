@@ -6,12 +6,13 @@ use super::common::CommonArgs;
 use super::daemon::{self, Detached};
 use super::{fail, grace, pidfile, serve, serve_with};
 use crate::check;
+use corelocal::sys::signal;
 use corelocal_apps::http::{AccessLog, HttpConfig, HttpService};
 use corelocal_apps::kv::udp::{self, UdpLimits, UdpSockets};
 use corelocal_apps::kv::{KvConfig, KvService, Protocol, Report, ShutdownHook};
 use corelocal_apps::rpc::{RpcConfig, RpcService};
 use corelocal_apps::sockperf::{SockperfConfig, SockperfService};
-use corelocal_apps::tls::{CertFiles, TlsConfig, TlsService};
+use corelocal_apps::tls::{CertFiles, CertStore, TlsConfig, TlsService};
 use corelocal_proto::memcache;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -367,7 +368,34 @@ fn tls_service(
         "tls: rustls (ring), records in user space; {}",
         corelocal::sys::ktls::tls_ulp()
     );
+    reload_on_sighup(service.certs())?;
     Ok(service)
+}
+
+/// How often the SIGHUP flag is looked at (the signal handler may only set a flag).
+const SIGHUP_POLL: Duration = Duration::from_millis(100);
+
+/// SIGHUP reads the certificate and key files again (new handshakes use them; connections
+/// keep theirs; a broken file keeps the old ones and says why), from a thread that sleeps
+/// between looks at the flag.
+fn reload_on_sighup(certs: Arc<CertStore>) -> Result<(), String> {
+    signal::flag_on(&[libc::SIGHUP]).map_err(|e| format!("handling SIGHUP: {e}"))?;
+    std::thread::Builder::new()
+        .name("tls-sighup".into())
+        .spawn(move || loop {
+            std::thread::sleep(SIGHUP_POLL);
+            if !signal::take_raised(libc::SIGHUP) {
+                continue;
+            }
+            match certs.reload() {
+                Ok(n) => corelocal::log_line!("corelocal serve http: SIGHUP: {n} certificates reloaded"),
+                Err(e) => corelocal::log_line!(
+                    "corelocal serve http: SIGHUP: reload failed, the certificates in force stay: {e}"
+                ),
+            }
+        })
+        .map(drop)
+        .map_err(|e| format!("starting the SIGHUP thread: {e}"))
 }
 
 /// Checks `serve http`'s own flags before anything starts.

@@ -100,6 +100,8 @@ pub(super) struct HttpArgs {
     #[arg(long, value_name = "PEM", requires = "tls_key", help_heading = "TLS")]
     pub(super) tls_cert: Vec<PathBuf>,
     /// The PEM private key of each --tls-cert, in the same order (PKCS#8, RSA or EC).
+    /// SIGHUP reads every --tls-cert and --tls-key file again: new handshakes use them,
+    /// established connections keep theirs, a broken file keeps the ones in force.
     #[arg(long, value_name = "PEM", requires = "tls_cert", help_heading = "TLS")]
     pub(super) tls_key: Vec<PathBuf>,
     /// Address for HTTPS beside the plain --listen ones (repeat for several). Without it,
