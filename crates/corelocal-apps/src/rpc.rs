@@ -124,6 +124,7 @@ mod tests {
 
     fn info() -> ConnInfo<'static> {
         ConnInfo {
+            listener: 0,
             worker: 0,
             peer: None,
             now: Instant::now(),

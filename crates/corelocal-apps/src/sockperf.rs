@@ -99,6 +99,7 @@ mod tests {
         })
         .unwrap();
         svc.connect(&ConnInfo {
+            listener: 0,
             worker: 0,
             peer: None,
             now: Instant::now(),

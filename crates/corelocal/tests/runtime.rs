@@ -572,7 +572,28 @@ fn run_until_signal_returns_when_a_worker_ends_on_its_own(backend: BackendKind) 
 }
 
 // Every behaviour above, on each backend.
+/// Two addresses, the balancer on, every connection to the second: its listener keeps
+/// accepting (its allowance was once topped up only when the sum over both ran low, and the
+/// idle first one's half kept it from ever running low: the second stopped after 8).
+fn a_second_address_keeps_accepting_when_only_it_is_used(backend: BackendKind) {
+    let addrs = vec!["127.0.0.1:0".parse().unwrap(); 2];
+    let mut config = ServerConfig::recommended(addrs, &cpus());
+    config.listen.defer_accept_s = None;
+    config.backend = backend;
+    let server = Server::start(config, Arc::new(Lines::default())).unwrap();
+    let second = server.local_addrs()[1];
+    for _ in 0..64 {
+        let mut s = connect(second);
+        s.write_all(b"PING\n").unwrap();
+        let mut line = String::new();
+        BufReader::new(s).read_line(&mut line).unwrap();
+        assert_eq!(line, "PONG\n");
+    }
+    stop(server);
+}
+
 corelocal::on_every_backend!(
+    a_second_address_keeps_accepting_when_only_it_is_used,
     starved_receives_recover,
     file_regions_are_sent_in_order_with_the_bytes_around_them,
     serves_keep_alive_requests_on_many_connections,

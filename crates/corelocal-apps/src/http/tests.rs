@@ -24,6 +24,7 @@ fn builtin() -> &'static (HttpService, Instant) {
 
 fn conn(svc: &HttpService, now: Instant) -> HttpConn {
     svc.connect(&ConnInfo {
+        listener: 0,
         worker: 0,
         peer: Some("127.0.0.1:5000".parse().unwrap()),
         now,

@@ -31,6 +31,7 @@ fn drain(out: &mut Output) -> Vec<u8> {
 fn ours(svc: &KvService, input: &[u8]) -> Vec<u8> {
     let now = Instant::now();
     let mut c = svc.connect(&ConnInfo {
+        listener: 0,
         worker: 0,
         peer: None,
         now,
@@ -352,6 +353,7 @@ fn ms_modes_cas_and_reply_flags() {
     let svc = service();
     let now = Instant::now();
     let mut c = svc.connect(&ConnInfo {
+        listener: 0,
         worker: 0,
         peer: None,
         now,

@@ -14,6 +14,7 @@ fn service(config: KvConfig) -> (KvService, Instant) {
 
 fn run(svc: &KvService, input: &str, now: Instant) -> String {
     let mut c = svc.connect(&ConnInfo {
+        listener: 0,
         worker: 3,
         peer: None,
         now,
@@ -346,6 +347,7 @@ fn stats_conns_lists_the_listener_and_live_connections() {
         ..KvConfig::default()
     });
     let info = |port: u16, worker: usize| ConnInfo {
+        listener: 0,
         worker,
         peer: Some(SocketAddr::from(([127, 0, 0, 1], port))),
         now: base,

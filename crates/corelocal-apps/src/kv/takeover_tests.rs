@@ -434,6 +434,7 @@ fn with_auth() -> KvConfig {
 
 fn resumed(svc: &KvService, state: &[u8]) -> KvConn {
     let info = ConnInfo {
+        listener: 0,
         worker: 0,
         peer: None,
         now: Instant::now(),

@@ -16,6 +16,7 @@ pub(super) fn service(config: KvConfig) -> (KvService, Instant) {
 /// A new connection of `svc` at `now`.
 pub(super) fn conn(svc: &KvService, now: Instant) -> KvConn {
     svc.connect(&ConnInfo {
+        listener: 0,
         worker: 0,
         peer: None,
         now,

@@ -201,6 +201,7 @@ fn a_request_is_one_datagram_data_included() {
 /// What a TCP connection answers to `input` in one go.
 fn tcp_answer(svc: &KvService, input: &[u8], now: Instant) -> Vec<u8> {
     let mut c = svc.connect(&ConnInfo {
+        listener: 0,
         worker: 0,
         peer: None,
         now,

@@ -27,6 +27,7 @@ fn hub() -> (Arc<NotifyHub>, Arc<Wakes>) {
 /// A connection as a worker makes it: with a notifier (connection `id`).
 fn conn(svc: &KvService, hub: &Arc<NotifyHub>, id: u32, now: Instant) -> KvConn {
     svc.connect(&ConnInfo {
+        listener: 0,
         worker: 0,
         peer: Some("10.1.2.3:4567".parse().unwrap()),
         now,

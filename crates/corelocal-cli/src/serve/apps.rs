@@ -6,11 +6,13 @@ use super::common::CommonArgs;
 use super::daemon::{self, Detached};
 use super::{fail, grace, pidfile, serve, serve_with};
 use crate::check;
+use corelocal::sys::signal;
 use corelocal_apps::http::{AccessLog, HttpConfig, HttpService};
 use corelocal_apps::kv::udp::{self, UdpLimits, UdpSockets};
 use corelocal_apps::kv::{KvConfig, KvService, Protocol, Report, ShutdownHook};
 use corelocal_apps::rpc::{RpcConfig, RpcService};
 use corelocal_apps::sockperf::{SockperfConfig, SockperfService};
+use corelocal_apps::tls::{CertFiles, CertStore, TlsConfig, TlsService};
 use corelocal_proto::memcache;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -54,7 +56,7 @@ fn run_app(cmd: Command) -> ExitCode {
                 return fail(&e);
             }
             let config = HttpConfig {
-                root: args.root,
+                root: args.root.clone(),
                 cache_bytes_max: args.cache_mb.saturating_mul(1 << 20),
                 access_log,
                 header_timeout_ms: u64::try_from(args.header_timeout.as_millis())
@@ -62,8 +64,15 @@ fn run_app(cmd: Command) -> ExitCode {
                     .max(1),
                 ..HttpConfig::default()
             };
-            match HttpService::new(config) {
-                Ok(service) => serve(&args.common, Arc::new(service)),
+            let service = match HttpService::new(config) {
+                Ok(service) => Arc::new(service),
+                Err(e) => return fail(&format!("http: {e}")),
+            };
+            if args.tls_cert.is_empty() {
+                return serve(&args.common, service);
+            }
+            match tls_service(&mut args, service) {
+                Ok(tls) => serve(&args.common, Arc::new(tls)),
                 Err(e) => fail(&format!("http: {e}")),
             }
         }
@@ -313,6 +322,80 @@ fn port_file_text(tcp: &[SocketAddr], udp: &[SocketAddr]) -> String {
         }
     }
     text
+}
+
+/// `serve http --tls-cert`: the HTTP service wrapped in TLS on the --tls-listen addresses
+/// (appended after the plain ones), or on every --listen address without them.
+fn tls_service(
+    args: &mut HttpArgs,
+    http: Arc<HttpService>,
+) -> Result<TlsService<HttpService>, String> {
+    if args.tls_cert.len() != args.tls_key.len() {
+        return Err(format!(
+            "{} --tls-cert but {} --tls-key: give one key per certificate, in the same order",
+            args.tls_cert.len(),
+            args.tls_key.len()
+        ));
+    }
+    let plain = args.common.listen.len();
+    let listeners = if args.tls_listen.is_empty() {
+        (0..plain).collect()
+    } else {
+        args.common.listen.extend(args.tls_listen.iter().copied());
+        (plain..plain + args.tls_listen.len()).collect()
+    };
+    let certs = args
+        .tls_cert
+        .iter()
+        .zip(&args.tls_key)
+        .map(|(chain, key)| CertFiles {
+            chain: chain.clone(),
+            key: key.clone(),
+        })
+        .collect();
+    let config = TlsConfig {
+        certs,
+        listeners,
+        handshake_bytes_max: args.tls_handshake_bytes_max as usize,
+        handshake_timeout: args.tls_handshake_timeout,
+        session_cache_entries_max: args.tls_session_cache,
+        tickets: !args.tls_no_tickets,
+        ticket_period: args.tls_ticket_period,
+        ..TlsConfig::default()
+    };
+    let service = TlsService::new(http, config)?;
+    eprintln!(
+        "tls: rustls (ring), records in user space; {}",
+        corelocal::sys::ktls::tls_ulp()
+    );
+    reload_on_sighup(service.certs())?;
+    Ok(service)
+}
+
+/// How often the SIGHUP flag is looked at (the signal handler may only set a flag).
+const SIGHUP_POLL: Duration = Duration::from_millis(100);
+
+/// SIGHUP reads the certificate and key files again (new handshakes use them; connections
+/// keep theirs; a broken file keeps the old ones and says why), from a thread that sleeps
+/// between looks at the flag.
+fn reload_on_sighup(certs: Arc<CertStore>) -> Result<(), String> {
+    signal::flag_on(&[libc::SIGHUP]).map_err(|e| format!("handling SIGHUP: {e}"))?;
+    std::thread::Builder::new()
+        .name("tls-sighup".into())
+        .spawn(move || loop {
+            std::thread::sleep(SIGHUP_POLL);
+            if !signal::take_raised(libc::SIGHUP) {
+                continue;
+            }
+            match certs.reload() {
+                Ok(n) => corelocal::log_line!("corelocal serve http: SIGHUP: {n} certificates reloaded"),
+                Err(e) => corelocal::log_line!(
+                    "corelocal serve http: SIGHUP: reload failed, the certificates in force stay: {e}"
+                ),
+            }
+        })
+        .map(drop)
+        .map_err(|e| format!("starting the SIGHUP thread: {e}"))
 }
 
 /// Checks `serve http`'s own flags before anything starts.

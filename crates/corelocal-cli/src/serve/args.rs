@@ -34,6 +34,8 @@ pub(super) enum App {
     ///   corelocal serve http
     ///   corelocal serve http --listen 0.0.0.0:8080 --root /var/www --cpus 0-3
     ///   curl -s http://127.0.0.1:8080/files/00/00000.txt
+    ///   corelocal serve http --tls-cert chain.pem --tls-key key.pem --tls-listen 127.0.0.1:8443
+    ///   curl -s --cacert ca.pem https://localhost:8443/files/00/00000.txt
     #[command(verbatim_doc_comment)]
     Http(HttpArgs),
     /// memcached text-protocol server (get/gets/set/add/replace/append/prepend/cas/delete/
@@ -92,6 +94,39 @@ pub(super) struct HttpArgs {
     /// (slowloris); the idle timeout alone would not catch a client that trickles bytes.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub(super) header_timeout: Duration,
+    /// HTTPS: a PEM certificate chain (the server's certificate first, then intermediates),
+    /// with its --tls-key. Repeat both for several certificates: the client's SNI name picks
+    /// one, the first serves clients that name none. TLS 1.3 and 1.2, ALPN http/1.1.
+    #[arg(long, value_name = "PEM", requires = "tls_key", help_heading = "TLS")]
+    pub(super) tls_cert: Vec<PathBuf>,
+    /// The PEM private key of each --tls-cert, in the same order (PKCS#8, RSA or EC).
+    /// SIGHUP reads every --tls-cert and --tls-key file again: new handshakes use them,
+    /// established connections keep theirs, a broken file keeps the ones in force.
+    #[arg(long, value_name = "PEM", requires = "tls_cert", help_heading = "TLS")]
+    pub(super) tls_key: Vec<PathBuf>,
+    /// Address for HTTPS beside the plain --listen ones (repeat for several). Without it,
+    /// every --listen address speaks TLS.
+    #[arg(long, value_name = "ADDR", value_parser = crate::check::parse_socket_addr,
+          requires = "tls_cert", help_heading = "TLS")]
+    pub(super) tls_listen: Vec<std::net::SocketAddr>,
+    /// A TLS handshake must complete this long after its first byte, else the connection
+    /// closes; a client silent this long before its handshake completes is closed too.
+    #[arg(long, default_value = "10s", value_parser = parse_duration, help_heading = "TLS")]
+    pub(super) tls_handshake_timeout: Duration,
+    /// Bytes a client may send before its handshake completes (an oversize ClientHello
+    /// closes).
+    #[arg(long, default_value_t = 16 << 10, value_name = "BYTES", help_heading = "TLS",
+          value_parser = clap::value_parser!(u32).range(1024..=(1 << 20)))]
+    pub(super) tls_handshake_bytes_max: u32,
+    /// Sessions each worker's session-ID cache keeps (no cache is shared between cores).
+    #[arg(long, default_value_t = 4096, value_name = "N", help_heading = "TLS")]
+    pub(super) tls_session_cache: usize,
+    /// Send no session tickets (resumption then only by session ID / the server's cache).
+    #[arg(long, help_heading = "TLS")]
+    pub(super) tls_no_tickets: bool,
+    /// Session-ticket keys rotate on this period; a ticket opens for one to two periods.
+    #[arg(long, default_value = "6h", value_parser = parse_duration, help_heading = "TLS")]
+    pub(super) tls_ticket_period: Duration,
 }
 
 #[derive(Debug, Args)]

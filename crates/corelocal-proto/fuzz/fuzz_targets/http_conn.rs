@@ -27,6 +27,7 @@ fuzz_target!(|data: &[u8]| {
     };
     let chunk = usize::from(chunk).max(1);
     let mut conn = svc.connect(&ConnInfo {
+        listener: 0,
         worker: 0,
         peer: None,
         now: *base,

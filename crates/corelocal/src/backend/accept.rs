@@ -57,6 +57,22 @@ impl Refill {
     pub fn share(extra: usize, n: usize, i: usize) -> u32 {
         (extra / n + usize::from(i < extra % n)).min(u32::MAX as usize) as u32
     }
+
+    /// How many to add to listener `i`'s allowance `have` (of `n` listeners): its share of
+    /// `target`, topped up on its own low mark. Per listener, because connections need not
+    /// arrive evenly: with one sum for all, a busy listener at 0 beside an idle one holding
+    /// its half never reached the low mark, and the busy one stopped accepting for good.
+    pub fn listener_extra(
+        &self,
+        target: usize,
+        n: usize,
+        i: usize,
+        have: usize,
+        resume: bool,
+    ) -> u32 {
+        let want = Refill::share(target, n, i) as usize;
+        self.extra(want, have, resume).min(u32::MAX as usize) as u32
+    }
 }
 
 /// A listener's multishot accept.

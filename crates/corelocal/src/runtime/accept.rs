@@ -96,11 +96,6 @@ impl AcceptPath {
         [self.resume_at, self.drain.map(|d| d.next_check)]
     }
 
-    /// Connections allowed and not seen yet, over all listeners.
-    fn outstanding(&self) -> usize {
-        self.allowance.iter().sum()
-    }
-
     /// Room to steal one more connection below the limit. The own listeners' allowance is not
     /// counted: with pacing it is a standing reservation (topped up to `accept_batch_max` every
     /// turn, used only if connections arrive), and counting it would keep a worker with room
@@ -147,10 +142,9 @@ impl AcceptPath {
         }
         let policy = self.refill_policy();
         let target = policy.target(open + usize::from(self.steal_pending));
-        let extra = policy.extra(target, self.outstanding(), resume);
         let n = self.allowance.len();
         for (i, &fd) in self.listeners.iter().enumerate() {
-            let share = Refill::share(extra, n, i);
+            let share = policy.listener_extra(target, n, i, self.allowance[i], resume);
             if share == 0 && !resume {
                 continue;
             }

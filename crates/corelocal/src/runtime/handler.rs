@@ -22,6 +22,10 @@ use std::time::Instant;
 pub struct ConnInfo<'a> {
     /// Index of the worker that owns the connection.
     pub worker: usize,
+    /// Index of the address it arrived on, in the order of the server's addresses (a plain
+    /// and a TLS port side by side tell their connections apart by it). A connection stolen
+    /// from another worker came from that worker's first listener: 0.
+    pub listener: usize,
     /// The client's address, when the backend knows it.
     pub peer: Option<SocketAddr>,
     /// Time of accept.
@@ -428,6 +432,26 @@ pub trait Handler: Send + 'static {
         false
     }
 
+    /// A shorter idle timeout of the handler's own, while it returns `Some`: the connection
+    /// closes once it has been silent (nothing received, nothing sent) that long, as with
+    /// [`Limits::idle_timeout`](super::Limits#structfield.idle_timeout), which still applies.
+    /// A TLS layer returns its handshake timeout until the handshake completes, so a client
+    /// that stalls mid-handshake is closed then and not a minute later. Asked when the
+    /// connection is accepted and whenever its deadline comes up; the default: none.
+    fn idle_timeout(&self) -> Option<std::time::Duration> {
+        None
+    }
+
+    /// Whether the handler holds work of its own that no new input will bring: bytes it took
+    /// from the input but has not processed yet, or output it has not produced yet (a TLS
+    /// layer's decrypted requests, waiting while the output was full, or the rest of a file it
+    /// encrypts a piece at a time). While true, the runtime calls [`Handler::on_input`] even
+    /// with no input left (an empty slice), once per processing of the connection, as it does
+    /// when the output drains. The default: nothing is held back.
+    fn holds_input(&self) -> bool {
+        false
+    }
+
     /// At a binary upgrade the runtime moves open connections to the successor process
     /// between two requests. It asks when the connection is quiet (nothing queued to send,
     /// nothing in flight): `None` while a request is half-handled in the handler's own state
@@ -554,7 +578,7 @@ pub trait Service: Send + Sync + 'static {
     /// // What each worker does: its own service, then one handler per connection.
     /// let template = Arc::new(Count::default());
     /// let (w0, w1) = (template.clone().for_worker(0), template.for_worker(1));
-    /// let info = ConnInfo { worker: 0, peer: None, now: Instant::now(), notify: None };
+    /// let info = ConnInfo { worker: 0, listener: 0, peer: None, now: Instant::now(), notify: None };
     /// let (mut a, mut b, mut c) = (w0.connect(&info), w0.connect(&info), w1.connect(&info));
     /// let mut out = Output::new();
     /// for conn in [&mut a, &mut b, &mut c] {

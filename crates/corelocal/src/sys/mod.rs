@@ -38,6 +38,7 @@
 //!   the GRO and TSO switches).
 //! - [`sockdiag`]: listening TCP sockets via `NETLINK_SOCK_DIAG` (cheap, unlike
 //!   `/proc/net/tcp`).
+//! - [`ktls`]: whether the kernel offers kTLS (the `tls` upper-layer protocol).
 //! - [`signal`]: SIGINT/SIGTERM blocked everywhere and awaited in one place; a handler that
 //!   only sets a flag, for the tools that clean up before they exit; a SIGTERM to one thread.
 //! - [`process`]: uid, resource limits, a seccomp filter, a thread's own mount namespace; a
@@ -65,6 +66,7 @@ pub mod client;
 pub mod epoll;
 pub mod ethtool;
 mod eventfd;
+pub mod ktls;
 pub mod pidfd;
 pub mod process;
 pub mod scm;

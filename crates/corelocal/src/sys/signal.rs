@@ -179,9 +179,35 @@ pub fn raised(signals: &[i32]) -> bool {
     })
 }
 
+/// Whether `signal` arrived since the last look (or since [`flag_on`]): the flag is cleared,
+/// so each arrival is seen once (a reload at every SIGHUP).
+pub fn take_raised(signal: i32) -> bool {
+    usize::try_from(signal)
+        .ok()
+        .and_then(|s| RAISED.get(s))
+        .is_some_and(|flag| flag.swap(false, Ordering::SeqCst))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_taken_flag_is_seen_once() {
+        flag_on(&[libc::SIGWINCH]).unwrap();
+        assert!(!take_raised(libc::SIGWINCH));
+        let me = rustix::process::getpid();
+        rustix::process::kill_process(me, rustix::process::Signal::WINCH).unwrap();
+        // Another thread of the test process may take it: wait for the flag (bounded).
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let mut seen = false;
+        while !seen && std::time::Instant::now() < deadline {
+            seen = take_raised(libc::SIGWINCH);
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(seen);
+        assert!(!take_raised(libc::SIGWINCH));
+    }
 
     #[test]
     fn a_flagged_signal_sets_its_flag_and_no_other() {

@@ -350,3 +350,9 @@ pub struct Accepted {
     /// `SO_INCOMING_CPU` of the connection.
     pub incoming_cpu: Option<usize>,
 }
+
+/// Attaches the upper-layer protocol `name` (`tls` for kTLS) to connected socket `fd`. The
+/// kernel loads its module on demand; `ENOENT` says it has none by that name.
+pub fn set_tcp_ulp(fd: RawFd, name: &[u8; 3]) -> io::Result<()> {
+    setsockopt(fd, libc::IPPROTO_TCP, libc::TCP_ULP, name)
+}

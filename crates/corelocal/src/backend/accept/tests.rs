@@ -575,3 +575,29 @@ fn refill_tops_up_below_the_low_mark_and_splits_evenly() {
     assert_eq!(shares, [4, 3, 3]);
     assert_eq!(Refill::share(usize::MAX, 1, 0), u32::MAX);
 }
+
+#[test]
+fn a_busy_listener_is_topped_up_beside_an_idle_one() {
+    // Balancer on, batch 16, two listeners: connections arrive on the second only.
+    let paced = Refill {
+        conns_max: 100_000,
+        batch_max: 16,
+        paced: true,
+    };
+    let target = paced.target(0);
+    assert_eq!(paced.listener_extra(target, 2, 0, 0, true), 8);
+    assert_eq!(paced.listener_extra(target, 2, 1, 0, true), 8);
+    // The second took its 8; the first still holds 8: the second is refilled all the same.
+    assert_eq!(paced.listener_extra(target, 2, 0, 8, false), 0);
+    assert_eq!(paced.listener_extra(target, 2, 1, 0, false), 8);
+    // Above its own low mark (half its share, when paced), nothing is added.
+    assert_eq!(paced.listener_extra(target, 2, 1, 4, false), 0);
+    assert_eq!(paced.listener_extra(target, 2, 1, 3, false), 5);
+    // The sum never goes past the target: each listener stays within its share.
+    let near_limit = paced.target(99_997);
+    assert_eq!(near_limit, 3);
+    let shares: u32 = (0..2)
+        .map(|i| paced.listener_extra(near_limit, 2, i, 0, true))
+        .sum();
+    assert_eq!(shares, 3);
+}

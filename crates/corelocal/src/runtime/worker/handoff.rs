@@ -94,7 +94,8 @@ impl<S: Service, B: Backend> Worker<S, B> {
     /// the predecessor read handled first, then receiving.
     pub(super) fn on_adopted(&mut self, adopted: Adopted, now: Instant) {
         let id = adopted.id;
-        let info = self.conn_info(id, adopted.peer, now);
+        // Which address it came on is not handed over: the first (a TLS connection never moves).
+        let info = self.conn_info(id, 0, adopted.peer, now);
         let handler = self.setup.service.resume(&info, &adopted.state);
         self.insert_conn(id, handler, now);
         self.setup.stats.adopted();
@@ -172,6 +173,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
 
     /// A new connection's state, in its slot, under the key `conn_info` gave its notifier.
     pub(super) fn insert_conn(&mut self, id: ConnId, handler: S::Conn, now: Instant) {
+        let short_idle = handler.idle_timeout();
         let (key, place) = self.conns.claim(id);
         *place = Some(Conn {
             handler,
@@ -194,5 +196,8 @@ impl<S: Service, B: Backend> Worker<S, B> {
         self.open += 1;
         self.idle
             .push_back((now + self.setup.limits.idle_timeout, key));
+        if let Some(t) = short_idle {
+            self.short_idle.push_back((now + t, key));
+        }
     }
 }

@@ -159,7 +159,8 @@ impl<S: Service, B: Backend> Worker<S, B> {
         let Some(conn) = self.conns.occupant_mut(id) else {
             return;
         };
-        let mut verdict = if conn.closing == Closing::Open && !conn.input.is_empty() {
+        let has_input = !conn.input.is_empty() || conn.handler.holds_input();
+        let mut verdict = if conn.closing == Closing::Open && has_input {
             process(conn, &self.setup, now)
         } else {
             None
@@ -222,7 +223,9 @@ fn process<S: Service>(
     conn.output.set_limit(limit.saturating_sub(conn.in_flight));
     let mut rounds = 0;
     loop {
-        if offset == conn.input.len() {
+        // A handler holding input of its own runs once more on none (`Handler::holds_input`).
+        let held = offset == conn.input.len() && rounds == 0 && conn.handler.holds_input();
+        if offset == conn.input.len() && !held {
             break;
         }
         if rounds == HANDLER_ROUNDS_MAX {

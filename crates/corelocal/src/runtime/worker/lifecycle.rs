@@ -29,7 +29,13 @@ impl<S: Service, B: Backend> Worker<S, B> {
                 Origin::Stolen(victim) => b.stole(victim as usize),
             }
         }
-        let handler = self.setup.service.connect(&self.conn_info(conn, peer, now));
+        // Stealing takes from the victim's first listener (`Balance::steal_order`).
+        let listener = match origin {
+            Origin::Local(i) => i as usize,
+            Origin::Stolen(_) => 0,
+        };
+        let info = self.conn_info(conn, listener, peer, now);
+        let handler = self.setup.service.connect(&info);
         self.insert_conn(conn, handler, now);
         self.backend.push(Op::Recv { conn });
         self.accept.accepted(&mut self.backend, origin, self.open);
@@ -188,6 +194,33 @@ impl<S: Service, B: Backend> Worker<S, B> {
             if real_deadline > now {
                 self.linger.push_back((real_deadline, key));
             } else {
+                self.force_close(key.slot());
+            }
+        }
+    }
+
+    /// Connections silent for their handler's own shorter idle timeout close
+    /// (`Handler::idle_timeout`); an entry whose handler no longer has one goes.
+    pub(super) fn expire_short_idle(&mut self, now: Instant) {
+        while let Some(&(deadline, key)) = self.short_idle.front() {
+            if deadline > now {
+                break;
+            }
+            self.short_idle.pop_front();
+            let Some(conn) = self.conns.live(key) else {
+                continue;
+            };
+            let Some(timeout) = conn.handler.idle_timeout() else {
+                continue;
+            };
+            if conn.closing != Closing::Open {
+                continue;
+            }
+            let real_deadline = conn.last_active + timeout;
+            if real_deadline > now {
+                self.short_idle.push_back((real_deadline, key));
+            } else {
+                self.setup.stats.error(ErrorKind::IdleTimeout);
                 self.force_close(key.slot());
             }
         }

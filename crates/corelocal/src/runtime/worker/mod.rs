@@ -159,6 +159,9 @@ pub struct Worker<S: Service, B: Backend> {
     idle: VecDeque<(Instant, ConnKey)>,
     /// Lingering closes: (deadline, conn), lazily corrected like `idle`.
     linger: VecDeque<(Instant, ConnKey)>,
+    /// Handlers' own shorter idle timeouts (`Handler::idle_timeout`: a TLS handshake), lazily
+    /// corrected like `idle`; an entry goes once its handler has none.
+    short_idle: VecDeque<(Instant, ConnKey)>,
     /// Byte buffers for reuse (send buffers, connections' input and output).
     spare: output::SpareBufs,
     /// Allowances, pacing, pauses, the steal in flight and the stop's accept phase.
@@ -211,6 +214,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
             open: 0,
             idle: VecDeque::new(),
             linger: VecDeque::new(),
+            short_idle: VecDeque::new(),
             spare: output::SpareBufs::default(),
             drain_deadline: None,
             sweep_at: None,
@@ -256,6 +260,9 @@ impl<S: Service, B: Backend> Worker<S, B> {
             self.run_notified(now);
             self.take_late(now);
             self.expire_idle(now);
+            if !self.short_idle.is_empty() {
+                self.expire_short_idle(now);
+            }
             self.expire_linger(now);
             self.accept.maybe_resume(&mut self.backend, self.open, now);
             self.balance_turn(now);
@@ -304,10 +311,12 @@ impl<S: Service, B: Backend> Worker<S, B> {
     fn next_timeout(&self, now: Instant) -> Option<Duration> {
         let mut deadline = self.idle.front().map(|e| e.0);
         let linger = self.linger.front().map(|e| e.0);
+        let short_idle = self.short_idle.front().map(|e| e.0);
         let [resume, drain_check] = self.accept.deadlines();
         let watch = self.balance.as_ref().and_then(|b| b.watch_at());
         for d in [
             linger,
+            short_idle,
             resume,
             self.drain_deadline,
             drain_check,

@@ -14,12 +14,14 @@ impl<S: Service, B: Backend> Worker<S, B> {
     pub(super) fn conn_info(
         &self,
         id: ConnId,
+        listener: usize,
         peer: Option<SocketAddr>,
         now: Instant,
     ) -> ConnInfo<'_> {
         let key = self.conns.next_key(id);
         ConnInfo {
             worker: self.setup.index,
+            listener,
             peer,
             now,
             notify: Some(NotifyRef::new(&self.notify, self.setup.index, key)),

@@ -1,0 +1,325 @@
+//! One TLS connection: rustls's server state wrapped around the inner protocol's handler.
+//!
+//! Ciphertext in: fed to rustls, the plaintext it yields kept in `plain` (bounded) and given
+//! to the inner handler as the runtime would give input. Its output (bytes and file regions)
+//! goes into `inner_out`, then is encrypted into the connection's output as far as the
+//! output's room allows: a file region the plain path sends with sendfile is read here, a
+//! piece at a time, into records (user-space TLS has no zero-copy path). What is left
+//! (plaintext the inner handler had no room to answer, output not yet encrypted, a close
+//! waiting for them) is held: [`Handler::holds_input`] says so, and the runtime calls again
+//! once the output drains.
+//!
+//! The handshake is bounded: bytes received before it completes (`handshake_bytes_max`: an
+//! oversize ClientHello, or a flood of records) and time since the first byte
+//! (`handshake_timeout`, checked at every byte that arrives: a client dribbling one byte at a
+//! time). A client that goes silent before its handshake completes is closed by the runtime
+//! after the same timeout ([`Handler::idle_timeout`]).
+
+use std::io::Read as _;
+use std::os::unix::fs::FileExt as _;
+use std::time::{Duration, Instant};
+
+use corelocal::runtime::{CloseReason, Handler, Next, Output, OutputFront, Step};
+use rustls::ServerConnection;
+
+/// Limits of one connection (from [`super::TlsConfig`]).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct ConnLimits {
+    pub handshake_bytes_max: usize,
+    pub handshake_timeout: Duration,
+    pub plain_bytes_max: usize,
+}
+
+/// The most of a file region read (and encrypted) in one go: one read, four full records.
+const FILE_READ_BYTES_MAX: usize = 64 << 10;
+/// Inner handler calls per `on_input`, as the runtime bounds its own.
+const INNER_ROUNDS_MAX: usize = 256;
+
+/// A TLS connection around the inner handler `H`.
+pub struct TlsConn<H> {
+    tls: ServerConnection,
+    inner: H,
+    /// Decrypted input the inner handler has not consumed.
+    plain: Vec<u8>,
+    /// The inner handler's output, not yet encrypted.
+    inner_out: Output,
+    /// Bytes received while handshaking, and when the first arrived.
+    handshake: (usize, Option<Instant>),
+    /// The inner handler (or the peer's close_notify) asked to close once its output is out.
+    closing: Option<CloseReason>,
+    /// Plaintext waits for output room, or output for encryption: see `holds_input`.
+    held: bool,
+    limits: ConnLimits,
+    scratch: Vec<u8>,
+}
+
+impl<H: Handler> TlsConn<H> {
+    pub(super) fn new(mut tls: ServerConnection, inner: H, limits: ConnLimits) -> TlsConn<H> {
+        // rustls's own buffers unbounded: what goes in is bounded by the output's room and
+        // `plain_bytes_max`, checked here.
+        tls.set_buffer_limit(None);
+        TlsConn {
+            tls,
+            inner,
+            plain: Vec::new(),
+            inner_out: Output::new(),
+            handshake: (0, None),
+            closing: None,
+            held: false,
+            limits,
+            scratch: Vec::new(),
+        }
+    }
+
+    /// rustls's connection (protocol version, ALPN, resumption), for tests and logs.
+    pub fn session(&self) -> &ServerConnection {
+        &self.tls
+    }
+
+    /// Feeds ciphertext to rustls until it is all taken or `plain` is full; `Err` closes.
+    fn feed(&mut self, input: &[u8], out: &mut Output, now: Instant) -> Result<usize, CloseReason> {
+        let mut taken = 0;
+        while taken < input.len() && self.plain.len() < self.limits.plain_bytes_max {
+            let handshaking = self.tls.is_handshaking();
+            let mut rest = &input[taken..];
+            let n = match self.tls.read_tls(&mut rest) {
+                Ok(0) | Err(_) => return Err(CloseReason::BadRequest),
+                Ok(n) => n,
+            };
+            taken += n;
+            if handshaking {
+                self.check_handshake(n, now)?;
+            }
+            if let Err(_e) = self.tls.process_new_packets() {
+                // rustls queued the alert that says why: it goes out before the close.
+                self.write_records(out);
+                return Err(CloseReason::BadRequest);
+            }
+            self.take_plaintext()?;
+        }
+        Ok(taken)
+    }
+
+    /// Bounds the handshake: bytes and time since its first byte.
+    fn check_handshake(&mut self, arrived: usize, now: Instant) -> Result<(), CloseReason> {
+        let (bytes, started) = &mut self.handshake;
+        let started = *started.get_or_insert(now);
+        *bytes += arrived;
+        if *bytes > self.limits.handshake_bytes_max {
+            return Err(CloseReason::TooLarge);
+        }
+        if now.saturating_duration_since(started) > self.limits.handshake_timeout {
+            return Err(CloseReason::TimedOut);
+        }
+        Ok(())
+    }
+
+    /// Moves the plaintext rustls decrypted into `plain`; the peer's close_notify ends input.
+    fn take_plaintext(&mut self) -> Result<(), CloseReason> {
+        loop {
+            let at = self.plain.len();
+            self.plain.resize(at + 4096, 0);
+            match self.tls.reader().read(&mut self.plain[at..]) {
+                Ok(n) => {
+                    self.plain.truncate(at + n);
+                    if n == 0 {
+                        // close_notify: no more requests will come.
+                        self.closing.get_or_insert(CloseReason::Done);
+                        return Ok(());
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    self.plain.truncate(at);
+                    return Ok(());
+                }
+                Err(_) => {
+                    // Closed without close_notify (a truncation attack, or a careless peer).
+                    self.plain.truncate(at);
+                    return Err(CloseReason::BadRequest);
+                }
+            }
+        }
+    }
+
+    /// Runs the inner handler over `plain` while it makes progress and has room.
+    fn run_inner(&mut self, room: u64, now: Instant) -> (u32, Option<CloseReason>) {
+        let mut requests = 0;
+        self.inner_out.set_limit(room);
+        for _ in 0..INNER_ROUNDS_MAX {
+            if self.plain.is_empty() || self.inner_out.room() == 0 {
+                break;
+            }
+            let step = self.inner.on_input(&self.plain, &mut self.inner_out, now);
+            self.plain.drain(..step.consumed.min(self.plain.len()));
+            requests += step.requests;
+            if let Next::Close(reason) = step.next {
+                return (requests, Some(reason));
+            }
+            if step.consumed == 0 || step.yielded {
+                break;
+            }
+        }
+        (requests, None)
+    }
+
+    /// Encrypts the inner output into `out` while it has room; true when all of it went.
+    fn encrypt(&mut self, out: &mut Output) -> bool {
+        if self.tls.is_handshaking() {
+            // Written now it would wait in rustls's buffer: it stays here until then.
+            return self.inner_out.is_empty();
+        }
+        while out.room() > 0 && !self.inner_out.is_empty() {
+            let room = usize::try_from(out.room()).unwrap_or(usize::MAX);
+            let n = match self.inner_out.front() {
+                OutputFront::Empty => break,
+                OutputFront::Bytes(b) => {
+                    let n = b.len().min(room.max(1));
+                    let _ = self.tls.writer().write_all_plain(&b[..n]);
+                    n
+                }
+                OutputFront::File(region) => {
+                    let n = (region.len as usize)
+                        .min(room.max(1))
+                        .min(FILE_READ_BYTES_MAX);
+                    self.scratch.resize(n, 0);
+                    if region
+                        .file
+                        .read_exact_at(&mut self.scratch, region.offset)
+                        .is_err()
+                    {
+                        // The file shrank or failed under us: the response cannot complete.
+                        self.inner_out.clear();
+                        self.closing = Some(CloseReason::BadRequest);
+                        break;
+                    }
+                    let _ = self.tls.writer().write_all_plain(&self.scratch);
+                    n
+                }
+            };
+            self.inner_out.advance(n);
+            self.write_records(out);
+        }
+        self.write_records(out);
+        self.inner_out.is_empty()
+    }
+
+    /// Moves rustls's pending records (handshake, data, alerts) into `out`.
+    fn write_records(&mut self, out: &mut Output) {
+        while self.tls.wants_write() {
+            if self.tls.write_tls(out.bytes_mut()).is_err() {
+                break;
+            }
+        }
+    }
+
+    /// After the inner handler ran: encrypt what it said; close once all of it went.
+    fn finish(&mut self, out: &mut Output, consumed: usize, requests: u32) -> Step {
+        let all_out = self.encrypt(out);
+        if let Some(reason) = self.closing.filter(|_| all_out) {
+            self.tls.send_close_notify();
+            self.write_records(out);
+            self.held = false;
+            return Step::close(consumed, requests, reason);
+        }
+        // Decrypted requests left (the output was full, or one is partial: then the extra
+        // call the runtime makes finds nothing to do) are run again once the output drains.
+        self.held = !all_out || !self.plain.is_empty() || self.closing.is_some();
+        Step::read(consumed, requests)
+    }
+}
+
+/// `write_all` on rustls's writer: its buffer for plaintext is unbounded (the output's room
+/// bounds what goes in).
+trait WriteAllPlain {
+    fn write_all_plain(&mut self, data: &[u8]) -> std::io::Result<()>;
+}
+
+impl WriteAllPlain for rustls::Writer<'_> {
+    fn write_all_plain(&mut self, data: &[u8]) -> std::io::Result<()> {
+        std::io::Write::write_all(self, data)
+    }
+}
+
+impl<H: Handler> Handler for TlsConn<H> {
+    fn on_input(&mut self, input: &[u8], out: &mut Output, now: Instant) -> Step {
+        let consumed = match self.feed(input, out, now) {
+            Ok(n) => n,
+            Err(reason) => return Step::close(input.len(), 0, reason),
+        };
+        if self.tls.is_handshaking() {
+            self.write_records(out);
+            return Step::read(consumed, 0);
+        }
+        let room = out.room();
+        let (requests, verdict) = self.run_inner(room, now);
+        if let Some(reason) = verdict {
+            self.closing = Some(reason);
+        } else if self.plain.len() >= self.limits.plain_bytes_max && self.inner_out.room() > 0 {
+            // A request larger than the inner handler takes, however far it is decrypted.
+            self.inner
+                .on_input_limit(&self.plain, &mut self.inner_out, now);
+            self.closing = Some(CloseReason::TooLarge);
+        } else if self.closing.is_some() && !self.plain.is_empty() {
+            // close_notify after a partial request: the inner handler says what it does.
+            let next = self.inner.on_eof(&self.plain, &mut self.inner_out, now);
+            self.plain.clear();
+            if let Next::Close(reason) = next {
+                self.closing = Some(reason);
+            }
+        }
+        self.finish(out, consumed, requests)
+    }
+
+    fn on_input_limit(&mut self, _input: &[u8], out: &mut Output, _now: Instant) {
+        // Ciphertext piled up while `plain` stayed full: whatever alert rustls has goes out.
+        self.write_records(out);
+    }
+
+    fn on_connect(&mut self, _out: &mut Output, now: Instant) -> Next {
+        // The greeting waits in `inner_out` until the handshake completes.
+        let next = self.inner.on_connect(&mut self.inner_out, now);
+        if let Next::Close(reason) = next {
+            self.closing = Some(reason);
+        }
+        Next::Read
+    }
+
+    fn on_eof(&mut self, _input: &[u8], out: &mut Output, now: Instant) -> Next {
+        if self.tls.is_handshaking() {
+            return Next::Close(CloseReason::Done);
+        }
+        let next = self.inner.on_eof(&self.plain, &mut self.inner_out, now);
+        self.plain.clear();
+        // Nothing more will be read: what the inner handler said goes out now, all of it.
+        out.set_limit(u64::MAX);
+        self.encrypt(out);
+        self.tls.send_close_notify();
+        self.write_records(out);
+        next
+    }
+
+    fn on_drain(&mut self) -> bool {
+        self.inner.on_drain()
+    }
+
+    fn expects_input(&self) -> bool {
+        self.inner.expects_input()
+    }
+
+    fn holds_input(&self) -> bool {
+        self.held
+    }
+
+    fn idle_timeout(&self) -> Option<Duration> {
+        // Until the handshake completes, silence closes after the handshake timeout.
+        self.tls
+            .is_handshaking()
+            .then_some(self.limits.handshake_timeout)
+    }
+
+    fn handoff(&self) -> Option<Vec<u8>> {
+        // rustls's session state cannot move to another process: the connection stays here
+        // until it closes.
+        None
+    }
+}

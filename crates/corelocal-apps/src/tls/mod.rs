@@ -1,0 +1,292 @@
+//! TLS for any service on the runtime: rustls (`ring` provider) inside each connection's
+//! handler, on the worker that owns the connection.
+//!
+//! [`TlsService`] wraps a [`Service`]: connections on the addresses it is told speak TLS get a
+//! [`TlsConn`] around the inner handler (handshake, records and session state on that
+//! connection's worker, nowhere else); the others get the inner handler as it is, so a plain
+//! and a TLS port serve side by side from one server.
+//!
+//! Per worker ([`Service::for_worker`]): its own rustls `ServerConfig`, with its own
+//! session-ID cache (resumption by session ID works when the client comes back to the same
+//! worker; no cache is shared between cores) and its own copy of the session-ticket keys
+//! ([`tickets`]: derived from one process secret by time period, so any worker opens any
+//! worker's tickets with no lock and no message between them). The certificates and the SNI
+//! map are loaded once and shared read-only.
+//!
+//! TLS 1.3 and 1.2, ALPN `http/1.1` (or what [`TlsConfig::alpn`] says), ECDSA, RSA and
+//! Ed25519 keys, chains, SNI among several certificates. Bounded: the handshake in bytes and
+//! time, the decrypted input in bytes (see [`TlsConn`]).
+//!
+//! kTLS (record work in the kernel) is not used: [`corelocal::sys::ktls`] only detects
+//! whether the kernel offers it, and `serve` reports that at start.
+
+mod certs;
+mod conn;
+pub mod tickets;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use corelocal::runtime::handoff::{StateExport, StateImport};
+use corelocal::runtime::{CloseReason, ConnInfo, Handler, Next, Output, Service, Step};
+use rustls::server::ServerSessionMemoryCache;
+use rustls::ServerConfig;
+
+pub use certs::{load, CertFiles, CertStore, SniResolver, WorkerCerts};
+pub use conn::TlsConn;
+use tickets::{TicketKeys, WorkerTickets};
+
+/// TLS settings of a [`TlsService`].
+#[derive(Debug, Clone)]
+pub struct TlsConfig {
+    /// Certificate chains and keys; the first is served when SNI names none of them.
+    pub certs: Vec<CertFiles>,
+    /// Indexes of the server's addresses that speak TLS (the others are plain).
+    pub listeners: Vec<usize>,
+    /// ALPN protocols offered, preferred first (`http/1.1` for the HTTP server). A client
+    /// offering ALPN without any of them is refused (`no_application_protocol`).
+    pub alpn: Vec<Vec<u8>>,
+    /// Bytes a client may send before its handshake completes: its ClientHello (a few
+    /// hundred bytes; ~1.3 KiB with a post-quantum key share) and its second flight.
+    pub handshake_bytes_max: usize,
+    /// A handshake must complete this long after its first byte.
+    pub handshake_timeout: Duration,
+    /// Decrypted input held for the inner handler (a request larger than this closes as too
+    /// large, as the runtime's input limit does on plain connections).
+    pub plain_bytes_max: usize,
+    /// Sessions each worker's session-ID cache keeps (TLS 1.2 session IDs; TLS 1.3 stateful
+    /// resumption when tickets are off).
+    pub session_cache_entries_max: usize,
+    /// Session tickets (TLS 1.2 RFC 5077 and TLS 1.3): on unless false.
+    pub tickets: bool,
+    /// Ticket keys rotate on this period (a ticket opens for one to two periods).
+    pub ticket_period: Duration,
+}
+
+impl Default for TlsConfig {
+    fn default() -> TlsConfig {
+        TlsConfig {
+            certs: Vec::new(),
+            listeners: vec![0],
+            alpn: vec![b"http/1.1".to_vec()],
+            handshake_bytes_max: 16 << 10,
+            handshake_timeout: Duration::from_secs(10),
+            plain_bytes_max: 64 << 10,
+            session_cache_entries_max: 4096,
+            tickets: true,
+            ticket_period: Duration::from_secs(6 * 3600),
+        }
+    }
+}
+
+/// What every worker shares: the certificates (replaced only at a reload) and the ticket
+/// secret.
+#[derive(Debug)]
+struct Shared {
+    config: TlsConfig,
+    certs: Arc<CertStore>,
+    ticket_keys: Arc<TicketKeys>,
+}
+
+/// A service whose connections on some addresses speak TLS (see the module docs).
+pub struct TlsService<S> {
+    inner: Arc<S>,
+    shared: Arc<Shared>,
+    /// This worker's rustls configuration (the template's serves tests and non-worker use).
+    server: Arc<ServerConfig>,
+}
+
+impl<S> std::fmt::Debug for TlsService<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsService")
+            .field("config", &self.shared.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: Service> TlsService<S> {
+    /// Loads and checks every certificate and key, draws the ticket secret.
+    pub fn new(inner: Arc<S>, config: TlsConfig) -> Result<TlsService<S>, String> {
+        let certs = Arc::new(CertStore::load(config.certs.clone())?);
+        let ticket_keys = Arc::new(TicketKeys::generate(config.ticket_period.as_secs())?);
+        let shared = Arc::new(Shared {
+            config,
+            certs,
+            ticket_keys,
+        });
+        let server = worker_config(&shared)?;
+        Ok(TlsService {
+            inner,
+            shared,
+            server,
+        })
+    }
+
+    /// The certificate store, to reload it (SIGHUP): new handshakes on every worker use
+    /// the files' new contents, established connections keep theirs.
+    pub fn certs(&self) -> Arc<CertStore> {
+        self.shared.certs.clone()
+    }
+
+    fn limits(&self) -> conn::ConnLimits {
+        let c = &self.shared.config;
+        conn::ConnLimits {
+            handshake_bytes_max: c.handshake_bytes_max,
+            handshake_timeout: c.handshake_timeout,
+            plain_bytes_max: c.plain_bytes_max,
+        }
+    }
+}
+
+/// One worker's rustls configuration: its own session cache and ticketer.
+fn worker_config(shared: &Shared) -> Result<Arc<ServerConfig>, String> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let versions = [&rustls::version::TLS13, &rustls::version::TLS12];
+    let mut server = ServerConfig::builder_with_provider(provider)
+        .with_protocol_versions(&versions)
+        .map_err(|e| e.to_string())?
+        .with_no_client_auth()
+        .with_cert_resolver(Arc::new(WorkerCerts::new(shared.certs.clone())));
+    server.alpn_protocols = shared.config.alpn.clone();
+    server.session_storage = ServerSessionMemoryCache::new(shared.config.session_cache_entries_max);
+    if shared.config.tickets {
+        server.ticketer = Arc::new(WorkerTickets::new(shared.ticket_keys.clone()));
+    }
+    Ok(Arc::new(server))
+}
+
+/// A connection of a [`TlsService`]: TLS or plain, by the address it came on.
+pub enum MaybeTls<H> {
+    /// A plain connection: the inner handler as it is.
+    Plain(H),
+    /// A TLS connection.
+    Tls(Box<TlsConn<H>>),
+    /// rustls refused to start a session (never with a configuration `TlsService::new`
+    /// accepted): closed at once.
+    Refused,
+}
+
+impl<S: Service> Service for TlsService<S> {
+    type Conn = MaybeTls<S::Conn>;
+
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    fn connect(&self, info: &ConnInfo) -> Self::Conn {
+        let inner = self.inner.connect(info);
+        if !self.shared.config.listeners.contains(&info.listener) {
+            return MaybeTls::Plain(inner);
+        }
+        match rustls::ServerConnection::new(self.server.clone()) {
+            Ok(tls) => MaybeTls::Tls(Box::new(TlsConn::new(tls, inner, self.limits()))),
+            // Only a configuration error fails here, and `new` checked it: refuse the client.
+            Err(_) => MaybeTls::Refused,
+        }
+    }
+
+    fn for_worker(self: Arc<Self>, worker: usize) -> Arc<Self> {
+        let inner = self.inner.clone().for_worker(worker);
+        let server = worker_config(&self.shared).unwrap_or_else(|_| self.server.clone());
+        Arc::new(TlsService {
+            inner,
+            shared: self.shared.clone(),
+            server,
+        })
+    }
+
+    fn resume(&self, info: &ConnInfo, state: &[u8]) -> Self::Conn {
+        // Only plain connections move at an upgrade (`TlsConn::handoff`).
+        MaybeTls::Plain(self.inner.resume(info, state))
+    }
+
+    fn export_state(self: Arc<Self>) -> Option<Box<dyn StateExport>> {
+        self.inner.clone().export_state()
+    }
+
+    fn import_state(self: Arc<Self>) -> Option<Box<dyn StateImport>> {
+        self.inner.clone().import_state()
+    }
+}
+
+impl<H: Handler> Handler for MaybeTls<H> {
+    fn on_input(&mut self, input: &[u8], out: &mut Output, now: std::time::Instant) -> Step {
+        match self {
+            MaybeTls::Plain(h) => h.on_input(input, out, now),
+            MaybeTls::Tls(t) => t.on_input(input, out, now),
+            MaybeTls::Refused => Step::close(input.len(), 0, CloseReason::BadRequest),
+        }
+    }
+
+    fn on_input_limit(&mut self, input: &[u8], out: &mut Output, now: std::time::Instant) {
+        match self {
+            MaybeTls::Plain(h) => h.on_input_limit(input, out, now),
+            MaybeTls::Tls(t) => t.on_input_limit(input, out, now),
+            MaybeTls::Refused => {}
+        }
+    }
+
+    fn on_connect(&mut self, out: &mut Output, now: std::time::Instant) -> Next {
+        match self {
+            MaybeTls::Plain(h) => h.on_connect(out, now),
+            MaybeTls::Tls(t) => t.on_connect(out, now),
+            MaybeTls::Refused => Next::Close(CloseReason::BadRequest),
+        }
+    }
+
+    fn on_eof(&mut self, input: &[u8], out: &mut Output, now: std::time::Instant) -> Next {
+        match self {
+            MaybeTls::Plain(h) => h.on_eof(input, out, now),
+            MaybeTls::Tls(t) => t.on_eof(input, out, now),
+            MaybeTls::Refused => Next::Close(CloseReason::Done),
+        }
+    }
+
+    fn on_notify(&mut self, out: &mut Output, now: std::time::Instant) -> Next {
+        match self {
+            MaybeTls::Plain(h) => h.on_notify(out, now),
+            // Notified output (log streams) is not encrypted: none of the TLS services uses it.
+            MaybeTls::Tls(_) | MaybeTls::Refused => Next::Read,
+        }
+    }
+
+    fn on_drain(&mut self) -> bool {
+        match self {
+            MaybeTls::Plain(h) => h.on_drain(),
+            MaybeTls::Tls(t) => t.on_drain(),
+            MaybeTls::Refused => false,
+        }
+    }
+
+    fn expects_input(&self) -> bool {
+        match self {
+            MaybeTls::Plain(h) => h.expects_input(),
+            MaybeTls::Tls(t) => t.expects_input(),
+            MaybeTls::Refused => false,
+        }
+    }
+
+    fn holds_input(&self) -> bool {
+        match self {
+            MaybeTls::Plain(h) => h.holds_input(),
+            MaybeTls::Tls(t) => t.holds_input(),
+            MaybeTls::Refused => false,
+        }
+    }
+
+    fn idle_timeout(&self) -> Option<std::time::Duration> {
+        match self {
+            MaybeTls::Plain(h) => h.idle_timeout(),
+            MaybeTls::Tls(t) => t.idle_timeout(),
+            MaybeTls::Refused => None,
+        }
+    }
+
+    fn handoff(&self) -> Option<Vec<u8>> {
+        match self {
+            MaybeTls::Plain(h) => h.handoff(),
+            MaybeTls::Tls(t) => t.handoff(),
+            MaybeTls::Refused => None,
+        }
+    }
+}
