@@ -250,7 +250,13 @@ def check_workers_per_cpu():
 
 def check_cpus_with_holes():
     # The issue's set when the guest has 8 CPUs or more; a smaller guest keeps the hole.
-    want, arg = ([0, 2, 5, 6, 7], "0,2,5-7") if len(online_cpus()) >= 8 else ([0, 2], "0,2")
+    # Past 64 CPUs the set also crosses the first 64-bit word of every mask.
+    n = len(online_cpus())
+    want, arg = ([0, 2], "0,2")
+    if n >= 8:
+        want, arg = ([0, 2, 5, 6, 7], "0,2,5-7")
+    if n > 66:
+        want, arg = ([0, 2, 5, 6, 7, 63, 64, 65, n - 1], f"0,2,5-7,63-65,{n - 1}")
     srv = Server("http", ["--cpus", arg])
     try:
         m = srv.metrics()
@@ -274,6 +280,24 @@ def set_online(cpu, on):
         f.write("1" if on else "0")
 
 
+def thread_named(pid, name):
+    for task in glob.glob(f"/proc/{pid}/task/*"):
+        try:
+            if open(f"{task}/comm").read().strip() == name:
+                return task.rsplit("/", 1)[1]
+        except OSError:
+            pass
+    return None
+
+
+def allowed(pid, tid):
+    try:
+        st = open(f"/proc/{pid}/task/{tid}/status").read()
+        return st.split("Cpus_allowed_list:")[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
 def check_cpu_offline():
     cpus = online_cpus()
     victim = cpus[len(cpus) // 2 - 1] if len(cpus) > 2 else cpus[-1]
@@ -287,28 +311,32 @@ def check_cpu_offline():
             numbers["offline_connections"] = len(others)
             numbers["offline_served"] = served_off
             numbers["metrics_while_offline"] = len(srv.metrics()["workers"])
+            idx = next(w["worker"] for w in srv.metrics()["workers"] if w["cpu"] == victim)
+            numbers["worker_affinity_while_offline"] = allowed(srv.proc.pid, thread_named(srv.proc.pid, f"corelocal-w{idx}"))
         finally:
             set_online(victim, True)
-        # Give the scheduler a moment to let the worker back on its CPU (not a timing assertion:
-        # the number is reported, and the check asks only that the CPU's connections are served).
-        time.sleep(2)
+        # The kernel widened the affinity of the worker pinned to the CPU when it went offline;
+        # the worker pins itself back at its loop's turns (once a second at most): requests
+        # make turns. Bounded wait; the affinity seen is reported either way.
+        idx = next(w["worker"] for w in srv.metrics()["workers"] if w["cpu"] == victim)
+        tid = thread_named(srv.proc.pid, f"corelocal-w{idx}")
+        deadline = time.monotonic() + 30
+        aff = allowed(srv.proc.pid, tid)
+        while aff != str(victim) and time.monotonic() < deadline:
+            one_conn("http", ("127.0.0.1", srv.port), victim)
+            time.sleep(0.5)
+            aff = allowed(srv.proc.pid, tid)
+        numbers["worker_affinity_after_online"] = aff
         rows = per_cpu_locality(srv, [victim])
         numbers["after_online_served"] = rows[0]["served"]
         numbers["after_online_local_to_its_worker"] = rows[0]["own_local"]
         numbers["sent_after_online"] = rows[0]["sent"]
-        pid_aff = {}
-        for task in glob.glob(f"/proc/{srv.proc.pid}/task/*"):
-            try:
-                st = open(f"{task}/status").read()
-                pid_aff[open(f"{task}/comm").read().strip()] = st.split("Cpus_allowed_list:")[1].split()[0]
-            except (OSError, IndexError):
-                pass
-        numbers["worker_affinity_after"] = {k: v for k, v in pid_aff.items() if str(victim) in k or v == str(victim)}
     finally:
         numbers["exit"] = srv.stop()
     ok = (numbers.get("offline_served") == numbers.get("offline_connections")
           and numbers.get("after_online_served") == numbers.get("sent_after_online")
           and numbers.get("after_online_local_to_its_worker") == numbers.get("sent_after_online")
+          and numbers.get("worker_affinity_after_online") == str(victim)
           and numbers["exit"] == 0)
     record(f"CPU {victim} offline and back while serving", ok, numbers)
 
@@ -340,12 +368,15 @@ def check_nic(kind="http", backend="uring"):
     d = delta(before, after)
     acc = sum(v["accepted"] for v in d.values())
     loc = sum(v["accepted_local"] for v in d.values())
+    # A connection the balancer stole (its own worker's queue was busy: under TCG a vCPU can stop
+    # for a while) is accepted elsewhere by design; counted apart, never as local.
+    stolen = sum(v["stolen"] for v in d.values())
     spread = sorted(v["cpu"] for v in d.values() if v["accepted"])
     irq_cpus = nic_irq_cpus()
-    ok = res is not None and res.get("served") == n and acc == n and loc == n and len(spread) > 1
+    ok = res is not None and res.get("served") == n and acc == n and loc + stolen == n and len(spread) > 1
     record(f"over the NIC: serve {kind} --backend {backend}, {n} connections from outside", ok,
            {"sent": n, "served": (res or {}).get("served"), "accepted": acc, "accepted_on_syn_cpu": loc,
-            "workers_used": len(spread), "worker_cpus_used": spread, "rx_irq_cpus": irq_cpus, "exit": rc})
+            "stolen_by_balancer": stolen, "workers_used": len(spread), "worker_cpus_used": spread, "rx_irq_cpus": irq_cpus, "exit": rc})
 
 
 def nic_irq_cpus():
@@ -552,7 +583,12 @@ CHECKS = [
     ("top", check_top),
     ("bench-uring", lambda: check_bench(backend="uring")),
     ("bench-epoll", lambda: check_bench(backend="epoll")),
+    # Not in a default pass: the stall hunt of issue 35, LAB_STALL_ROUNDS rounds per backend.
+    ("stall", lambda: [check_bench(backend=b, n=2000, timeout=180)
+                       for _ in range(int(os.environ.get("LAB_STALL_ROUNDS", "3")))
+                       for b in ("uring", "epoll")]),
 ]
+OPT_IN = {"stall"}
 
 
 def main():
@@ -562,8 +598,9 @@ def main():
         "numa_nodes": {os.path.basename(n): open(f"{n}/cpulist").read().strip()
                        for n in sorted(glob.glob("/sys/devices/system/node/node[0-9]*"))},
         "nic_queues": len(glob.glob("/sys/class/net/eth0/queues/rx-*")),
-        "nic_numa_node": open("/sys/class/net/eth0/device/numa_node").read().strip()
-        if os.path.exists("/sys/class/net/eth0/device/numa_node") else None,
+        "nic_numa_node": next((open(p).read().strip() for p in ("/sys/class/net/eth0/device/numa_node",
+                                                                 "/sys/class/net/eth0/device/../numa_node")
+                               if os.path.exists(p)), None),
         "accelerator": open("/proc/cmdline").read().split("lab.accel=")[1].split()[0]
         if "lab.accel=" in open("/proc/cmdline").read() else "?",
         "guest_load_at_start": open("/proc/loadavg").read().strip(),
@@ -571,7 +608,7 @@ def main():
     }
     log("guest", json.dumps(info))
     for name, fn in CHECKS:
-        if ONLY and name not in ONLY:
+        if (ONLY and name not in ONLY) or (not ONLY and name in OPT_IN):
             continue
         log("check", name)
         try:

@@ -19,7 +19,8 @@ ip addr add 10.77.0.2/24 dev eth0
 ip link set eth0 up
 touch /lab-out/up
 nic_q=$(ls -d /sys/class/net/eth0/queues/rx-* 2>/dev/null | wc -l)
-nic_node=$(cat /sys/class/net/eth0/device/numa_node 2>/dev/null)
+# virtio keeps numa_node on the PCI function above the virtio device.
+nic_node=$(cat /sys/class/net/eth0/device/numa_node /sys/class/net/eth0/device/../numa_node 2>/dev/null | head -1)
 {
     echo "kernel $(uname -r); accelerator $accel; vCPUs $(nproc) (online $(cat /sys/devices/system/cpu/online))"
     for n in /sys/devices/system/node/node[0-9]*; do echo "NUMA $(basename "$n"): CPUs $(cat "$n/cpulist")"; done
