@@ -134,7 +134,7 @@ run() {
     local qemu=(qemu-system-x86_64 -machine pc "${accel_args[@]}" -nographic -no-reboot
         -smp "$cpus,sockets=$nodes,cores=$per,threads=1" -m "$mem" "${numa[@]}"
         -kernel "$KROOT/boot/vmlinuz-$KVER" -initrd "$LAB/initramfs-$KVER.gz"
-        -append "console=ttyS0 quiet loglevel=4 panic=-1 rdinit=/init lab.init=$HERE/guest-init.sh lab.kver=$KVER lab.accel=$accel lab.nodes=$nodes"
+        -append "console=ttyS0 loglevel=5 panic=-1 rdinit=/init lab.init=$HERE/guest-init.sh lab.kver=$KVER lab.accel=$accel lab.nodes=$nodes"
         -fsdev "local,id=fsroot,path=/,security_model=none,readonly=on,multidevs=remap"
         -device "virtio-9p-pci,fsdev=fsroot,mount_tag=labroot"
         -fsdev "local,id=fsmod,path=$KROOT/lib/modules/$KVER,security_model=none,readonly=on"
