@@ -357,7 +357,43 @@ def nic_round(name, port, n):
     return None
 
 
-def check_nic(kind="http", backend="uring"):
+def queue_layout():
+    """Per queue: the CPU its RX IRQ is delivered to and the CPUs whose sends use its TX queue
+    (XPS). A queue whose RX CPU sends on another queue moves its flows there: the tap steers a
+    flow to the queue the guest last sent it on, so the handshake's ACK then arrives on another
+    queue's CPU than the SYN did."""
+    rx = {}
+    for line in open("/proc/interrupts"):
+        m = re.search(r"virtio\d+-input\.(\d+)", line)
+        if m:
+            irq = line.split(":")[0].strip()
+            rx[int(m.group(1))] = open(f"/proc/irq/{irq}/effective_affinity_list").read().strip()
+    out, crossed = {}, []
+    for q in sorted(rx):
+        try:
+            xps = open(f"/sys/class/net/eth0/queues/tx-{q}/xps_cpus").read().strip()
+            xps_cpus = [i for i in range(1024) if (int(xps.replace(",", ""), 16) >> i) & 1]
+        except (OSError, ValueError):
+            xps_cpus = []
+        out[q] = {"rx_cpu": rx[q], "xps_cpus": xps_cpus}
+        if rx[q].isdigit() and int(rx[q]) not in xps_cpus:
+            crossed.append(q)
+    return out, crossed
+
+
+def check_nic(kind="http", backend="uring", tuned=False):
+    plan = "/tmp/nic-spread.json"
+    if tuned:
+        # tune's spread layout: each queue's IRQ and XPS on the same CPU; traffic first, so
+        # every IRQ has fired once and moved (x86 moves an MSI at its next interrupt).
+        run([BIN, "tune", "plan", "--profile", "spread", "--nic", "eth0", "-o", plan])
+        run([BIN, "tune", "apply", plan, "--yes"])
+        warm = Server(kind, [], listen="0.0.0.0")
+        try:
+            nic_round(f"warm-{kind}-{backend}", warm.port, 64)
+        finally:
+            warm.stop()
+    layout, crossed = queue_layout()
     srv = Server(kind, ["--backend", backend], listen="0.0.0.0")
     try:
         before = srv.metrics()
@@ -374,10 +410,19 @@ def check_nic(kind="http", backend="uring"):
     stolen = sum(v["stolen"] for v in d.values())
     spread = sorted(v["cpu"] for v in d.values() if v["accepted"])
     irq_cpus = nic_irq_cpus()
+    if tuned:
+        run([BIN, "tune", "revert", plan + ".snapshot.json"])
     ok = res is not None and res.get("served") == n and acc == n and loc + stolen == n and len(spread) > 1
-    record(f"over the NIC: serve {kind} --backend {backend}, {n} connections from outside", ok,
+    detail = ""
+    if loc + stolen < n and crossed:
+        detail = (f"queues {crossed} deliver RX to a CPU outside their XPS CPUs: the SYN-ACK leaves "
+                  "on another queue, the tap moves the flow there, and the accepted socket's "
+                  "SO_INCOMING_CPU is that queue's CPU (the layout `tune plan spread` fixes)")
+    record(f"over the NIC{' after tune apply spread' if tuned else ' as booted'}: serve {kind} "
+           f"--backend {backend}, {n} connections from outside", ok,
            {"sent": n, "served": (res or {}).get("served"), "accepted": acc, "accepted_on_syn_cpu": loc,
-            "stolen_by_balancer": stolen, "workers_used": len(spread), "worker_cpus_used": spread, "rx_irq_cpus": irq_cpus, "exit": rc})
+            "stolen_by_balancer": stolen, "workers_used": len(spread), "worker_cpus_used": spread, "rx_irq_cpus": irq_cpus,
+            "queues_rx_cpu_outside_xps": crossed, "exit": rc}, detail)
 
 
 def nic_irq_cpus():
@@ -571,12 +616,14 @@ def check_bench(kind="crr", backend="uring", n=None, timeout=300):
         numbers["lost_at_close"] = lost
     try:
         j = json.load(open(out_json))
-        numbers["ok"] = _find_key(j, "ok") if _find_key(j, "ok") is not None else _find_key(j, "completed")
-        numbers["errors"] = _find_key(j, "errors")
-        numbers["locality"] = _find_key(j, "locality")
+        numbers["completed"] = j["throughput"]["units"]
+        numbers["client_threads_on_cpus"] = sorted({t["cpu"] for t in j.get("client_threads") or []})
+        numbers["errors"] = (j.get("errors") or {}).get("total")
+        numbers["locality"] = _find_key(j.get("server_stats"), "locality")
     except (OSError, ValueError):
         numbers["bench_tail"] = " | ".join(open(bench_log).read().strip().splitlines()[-4:])
     ok = (not stalled and numbers.get("bench_exit") == 0 and numbers.get("server_exit") == 0
+          and numbers.get("completed") == n
           and numbers.get("lost_at_close") in ("0", None))
     record(f"bench crr, clients on all {len(cpus)} CPUs, serve rpc --backend {backend}", ok, numbers)
 
@@ -590,6 +637,8 @@ CHECKS = [
     ("locality-rpc-epoll", lambda: check_locality("rpc", "epoll")),
     ("nic-uring", lambda: check_nic("http", "uring")),
     ("nic-epoll", lambda: check_nic("http", "epoll")),
+    ("nic-tuned-uring", lambda: check_nic("http", "uring", tuned=True)),
+    ("nic-tuned-epoll", lambda: check_nic("http", "epoll", tuned=True)),
     ("workers-per-cpu", check_workers_per_cpu),
     ("cpus-holes", check_cpus_with_holes),
     ("cpu-offline", check_cpu_offline),

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # A whole pass of the lab's checks (bench/lab/checks.py) in a fresh guest, and its result files:
 #   bench/lab/pass.sh                      # 16 vCPUs, 2 NUMA nodes, 8 queues, every check
-#   bench/lab/pass.sh --cpus 80 --checks locality-http-uring,nic-uring,cpus-holes,tune,top
+#   bench/lab/pass.sh --cpus 80 --mem 3072 --checks locality-http-uring,nic-uring,cpus-holes,tune,top
+#   LAB_STALL_ROUNDS=3 bench/lab/pass.sh --checks stall --name lab-16cpu-stall   # issue 35's stall hunt
 # Writes results/lab/lab-<N>cpu.json and .md (guest kernel, vCPUs, accelerator, host load before
 # and after, each check PASS/FAIL with its numbers); exit code 0 when every check passed.
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
+export PASS_CMD="bench/lab/pass.sh $*"
 cpus=16 nodes=2 queues=8 mem=2048 checks="" timeout=2400 name=""
 while [ $# -gt 0 ]; do
     case $1 in
@@ -28,7 +30,7 @@ load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 t0=$(date +%s)
 rc=0
 "$HERE/lab.sh" run --cpus "$cpus" --nodes "$nodes" --queues "$queues" --mem "$mem" --timeout "$timeout" \
-    --host-agent "$HERE/nic-agent.py" --out "$out" -- env LAB_CHECKS="$checks" python3 bench/lab/checks.py \
+    --host-agent "$HERE/nic-agent.py" --out "$out" -- env LAB_CHECKS="$checks" LAB_CONNS_PER_CPU="${LAB_CONNS_PER_CPU:-4}" LAB_STALL_ROUNDS="${LAB_STALL_ROUNDS:-3}" python3 bench/lab/checks.py \
     | tee "$out/lab.log" || rc=$?
 took=$(($(date +%s) - t0))
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
@@ -39,7 +41,7 @@ out, dest, lb, la, took, host_cpus, commit = sys.argv[1:]
 r = json.load(open(f"{out}/result.json"))
 g = r["guest"]
 r["host"] = {"load_before": lb, "load_after": la, "cpus": int(host_cpus), "pass_seconds_with_boot": int(took),
-             "commit": commit, "command": "bench/lab/pass.sh " + " ".join(os.environ.get("PASS_ARGS", "").split())}
+             "commit": commit, "command": os.environ.get("PASS_CMD", "bench/lab/pass.sh")}
 json.dump(r, open(dest + ".json", "w"), indent=1)
 lines = [f"# Lab pass: {g['vcpus']} vCPUs, {len(g['numa_nodes'])} NUMA nodes, {g['nic_queues']}-queue virtio-net",
          "",
