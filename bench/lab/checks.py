@@ -599,6 +599,16 @@ def check_bench(kind="crr", backend="uring", n=None, timeout=300):
         numbers["bench_exit"] = "no exit in %ds" % timeout
         capture_threads(srv.proc.pid, f"stall-server-{backend}")
         capture_threads(b.pid, f"stall-bench-{backend}")
+        # The listeners' queues (Recv-Q), the workers' own view, and the CPUs' run state.
+        extra = {"ss": subprocess.run(["ss", "-ltni"], capture_output=True, text=True).stdout,
+                 "loadavg": open("/proc/loadavg").read(),
+                 "schedstat_cpus": open("/proc/schedstat").read()[:20000]}
+        try:
+            extra["metrics"] = srv.metrics(timeout=10)
+        except OSError as e:
+            extra["metrics"] = f"no answer: {e}"
+        with open(os.path.join(OUT, f"stall-{backend}-{int(time.time())}.json"), "w") as f:
+            json.dump(extra, f, indent=1)
         b.kill()
         b.wait(10)
     try:

@@ -60,6 +60,6 @@ for c in r["checks"]:
 open(dest + ".md", "w").write("\n".join(lines) + "\n")
 print("\n".join(lines))
 PY
-for f in "$out"/threads-*.txt; do [ -e "$f" ] && cp "$f" "$REPO/results/lab/$name-$(basename "$f")"; done
+for f in "$out"/threads-*.txt "$out"/stall-*.json; do [ -e "$f" ] && cp "$f" "$REPO/results/lab/$name-$(basename "$f")"; done
 echo "pass.sh: results/lab/$name.json and .md; guest files in $out"
 exit "$rc"
