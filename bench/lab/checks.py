@@ -85,7 +85,11 @@ class Server:
         cmd += list(args)
         self.cmd = cmd
         self.proc = subprocess.Popen(cmd, stdout=open(self.log_path, "w"), stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 120
+        # Start-up under TCG grows with the workers: at 80 vCPUs on a loaded 2-core host a
+        # server took more than 120 s (every worker's rings are mmapped under one mm's lock, and
+        # each munmap shoots down TLBs on 80 vCPUs that are host threads).
+        limit = 120 + 5 * len(online_cpus())
+        deadline = time.monotonic() + limit
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{' '.join(cmd)} exited {self.proc.returncode}: {self.tail()}")
@@ -95,7 +99,7 @@ class Server:
             except OSError:
                 time.sleep(0.3)
         self.stop()
-        raise RuntimeError(f"{' '.join(cmd)}: no metrics in 120 s")
+        raise RuntimeError(f"{' '.join(cmd)}: no metrics in {limit} s")
 
     def metrics(self, timeout=10):
         with urllib.request.urlopen(f"http://127.0.0.1:{self.mport}/metrics.json", timeout=timeout) as r:
@@ -107,14 +111,15 @@ class Server:
         except OSError:
             return ""
 
-    def stop(self, grace=30):
+    def stop(self, grace=None):
         """SIGTERM, then the stop line; a server that ignores SIGTERM is captured and killed."""
+        grace = grace or 30 + len(online_cpus())
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(grace)
             except subprocess.TimeoutExpired:
-                capture_threads(self.proc.pid, f"sigterm-ignored-{self.kind}-{self.port}")
+                capture_threads(self.proc.pid, f"no-exit-after-sigterm-{self.kind}-{self.port}")
                 self.proc.kill()
                 self.proc.wait(10)
                 return None
