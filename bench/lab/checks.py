@@ -387,12 +387,15 @@ def queue_layout():
 
 
 def check_nic(kind="http", backend="uring", tuned=False):
-    plan = "/tmp/nic-spread.json"
+    # One plan file per check: apply never overwrites a snapshot, so a second apply of the
+    # same file would be refused and the check would run on the reverted layout.
+    plan = f"/tmp/nic-spread-{kind}-{backend}-{time.monotonic_ns()}.json"
+    applied = None
     if tuned:
         # tune's spread layout: each queue's IRQ and XPS on the same CPU; traffic first, so
         # every IRQ has fired once and moved (x86 moves an MSI at its next interrupt).
         run([BIN, "tune", "plan", "--profile", "spread", "--nic", "eth0", "-o", plan])
-        run([BIN, "tune", "apply", plan, "--yes"])
+        applied, _, _ = run([BIN, "tune", "apply", plan, "--yes"])
         warm = Server(kind, [], listen="0.0.0.0")
         try:
             nic_round(f"warm-{kind}-{backend}", warm.port, 64)
@@ -417,7 +420,8 @@ def check_nic(kind="http", backend="uring", tuned=False):
     irq_cpus = nic_irq_cpus()
     if tuned:
         run([BIN, "tune", "revert", plan + ".snapshot.json"])
-    ok = res is not None and res.get("served") == n and acc == n and loc + stolen == n and len(spread) > 1
+    ok = (res is not None and res.get("served") == n and acc == n and loc + stolen == n and len(spread) > 1
+          and applied in (None, 0))
     detail = ""
     if loc + stolen < n and crossed:
         detail = (f"queues {crossed} deliver RX to a CPU outside their XPS CPUs: the SYN-ACK leaves "
@@ -427,7 +431,7 @@ def check_nic(kind="http", backend="uring", tuned=False):
            f"--backend {backend}, {n} connections from outside", ok,
            {"sent": n, "served": (res or {}).get("served"), "accepted": acc, "accepted_on_syn_cpu": loc,
             "stolen_by_balancer": stolen, "workers_used": len(spread), "worker_cpus_used": spread, "rx_irq_cpus": irq_cpus,
-            "queues_rx_cpu_outside_xps": crossed, "exit": rc}, detail)
+            "queues_rx_cpu_outside_xps": crossed, "tune_apply_exit": applied, "exit": rc}, detail)
 
 
 def nic_irq_cpus():
