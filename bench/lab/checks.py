@@ -15,6 +15,7 @@ import glob
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -638,6 +639,10 @@ def check_bench(kind="crr", backend="uring", n=None, timeout=300):
         numbers["completed"] = j["throughput"]["units"]
         numbers["client_threads_on_cpus"] = sorted({t["cpu"] for t in j.get("client_threads") or []})
         numbers["errors"] = (j.get("errors") or {}).get("total")
+        numbers["errors_by_kind"] = {f"{e.get('kind')}:{e.get('name')}": e.get("count")
+                                     for e in (j.get("errors") or {}).get("by_kind") or []}
+        # The whole report stays with the pass (latency, timeline: where the time went).
+        shutil.copy(out_json, os.path.join(OUT, f"bench-{backend}-{srv.port}.json"))
         numbers["locality"] = _find_key(j.get("server_stats"), "locality")
     except (OSError, ValueError):
         numbers["bench_tail"] = " | ".join(open(bench_log).read().strip().splitlines()[-4:])
