@@ -27,6 +27,8 @@ name=${name:-lab-${cpus}cpu}
 out=$REPO/target/lab/pass-$name-$(date -u +%Y%m%dT%H%M%S)
 mkdir -p "$out" "$REPO/results/lab"
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
+# The commit the guest runs (taken now: the tree may move on while a long pass runs).
+commit=$(git -C "$REPO" rev-parse --short HEAD)$(git -C "$REPO" diff --quiet HEAD -- bench/lab crates || echo "+changes")
 t0=$(date +%s)
 rc=0
 "$HERE/lab.sh" run --cpus "$cpus" --nodes "$nodes" --queues "$queues" --mem "$mem" --timeout "$timeout" \
@@ -35,7 +37,7 @@ rc=0
 took=$(($(date +%s) - t0))
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 [ -f "$out/result.json" ] || { echo "pass.sh: no result.json (lab exit $rc); see $out" >&2; exit 1; }
-python3 - "$out" "$REPO/results/lab/$name" "$load_before" "$load_after" "$took" "$(nproc)" "$(git -C "$REPO" rev-parse --short HEAD)" <<'PY'
+python3 - "$out" "$REPO/results/lab/$name" "$load_before" "$load_after" "$took" "$(nproc)" "$commit" <<'PY'
 import json, sys, shutil, os
 out, dest, lb, la, took, host_cpus, commit = sys.argv[1:]
 r = json.load(open(f"{out}/result.json"))
