@@ -399,7 +399,7 @@ def check_nic(kind="http", backend="uring", tuned=False):
         applied, _, _ = run([BIN, "tune", "apply", plan, "--yes"])
         warm = Server(kind, [], listen="0.0.0.0")
         try:
-            nic_round(f"warm-{kind}-{backend}", warm.port, 64)
+            nic_round(f"warm-{kind}-{backend}-{time.monotonic_ns()}", warm.port, 64)
         finally:
             warm.stop()
     layout, crossed = queue_layout()
@@ -407,7 +407,9 @@ def check_nic(kind="http", backend="uring", tuned=False):
     try:
         before = srv.metrics()
         n = 64
-        res = nic_round(f"{kind}-{backend}", srv.port, n)
+        # A name of its own: the agent answers each name once, and the guest reads the answer
+        # file, so a reused name returns another check's answer.
+        res = nic_round(f"{'tuned-' if tuned else ''}{kind}-{backend}-{time.monotonic_ns()}", srv.port, n)
         after = srv.metrics()
     finally:
         rc = srv.stop()
@@ -510,7 +512,7 @@ def check_tune():
         ok &= rc == 0
         srv = Server("http", [], listen="0.0.0.0")
         try:
-            res = nic_round("tune", srv.port, 64)
+            res = nic_round(f"tune-{time.monotonic_ns()}", srv.port, 64)
         finally:
             srv.stop()
         numbers["traffic_served"] = (res or {}).get("served")
