@@ -18,6 +18,11 @@ pub fn pin_current_thread(cpus: &CpuSet) -> std::io::Result<()> {
     crate::sys::affinity::set_current(cpus)
 }
 
+/// Sets the affinity of thread `tid` to `cpus` (`sched_setaffinity` on another thread).
+pub fn pin_thread(tid: i32, cpus: &CpuSet) -> std::io::Result<()> {
+    crate::sys::affinity::set_thread(tid, cpus)
+}
+
 /// The CPU the calling thread runs on right now (`sched_getcpu`).
 pub fn current_cpu() -> usize {
     crate::sys::affinity::current_cpu()

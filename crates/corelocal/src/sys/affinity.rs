@@ -10,6 +10,20 @@ const CPU_SETSIZE: usize = rustix::thread::CpuSet::MAX_CPU;
 
 /// Pins the calling thread to `cpus`.
 pub fn set_current(cpus: &CpuSet) -> io::Result<()> {
+    rustix::thread::sched_setaffinity(None, &to_kernel(cpus)?)?;
+    Ok(())
+}
+
+/// Sets the affinity of thread `tid` (of any process we may act on) to `cpus`: what the kernel
+/// does to a thread pinned to a CPU that goes offline, for tests of a worker's re-pinning.
+pub fn set_thread(tid: i32, cpus: &CpuSet) -> io::Result<()> {
+    let pid = rustix::process::Pid::from_raw(tid)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "thread id must be > 0"))?;
+    rustix::thread::sched_setaffinity(Some(pid), &to_kernel(cpus)?)?;
+    Ok(())
+}
+
+fn to_kernel(cpus: &CpuSet) -> io::Result<rustix::thread::CpuSet> {
     if cpus.is_empty() {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
@@ -26,9 +40,7 @@ pub fn set_current(cpus: &CpuSet) -> io::Result<()> {
     for cpu in cpus.iter() {
         set.set(cpu);
     }
-    // None: the calling thread (pid 0).
-    rustix::thread::sched_setaffinity(None, &set)?;
-    Ok(())
+    Ok(set)
 }
 
 /// The CPUs the calling thread may run on.

@@ -33,6 +33,13 @@ use std::time::{Duration, Instant};
 const REAP_BATCH_MAX: usize = 512;
 /// Batches [`Worker::handle_queued`] reaps at most: more than a completion queue holds.
 const QUEUED_ROUNDS_MAX: usize = 64;
+/// How often a worker checks that it still runs on its own CPU only. Taking a CPU offline makes
+/// the kernel widen the affinity of the threads pinned there to every CPU, and bringing it back
+/// online does not narrow it again (seen in the lab, bench/lab: `corelocal-w7` allowed 0-15
+/// after CPU 7 went offline and back): without the check such a worker runs anywhere, away from
+/// the SYNs its listener receives and from its cache, for the rest of its life. One
+/// `sched_getaffinity` a second per worker.
+const PIN_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 
 /// What a worker is given.
 pub struct WorkerSetup<S: Service> {
@@ -181,6 +188,8 @@ pub struct Worker<S: Service, B: Backend> {
     ready: VecDeque<ConnKey>,
     /// `TCP_DEFER_ACCEPT` switched with the load (`WorkerSetup::defer_switch_s`).
     defer: Option<DeferSwitch>,
+    /// When to check the worker's CPU affinity next (see [`PIN_CHECK_INTERVAL`]).
+    pin_check_at: Instant,
 }
 
 impl<S: Service, B: Backend> Worker<S, B> {
@@ -202,6 +211,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
             .defer_switch_s
             .map(|_| DeferSwitch::new(false, Instant::now()));
         let worker = Worker {
+            pin_check_at: Instant::now() + PIN_CHECK_INTERVAL,
             defer,
             notify,
             notified: Notified::default(),
@@ -267,9 +277,34 @@ impl<S: Service, B: Backend> Worker<S, B> {
             self.accept.maybe_resume(&mut self.backend, self.open, now);
             self.balance_turn(now);
             self.defer_turn(now);
+            self.pin_turn(now);
             self.accept.turn(&mut self.backend, self.open);
         }
         self.backend.submit().map(|_| ())
+    }
+
+    /// Pins the worker back to its CPU when something widened its affinity (the kernel does,
+    /// when the CPU goes offline). While the CPU is still offline the pin fails: the worker runs
+    /// where the kernel put it and tries again at the next check.
+    fn pin_turn(&mut self, now: Instant) {
+        if now < self.pin_check_at {
+            return;
+        }
+        self.pin_check_at = now + PIN_CHECK_INTERVAL;
+        let own = crate::cpu::CpuSet::single(self.setup.cpu);
+        match crate::cpu::current_affinity() {
+            Ok(set) if set == own => {}
+            Ok(set) => {
+                if crate::cpu::pin_current_thread(&own).is_ok() {
+                    crate::log_line!(
+                        "corelocal: worker {} pinned back to CPU {} (its affinity had become {set}: CPU hotplug?)",
+                        self.setup.index,
+                        self.setup.cpu
+                    );
+                }
+            }
+            Err(_) => {}
+        }
     }
 
     /// Switches `TCP_DEFER_ACCEPT` on the worker's listeners when its load says so.
