@@ -5,14 +5,18 @@
 # keep-alive connections (kv), all misses over 1,000 keys: the same work per request. bench
 # compare: A B C rounds alternating, each in a fresh network namespace, server on CPU 1,
 # client on CPU 0.
-# usage: bench/kv-example.sh [ROUNDS]
+# usage: [DRIVER=BIN] bench/kv-example.sh [ROUNDS]
 # writes: results/library/kv-example-{kv1,kv}.{json,md}
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-5}
-cargo build --release -q -p corelocal-cli
-cargo build --release -q -p corelocal --example kv
-bin=$PWD/target/release/corelocal
+# DRIVER=BIN: a corelocal binary kept aside, with the example at BIN's directory/examples/kv.
+bin=${DRIVER:-}
+if [ -z "$bin" ]; then
+    cargo build --release -q -p corelocal-cli
+    cargo build --release -q -p corelocal --example kv
+    bin=$PWD/target/release/corelocal
+fi
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 mkdir -p results/library

@@ -4,7 +4,7 @@
 # connections (the server closes), and one memcached get per connection at 64 (the client
 # closes). bench compare alternates A B A B, each run in a fresh network namespace, server on
 # CPU 1, client on CPU 0; the figure is server CPU per op (schedstat) and its wake-ups per op.
-# usage: bench/oneshot-ab.sh NAME ROUNDS A_NAME=BIN[:ARGS] B_NAME=BIN[:ARGS]
+# usage: [DRIVER=BIN] bench/oneshot-ab.sh NAME ROUNDS A_NAME=BIN[:ARGS] B_NAME=BIN[:ARGS]
 #   e.g. bench/oneshot-ab.sh defer-accept 5 off=target/release/corelocal on=target/release/corelocal:'--defer-accept 1'
 # writes: results/oneshot/ab-NAME-crr.{json,md}, results/oneshot/ab-NAME-kv1.{json,md}
 set -euo pipefail
@@ -23,9 +23,13 @@ servers() { # PROTO BASE_ARGS → --server flags for A and B
     done
 }
 A=$3 B=$4
-# The current build drives the runs (older builds may lack compare's options).
-cargo build --release -q -p corelocal-cli
-driver=$PWD/target/release/corelocal
+# The current build drives the runs (older builds may lack compare's options); DRIVER=BIN
+# names another (a copy kept aside, to measure while the tree builds something else).
+driver=${DRIVER:-}
+if [ -z "$driver" ]; then
+    cargo build --release -q -p corelocal-cli
+    driver=$PWD/target/release/corelocal
+fi
 base="--listen 127.0.0.1:{port} --cpus {cpu} --stats-interval 0"
 run() { # WORKLOAD CONNS PROTO BASE_ARGS SUFFIX
     mapfile -t s < <(servers "$3" "$4")
