@@ -203,24 +203,19 @@ fn pipelined_requests_past_the_output_limit(backend: BackendKind) {
     let f = Fixture::one_cpu(backend, tls_config(&["ecdsa"]));
     let config = Arc::new(client_config(rustls::ALL_VERSIONS));
     let mut c = Https::connect(f.tls(), &config, "localhost");
+    const PATHS: [&str; 5] = [
+        "/big.bin",
+        "/hello.txt",
+        "/big.bin",
+        "/big.bin",
+        "/hello.txt",
+    ];
     let mut pipeline = Vec::new();
-    for path in [
-        "/big.bin",
-        "/hello.txt",
-        "/big.bin",
-        "/big.bin",
-        "/hello.txt",
-    ] {
+    for path in PATHS {
         pipeline.extend_from_slice(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes());
     }
     c.tls.write_all(&pipeline).unwrap();
-    for path in [
-        "/big.bin",
-        "/hello.txt",
-        "/big.bin",
-        "/big.bin",
-        "/hello.txt",
-    ] {
+    for path in PATHS {
         let body = read_response(&mut c.tls);
         match path {
             "/big.bin" => assert!(body == big_body(), "{path}"),

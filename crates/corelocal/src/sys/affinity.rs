@@ -49,9 +49,41 @@ pub fn get_current() -> io::Result<CpuSet> {
     Ok((0..CPU_SETSIZE).filter(|&c| set.is_set(c)).collect())
 }
 
+/// Whether the calling thread may run on `cpu` only: the kernel's mask read and tested in
+/// place (a worker asks once a second; building a [`CpuSet`] from the 8,192-bit mask costs
+/// ~10,000 instructions).
+pub fn current_is_only(cpu: usize) -> io::Result<bool> {
+    let set = rustix::thread::sched_getaffinity(None)?;
+    Ok(cpu < CPU_SETSIZE && set.is_set(cpu) && set.count() == 1)
+}
+
 /// The CPU the calling thread runs on now.
 pub fn current_cpu() -> usize {
     // SAFETY: sched_getcpu takes no arguments and only returns a value.
     let cpu = unsafe { libc::sched_getcpu() };
     cpu.max(0) as usize
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `current_is_only` says yes for a thread pinned to one CPU, and no once it may run
+    /// on another one too.
+    #[test]
+    fn current_is_only_tells_a_pinned_thread_from_a_widened_one() {
+        let allowed = get_current().unwrap();
+        let first = allowed.iter().next().unwrap();
+        std::thread::spawn(move || {
+            set_current(&CpuSet::single(first)).unwrap();
+            assert!(current_is_only(first).unwrap());
+            assert!(!current_is_only(first + 1).unwrap());
+            if allowed.len() > 1 {
+                set_current(&allowed).unwrap();
+                assert!(!current_is_only(first).unwrap(), "widened to {allowed}");
+            }
+        })
+        .join()
+        .unwrap();
+    }
 }

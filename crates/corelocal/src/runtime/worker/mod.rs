@@ -291,6 +291,9 @@ impl<S: Service, B: Backend> Worker<S, B> {
             return;
         }
         self.pin_check_at = now + PIN_CHECK_INTERVAL;
+        if crate::sys::affinity::current_is_only(self.setup.cpu).unwrap_or(true) {
+            return;
+        }
         let own = crate::cpu::CpuSet::single(self.setup.cpu);
         match crate::cpu::current_affinity() {
             Ok(set) if set == own => {}
