@@ -84,7 +84,12 @@ fn a_worker_pins_itself_back_to_its_cpu(backend: BackendKind) {
     );
     corelocal::cpu::pin_thread(tid, &all).unwrap();
     assert_eq!(allowed_cpus(tid), all.to_string());
-    // The worker checks at its loop's turns: requests make turns, and each is answered.
+    // The worker checks at its loop's turns: requests make turns, and each is answered. They
+    // must reach worker 0: on loopback the SYN is processed on the sending CPU, so the client
+    // runs on worker 0's CPU (from another CPU they went to that CPU's worker, and worker 0,
+    // with nothing to do, never turned: it failed so in a CI run).
+    let first = all.iter().next().unwrap();
+    corelocal::cpu::pin_current_thread(&corelocal::cpu::CpuSet::single(first)).unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
     let stream = TcpStream::connect(server.local_addrs()[0]).unwrap();
     stream
@@ -104,6 +109,7 @@ fn a_worker_pins_itself_back_to_its_cpu(backend: BackendKind) {
         thread::sleep(Duration::from_millis(50));
     }
     drop(c);
+    corelocal::cpu::pin_current_thread(&all).unwrap();
     server.stop();
     server.join().unwrap();
 }
