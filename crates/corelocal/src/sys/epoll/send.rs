@@ -54,9 +54,15 @@ impl EpollBackend {
         }
         let done = self.conn_mut(conn).is_some_and(|c| c.pending.is_none());
         if close_after && done {
-            // Dropping the descriptor closes it; the FIN follows the data (MSG_MORE).
+            // The FIN rides on the data (sent with MSG_MORE) and goes before the close: input
+            // that arrived since the worker last read (a request pipelined after `Connection:
+            // close`) makes the close reset the connection, which would purge the corked
+            // answer; after the shutdown the reset comes behind the answer and its FIN. A
+            // failure here (the peer already reset) changes nothing: the close follows anyway.
             if let Some(slot) = self.conns.get_mut(conn as usize) {
-                slot.take();
+                if let Some(c) = slot.take() {
+                    let _ = socket::shutdown_write(c.fd.as_raw_fd());
+                }
             }
             self.ready.push_back(Completion::Closed { conn });
             return Ok(());

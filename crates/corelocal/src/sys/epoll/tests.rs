@@ -123,6 +123,44 @@ fn the_last_send_takes_the_close_with_it() {
     assert_eq!(len, 10);
 }
 
+/// The peer sent more after its request before the worker answered: the last send still
+/// reaches it, then the end of the stream (the sending side is shut down before the close,
+/// whose reset for the unread input then comes after the answer and its FIN).
+#[test]
+fn the_last_send_survives_input_sent_after_the_request() {
+    use std::io::Read;
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let mut b = EpollBackend::new(PoolConfig {
+        bufs: 4,
+        buf_bytes: 4096,
+    })
+    .unwrap();
+    b.push(Op::Accept {
+        listener: 0,
+        fd: listener.as_raw_fd(),
+        exclusive: false,
+        budget: None,
+    });
+    let mut client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    let Completion::Accepted { conn, .. } =
+        next(&mut b, |c| matches!(c, Completion::Accepted { .. }))
+    else {
+        unreachable!()
+    };
+    client.write_all(&[b'p'; 3000]).unwrap();
+    std::thread::sleep(Duration::from_millis(20)); // queued, unread, at the server's socket
+    b.push(Op::Send {
+        conn,
+        buf: b"pong".to_vec(),
+        close_after: true,
+    });
+    next(&mut b, |c| matches!(c, Completion::Closed { .. }));
+    let mut answer = Vec::new();
+    client.read_to_end(&mut answer).unwrap();
+    assert_eq!(answer, b"pong");
+}
+
 /// `Accepted` completions over `turns` turns.
 fn accepted_in(b: &mut EpollBackend, turns: usize) -> usize {
     let mut out = Vec::new();

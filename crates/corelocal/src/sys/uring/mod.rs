@@ -37,8 +37,8 @@ use buf_ring::BufRing;
 use io_uring::{opcode, types, IoUring};
 use state::{
     request, split, user_data, RecvState, Slot, KIND_ACCEPT, KIND_ACCEPT_ONE, KIND_ADOPT,
-    KIND_CANCEL, KIND_CLOSE, KIND_FILE_READ, KIND_INSTALL, KIND_RECV, KIND_SEND, KIND_SHUTDOWN,
-    KIND_SOCKOPT, KIND_STEAL, KIND_WAKE,
+    KIND_CANCEL, KIND_CLOSE, KIND_DRAIN, KIND_FILE_READ, KIND_INSTALL, KIND_RECV, KIND_SEND,
+    KIND_SHUTDOWN, KIND_SOCKOPT, KIND_STEAL, KIND_WAKE,
 };
 use std::collections::VecDeque;
 use std::io;
@@ -239,7 +239,9 @@ impl UringBackend {
             KIND_ACCEPT => self.on_accept(id, res, flags),
             KIND_ACCEPT_ONE => self.on_accept_one(id, res),
             KIND_STEAL => self.on_steal(id, res),
-            KIND_CANCEL => {}
+            // A discarding receive failed (nothing to discard, or its send failed): nothing
+            // to do, the close behind it reports.
+            KIND_CANCEL | KIND_DRAIN => {}
             KIND_ADOPT => self.adopted = Some(res),
             _ => self.complete_conn(kind, key, ud, res, flags),
         }

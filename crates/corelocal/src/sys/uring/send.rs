@@ -3,17 +3,52 @@
 //! every connection of the worker), and the last output with its close linked behind it.
 
 use super::state::{
-    user_data, RecvState, SendState, KIND_CLOSE, KIND_FILE_READ, KIND_RECV, KIND_SEND,
+    user_data, RecvState, SendState, KIND_CLOSE, KIND_DRAIN, KIND_FILE_READ, KIND_RECV, KIND_SEND,
 };
 use super::UringBackend;
 use crate::backend::FileRegion;
-use crate::backend::{Completion, ConnId};
-use io_uring::{opcode, types};
+use crate::backend::{Completion, ConnId, ConnKey};
+use io_uring::{opcode, squeue, types};
+use std::cell::UnsafeCell;
 use std::io;
 use std::os::fd::AsRawFd;
 
 /// Bytes of a file region read per send on this backend (no sendfile here; see `SendFile`).
 const FILE_CHUNK_BYTES: usize = 256 * 1024;
+
+/// Bytes a last send's chain reads and discards before its close (see [`drain_entry`]).
+const DRAIN_BYTES: usize = 64 * 1024;
+
+/// Where the discarding receives point: never read or written by this process, and with
+/// `MSG_TRUNC` never written by TCP either (it discards without copying); real memory of the
+/// given length all the same, so that nothing depends on that.
+struct DrainSink(UnsafeCell<[u8; DRAIN_BYTES]>);
+
+// SAFETY: no Rust code reads or writes the sink; only the kernel may, and its bytes mean
+// nothing (every worker's receives may discard into it at once).
+unsafe impl Sync for DrainSink {}
+
+static DRAIN_SINK: DrainSink = DrainSink(UnsafeCell::new([0; DRAIN_BYTES]));
+
+/// The receive that goes between a last send and its close: it reads and discards what the
+/// peer sent since the worker last read (a request pipelined after `Connection: close`, sent
+/// while the worker was busy or preempted). A close with input left unread makes the kernel
+/// reset the connection and purge the answer that waits, corked by MSG_MORE, for the close's
+/// FIN: the client would get nothing. Nonblocking (`MSG_DONTWAIT`: nothing there fails it with
+/// EAGAIN at once, the usual case) and hard-linked, so that its failure does not cancel the
+/// close; silent on success. What arrives after it, or beyond `DRAIN_BYTES`, still draws the
+/// reset: a window of the chain's own microseconds instead of the worker's whole turn.
+fn drain_entry(conn: ConnId, key: ConnKey) -> squeue::Entry {
+    opcode::Recv::new(
+        types::Fixed(conn),
+        DRAIN_SINK.0.get().cast::<u8>(),
+        DRAIN_BYTES as u32,
+    )
+    .flags(libc::MSG_DONTWAIT | libc::MSG_TRUNC)
+    .build()
+    .flags(squeue::Flags::IO_HARDLINK | squeue::Flags::SKIP_SUCCESS)
+    .user_data(user_data(KIND_DRAIN, key))
+}
 
 impl UringBackend {
     fn send_next(&mut self, conn: ConnId) {
@@ -25,7 +60,8 @@ impl UringBackend {
         let remaining = &send.buf[send.sent..];
         let last = send.close_after && send.file.is_none();
         // The last output goes whole (MSG_WAITALL: a short send breaks the link) and waits for
-        // the close (MSG_MORE), whose FIN then rides in the data's last segment.
+        // the close (MSG_MORE), whose FIN then rides in the data's last segment; unread input
+        // is discarded between the two (`drain_entry`).
         let flags = if last {
             libc::MSG_NOSIGNAL | libc::MSG_WAITALL | libc::MSG_MORE
         } else {
@@ -53,7 +89,7 @@ impl UringBackend {
         let close = opcode::Close::new(types::Fixed(conn))
             .build()
             .user_data(user_data(KIND_CLOSE, key));
-        self.sqe_chain(&[entry, close]);
+        self.sqe_chain(&[entry, drain_entry(conn, key), close]);
     }
 
     pub(super) fn start_send(

@@ -179,6 +179,34 @@ fn the_last_send_takes_the_close_with_it() {
     assert_eq!((submitted, out.len()), (0, 0), "{out:?}");
 }
 
+/// The peer sent more after its request (pipelined after `Connection: close`) before the
+/// worker answered: the last send still reaches it, then the end of the stream. Closing with
+/// unread input would make the kernel reset the connection and drop the answer, which waits
+/// corked (MSG_MORE) for the close: the chain reads and discards what came first.
+#[test]
+fn the_last_send_survives_input_sent_after_the_request() {
+    let (mut b, _listener, mut client, conn) = accepted_after_ping();
+    client.write_all(&[b'p'; 3000]).unwrap();
+    std::thread::sleep(Duration::from_millis(20)); // queued, unread, at the server's socket
+    b.push(Op::Send {
+        conn,
+        buf: b"pong".to_vec(),
+        close_after: true,
+    });
+    let mut closed = false;
+    for _ in 0..10 {
+        let (_, out) = turn(&mut b);
+        closed |= out.iter().any(|c| matches!(c, Completion::Closed { .. }));
+        if closed {
+            break;
+        }
+    }
+    assert!(closed);
+    let mut answer = Vec::new();
+    client.read_to_end(&mut answer).unwrap();
+    assert_eq!(answer, b"pong");
+}
+
 /// A last send stuck behind a peer that does not read is aborted (idle timeout): the
 /// close is reissued once, and the connection reported closed once.
 #[test]
