@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Issue 38: server CPU per HTTPS operation, corelocal (rustls, ring) against nginx (OpenSSL),
-# same ECDSA P-256 certificate chain, TLS 1.3, X25519, one worker each pinned to CPU 1,
-# clients pinned to CPU 0; rounds alternate corelocal and nginx (A B A B), every measurement
-# in a fresh network namespace (unshare -n).
+# Issue 38: server CPU per HTTPS operation, corelocal (rustls, ring) against nginx (OpenSSL)
+# and h2o (OpenSSL; Debian's 2.2.5), same ECDSA P-256 certificate chain, TLS 1.3, X25519, one
+# worker each pinned to CPU 1, clients pinned to CPU 0; rounds alternate the servers (A B C A B
+# C), every measurement in a fresh network namespace (unshare -n).
 #   full:    openssl s_time -new   (a full handshake + GET /hello per connection)
 #   resumed: openssl s_time -reuse (a resumed handshake, by ticket, + GET /hello)
 #   ka:      wrk -t1 -c16 over HTTPS (keep-alive requests; handshakes are 16 of millions)
@@ -10,7 +10,7 @@
 # from just before the client starts to just after it ends, divided by the operations the
 # client completed. s_time is one connection at a time: the server is far from saturated, so
 # this is CPU per operation at low load, the same for both servers.
-# usage: bench/tls.sh [ROUNDS] [SECONDS]  (needs root for unshare -n; nginx, wrk, openssl)
+# usage: bench/tls.sh [ROUNDS] [SECONDS]  (needs root for unshare -n; nginx, h2o, wrk, openssl)
 # writes: results/tls/tls-cpu.json and results/tls/tls-cpu.md
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,8 +21,30 @@ bin=$PWD/target/release/corelocal
 certs=$PWD/crates/corelocal-apps/tests/tls
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
+chmod 755 "$out" # h2o's worker runs as nobody and reads www
 mkdir -p "$out/www" "$out/nginx/tmp"
 printf 'hello\n' >"$out/www/hello"
+# h2o: one thread, its own session tickets (on by default) and cache; OCSP stapling has no
+# responder to ask here.
+cat >"$out/h2o.conf" <<CONF
+num-threads: 1
+user: nobody
+error-log: $out/h2o-error.log
+access-log: /dev/null
+listen:
+  host: 127.0.0.1
+  port: 8443
+  ssl:
+    certificate-file: $certs/ecdsa.pem
+    key-file: $certs/ecdsa.key
+    minimum-version: TLSv1.2
+    ocsp-update-interval: 0
+hosts:
+  default:
+    paths:
+      /:
+        file.dir: $out/www
+CONF
 cat >"$out/nginx/nginx.conf" <<CONF
 worker_processes 1;
 master_process off;
@@ -55,6 +77,7 @@ CONF
 corelocal_cmd="$bin serve http --listen 127.0.0.1:8080 --tls-listen 127.0.0.1:8443 --cpus 1 \
 --stats-interval 0 --root $out/www --tls-cert $certs/ecdsa.pem --tls-key $certs/ecdsa.key"
 nginx_cmd="taskset -c 1 nginx -c $out/nginx/nginx.conf"
+h2o_cmd="taskset -c 1 h2o -c $out/h2o.conf"
 
 # One measurement, run inside a fresh network namespace: SERVER WORKLOAD CMD → a JSON line.
 cat >"$out/one.sh" <<'ONE'
@@ -94,8 +117,8 @@ load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 : >"$out/rows.jsonl"
 for r in $(seq 1 "$rounds"); do
     for w in full resumed ka; do
-        for s in corelocal nginx; do
-            cmd=$corelocal_cmd; [ "$s" = nginx ] && cmd=$nginx_cmd
+        for s in corelocal nginx h2o; do
+            cmd=$corelocal_cmd; [ "$s" = nginx ] && cmd=$nginx_cmd; [ "$s" = h2o ] && cmd=$h2o_cmd
             unshare -n bash "$out/one.sh" "$s" "$w" "$cmd" "$secs" "$out" | tee -a "$out/rows.jsonl"
         done
     done
@@ -117,7 +140,9 @@ result = {
     "tls": "TLS 1.3, X25519, ECDSA P-256 chain (crates/corelocal-apps/tests/tls/ecdsa.pem)",
     "servers": {"corelocal": "serve http --tls-listen (rustls 0.23, ring), 1 worker on CPU 1",
                 "nginx": ver("nginx -v 2>&1") + ", OpenSSL, 1 worker, taskset CPU 1, "
-                         "ssl_session_cache shared:SSL:10m, tickets on"},
+                         "ssl_session_cache shared:SSL:10m, tickets on",
+                "h2o": ver("h2o --version | head -1") + ", OpenSSL, num-threads 1, taskset CPU 1, "
+                       "its own tickets"},
     "clients": {"full": "openssl s_time -new", "resumed": "openssl s_time -reuse",
                 "ka": "wrk -t1 -c16 https"},
     "openssl": ver("openssl version"), "kernel": platform.release(),
@@ -132,12 +157,15 @@ with open("results/tls/tls-cpu.md", "w") as md:
     md.write(f"# Server CPU per HTTPS operation (µs, median of {rounds} rounds of {secs} s)\n\n")
     md.write(f"`{result['command']}`; {result['tls']}; load average {load_before} → {load_after} "
              "(a shared 2-CPU VM).\n\n")
-    md.write("| workload | corelocal | nginx | corelocal / nginx | runs (corelocal; nginx) |\n|---|---|---|---|---|\n")
+    md.write("| workload | corelocal | nginx | h2o | corelocal / nginx | corelocal / h2o "
+             "| runs (corelocal; nginx; h2o) |\n|---|---|---|---|---|---|---|\n")
+    med = lambda v: statistics.median(v) if v else float("nan")
     for w in ["full", "resumed", "ka"]:
-        c, n = table.get((w, "corelocal"), []), table.get((w, "nginx"), [])
+        c, n, h = (table.get((w, s), []) for s in ("corelocal", "nginx", "h2o"))
         if c and n:
-            cm, nm = statistics.median(c), statistics.median(n)
-            runs = ", ".join(f"{x:.1f}" for x in c) + "; " + ", ".join(f"{x:.1f}" for x in n)
-            md.write(f"| {w} | {cm:.1f} | {nm:.1f} | {cm / nm:.2f}× | {runs} |\n")
+            cm, nm, hm = med(c), med(n), med(h)
+            runs = "; ".join(", ".join(f"{x:.1f}" for x in v) for v in (c, n, h))
+            md.write(f"| {w} | {cm:.1f} | {nm:.1f} | {hm:.1f} | {cm / nm:.2f}× | {cm / hm:.2f}× "
+                     f"| {runs} |\n")
 print(open("results/tls/tls-cpu.md").read())
 PY
