@@ -28,7 +28,7 @@ for _ in $(seq 1 200); do
     (exec 3<>/dev/tcp/127.0.0.1/8443) 2>/dev/null && break
     sleep 0.05
 done
-cpu() { cat /proc/"$pid"/task/*/schedstat | awk '{s += $1} END {printf "%d", s}'; }
+cpu() { cat /proc/"$pid"/task/*/schedstat | awk '{s += $1} END {printf "%.0f", s}'; }
 before=$(cpu)
 for c in 0 1; do
     taskset -c $c openssl s_time -connect 127.0.0.1:8443 $flag -time "$secs" -www /hello \
