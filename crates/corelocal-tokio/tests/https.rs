@@ -295,6 +295,30 @@ fn s_client(t: &TempDir, addr: SocketAddr, cpu: usize, args: &[&str]) -> (String
     (printed, served_on)
 }
 
+/// A new session from CPU `a`'s client saved, then resumed from CPU `b`'s; every resumption
+/// must be "Reused". The CPUs that served the two connections.
+fn new_then_resumed(
+    t: &TempDir,
+    addr: SocketAddr,
+    (a, b): (usize, usize),
+    args: &[&str],
+) -> (usize, usize) {
+    let sess = t.path("s.sess");
+    let (first, on_a) = s_client(t, addr, a, &[args, &["-sess_out", &sess]].concat());
+    assert!(first.contains("New, TLSv1"), "{args:?}: {first}");
+    let (again, on_b) = s_client(t, addr, b, &[args, &["-sess_in", &sess]].concat());
+    assert!(
+        again.contains("Reused, TLSv1"),
+        "{args:?}: served on {on_a} then {on_b}: {again}"
+    );
+    (on_a, on_b)
+}
+
+/// Tries of a resumption pair until the wanted placement is seen: the kernel steers a client
+/// pinned to CPU c to c's worker, but on a loaded machine the balancer may send it to
+/// another while c's worker is starved.
+const TRIES: usize = 10;
+
 #[test]
 fn openssl_resumes_a_session_on_another_cores_worker() {
     if !need(&["openssl", "taskset"]) {
@@ -305,57 +329,54 @@ fn openssl_resumes_a_session_on_another_cores_worker() {
     let t = TempDir::new("https-resume");
     make_certs(&t);
     let served = Served::start(&t);
-    // By ticket, TLS 1.3 and 1.2: made on CPU a's worker, opened on CPU b's (when the
-    // machine has two CPUs: the case of a returning client the kernel steers elsewhere).
-    for (what, version) in [("1.3 ticket", "-tls1_3"), ("1.2 ticket", "-tls1_2")] {
-        let sess = t.path(&format!("{version}.sess"));
-        let (first, on) = s_client(&t, served.addr, a, &[version, "-sess_out", &sess]);
-        assert!(first.contains("New, TLSv1"), "{what}: {first}");
-        assert_eq!(
-            on, a,
-            "{what}: the first connection was not served on CPU {a}"
-        );
-        let (again, on) = s_client(&t, served.addr, b, &[version, "-sess_in", &sess]);
-        assert!(again.contains("Reused, TLSv1"), "{what}: {again}");
-        assert_eq!(
-            on, b,
-            "{what}: the second connection was not served on CPU {b}"
+    // By ticket, TLS 1.3 and 1.2: made on one worker, opened on another — a returning client
+    // that the kernel steers to another core still resumes (one CPU: on the same worker).
+    for version in ["-tls1_3", "-tls1_2"] {
+        let crossed = (0..TRIES)
+            .map(|_| new_then_resumed(&t, served.addr, (a, b), &[version]))
+            .any(|(on_a, on_b)| on_a != on_b || a == b);
+        assert!(
+            crossed,
+            "{version}: never served on two workers in {TRIES} tries"
         );
     }
-    // By TLS 1.2 session ID (tickets refused): the cache is per worker, so it resumes on the
-    // same worker.
+    // By TLS 1.2 session ID (tickets refused): the cache is per worker, so only the same
+    // worker resumes it.
     let sess = t.path("id.sess");
-    let id = ["-tls1_2", "-no_ticket"];
-    let (first, _) = s_client(
-        &t,
-        served.addr,
-        a,
-        &[&id[..], &["-sess_out", &sess]].concat(),
+    let (save, load) = (
+        ["-tls1_2", "-no_ticket", "-sess_out", &sess],
+        ["-tls1_2", "-no_ticket", "-sess_in", &sess],
     );
-    assert!(first.contains("New, TLSv1.2"), "{first}");
-    let (again, _) = s_client(
-        &t,
-        served.addr,
-        a,
-        &[&id[..], &["-sess_in", &sess]].concat(),
+    let same = (0..TRIES).any(|_| {
+        let (first, on) = s_client(&t, served.addr, a, &save);
+        assert!(first.contains("New, TLSv1.2"), "{first}");
+        let (again, on_again) = s_client(&t, served.addr, a, &load);
+        // Another worker does not know the ID: a full handshake, which is allowed.
+        on == on_again && {
+            assert!(again.contains("Reused, TLSv1.2"), "{again}");
+            true
+        }
+    });
+    assert!(
+        same,
+        "session ID: never served twice on one worker in {TRIES} tries"
     );
-    assert!(again.contains("Reused, TLSv1.2"), "{again}");
     served.stop();
 }
 
-/// Reads until the server closes; how long that took (`None`: still open after `limit`).
-fn closed_within(mut s: TcpStream, limit: Duration) -> Option<Duration> {
+/// Reads until the server closes (an end of file or a reset); how long that took, or why
+/// the read stopped otherwise (still open at `limit`: a timeout).
+fn closed_within(mut s: TcpStream, limit: Duration) -> Result<Duration, std::io::Error> {
     let start = Instant::now();
-    s.set_read_timeout(Some(limit)).unwrap();
+    s.set_read_timeout(Some(limit.max(Duration::from_millis(1))))?;
     let mut buf = [0u8; 4096];
     loop {
         match s.read(&mut buf) {
-            Ok(0) => return Some(start.elapsed()),
+            Ok(0) => return Ok(start.elapsed()),
             Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
-                return Some(start.elapsed())
-            }
-            Err(_) => return None,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return Ok(start.elapsed()),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
         }
     }
 }
@@ -374,7 +395,7 @@ fn garbage_and_stalled_handshakes_are_closed_while_others_are_served() {
     garbage
         .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
         .unwrap();
-    let closed = closed_within(garbage, timeout * 3).expect("garbage: never closed");
+    let closed = closed_within(garbage, timeout * 3).expect("garbage: not closed");
     assert!(closed < timeout, "garbage: closed only after {closed:?}");
     // Stalled: the first bytes of a handshake record (a ClientHello of 512 bytes announced),
     // then silence; one per worker CPU.
@@ -402,7 +423,7 @@ fn garbage_and_stalled_handshakes_are_closed_while_others_are_served() {
     for s in stalled {
         let left = (timeout * 3).saturating_sub(start.elapsed());
         let closed = closed_within(s, left).map(|_| start.elapsed());
-        let closed = closed.expect("a stalled handshake was still open after 3× the timeout");
+        let closed = closed.expect("a stalled handshake: not closed within 3× the timeout");
         assert!(closed >= timeout - Duration::from_millis(100), "{closed:?}");
     }
     let report = served.stop();
