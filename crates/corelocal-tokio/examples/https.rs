@@ -13,7 +13,9 @@
 //! Flags: `--cert PEM` / `--key PEM` (or `CORELOCAL_TLS_CERT` / `CORELOCAL_TLS_KEY`; the
 //! certificate chain, leaf first, and its private key), `--listen ADDR` (default
 //! 127.0.0.1:8443), `--cpus LIST` (default: all allowed), `--handshake-timeout SECS` (default
-//! 10), `--drain-timeout SECS` (default 5). SIGINT/SIGTERM stop it without losing a queued
+//! 10), `--drain-timeout SECS` (default 5), `--runtime multithread [--threads N]` (the
+//! baseline: the same service on tokio's multi-thread runtime, see [`run_multithread`]).
+//! SIGINT/SIGTERM stop it without losing a queued
 //! connection; the final counters are printed as one JSON line on stderr.
 //!
 //! What is per core. The TLS handshake is where an HTTPS server spends most of its CPU, so
@@ -28,6 +30,7 @@ mod app;
 
 use axum::routing::get;
 use corelocal_tokio::{CpuSet, ErrorKind, Server, Stream, WorkerCtx};
+use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
 use ring::aead::{self, Aad, LessSafeKey, Nonce, UnboundKey, NONCE_LEN};
 use ring::hkdf;
@@ -56,6 +59,9 @@ struct Args {
     key: Option<PathBuf>,
     handshake_timeout: Duration,
     drain_timeout: Duration,
+    /// `--runtime multithread`: the baseline (see [`run_multithread`]).
+    multithread: bool,
+    threads: Option<usize>,
 }
 
 fn secs(flag: &str, v: &str) -> Result<Duration, String> {
@@ -73,6 +79,8 @@ fn parse() -> Result<Args, String> {
         key: std::env::var_os("CORELOCAL_TLS_KEY").map(PathBuf::from),
         handshake_timeout: Duration::from_secs(10),
         drain_timeout: Duration::from_secs(5),
+        multithread: false,
+        threads: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -87,10 +95,25 @@ fn parse() -> Result<Args, String> {
             "--key" => args.key = Some(value()?.into()),
             "--handshake-timeout" => args.handshake_timeout = secs(&flag, &value()?)?,
             "--drain-timeout" => args.drain_timeout = secs(&flag, &value()?)?,
+            "--runtime" => {
+                args.multithread = match value()?.as_str() {
+                    "per-core" => false,
+                    "multithread" => true,
+                    v => return Err(format!("--runtime {v}: per-core or multithread")),
+                }
+            }
+            "--threads" => {
+                let v = value()?;
+                match v.parse() {
+                    Ok(n) if n > 0 => args.threads = Some(n),
+                    _ => return Err(format!("--threads {v}: not a positive number")),
+                }
+            }
             "-h" | "--help" => {
                 println!(
                     "usage: https --cert PEM --key PEM [--listen ADDR] [--cpus LIST] \
-                     [--handshake-timeout SECS] [--drain-timeout SECS]\n\
+                     [--handshake-timeout SECS] [--drain-timeout SECS] \
+                     [--runtime per-core|multithread] [--threads N]\n\
                      (or CORELOCAL_TLS_CERT / CORELOCAL_TLS_KEY for the PEM paths)"
                 );
                 std::process::exit(0);
@@ -293,6 +316,9 @@ fn worker(
 
 fn run(args: Args) -> Result<(), String> {
     let ck = Arc::new(load_cert_key(args.cert.as_ref(), args.key.as_ref())?);
+    if args.multithread {
+        return run_multithread(&args, &ck);
+    }
     let secret = Arc::new(TicketSecret::generate()?);
     let mut builder = Server::builder().drain_timeout(args.drain_timeout);
     if let Some(cpus) = args.cpus {
@@ -319,6 +345,61 @@ fn run(args: Args) -> Result<(), String> {
         serde_json::to_string(&report).expect("report serialises")
     );
     Ok(())
+}
+
+/// The baseline for results/tokio/https-example.md: the same app and TLS settings served the
+/// way most tokio services are — one `ServerConfig` (one session cache, one ticketer) shared
+/// by every thread of tokio's multi-thread runtime, one listener, tasks that may run on any
+/// core. SIGINT/SIGTERM end it at once (no drain: it is a measurement baseline).
+fn run_multithread(args: &Args, ck: &CertKey) -> Result<(), String> {
+    let mut rt = tokio::runtime::Builder::new_multi_thread();
+    rt.enable_all();
+    if let Some(n) = args.threads {
+        rt.worker_threads(n);
+    }
+    let rt = rt
+        .build()
+        .map_err(|e| format!("building the runtime: {e}"))?;
+    let config =
+        server_config(ck, Arc::new(TicketSecret::generate()?)).map_err(|e| e.to_string())?;
+    let tls = TlsAcceptor::from(Arc::new(config));
+    let timeout = args.handshake_timeout;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(&args.listen)
+            .await
+            .map_err(|e| format!("bind {}: {e}", args.listen))?;
+        let addr = listener.local_addr().map_err(|e| e.to_string())?;
+        eprintln!("https on tokio multi-thread: listening on [{addr}]");
+        let app = TowerToHyperService::new(app::router());
+        let stop = stop_signal();
+        tokio::pin!(stop);
+        loop {
+            let stream = tokio::select! {
+                r = listener.accept() => match r {
+                    Ok((s, _)) => s,
+                    Err(_) => continue,
+                },
+                _ = &mut stop => return Ok(()),
+            };
+            let (tls, app) = (tls.clone(), app.clone());
+            tokio::spawn(async move {
+                if let Ok(Ok(conn)) = tokio::time::timeout(timeout, tls.accept(stream)).await {
+                    let http = hyper::server::conn::http1::Builder::new();
+                    let _ = http.serve_connection(TokioIo::new(conn), app).await;
+                }
+            });
+        }
+    })
+}
+
+async fn stop_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
 }
 
 fn main() -> ExitCode {

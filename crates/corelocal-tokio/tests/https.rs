@@ -168,6 +168,11 @@ struct Served {
 impl Served {
     /// Starts the example on every CPU this test may use; waits for its "listening on" line.
     fn start(t: &TempDir) -> Served {
+        Served::start_with(t, &[])
+    }
+
+    /// [`Served::start`] with more flags.
+    fn start_with(t: &TempDir, extra: &[&str]) -> Served {
         let cpus = common::cpus();
         let cpus = cpus
             .iter()
@@ -179,6 +184,7 @@ impl Served {
             .args(["--listen", "127.0.0.1:0", "--cpus", &cpus])
             .args(["--cert", &t.path("cert.pem"), "--key", &t.path("key.pem")])
             .args(["--handshake-timeout", &timeout])
+            .args(extra)
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
@@ -270,6 +276,20 @@ fn curl_gets_the_body_over_tls_13_and_12() {
     assert!(!out.status.success(), "{}", text(&out));
     let report = served.stop();
     assert!(report["stats"]["total"]["requests"].as_u64().unwrap() >= 4);
+}
+
+#[test]
+fn the_multithread_baseline_serves_the_same_app() {
+    if !need(&["openssl", "curl"]) {
+        return;
+    }
+    let t = TempDir::new("https-mt");
+    make_certs(&t);
+    let served = Served::start_with(&t, &["--runtime", "multithread", "--threads", "2"]);
+    assert_eq!(curl(&t, served.addr, "/hello", &[]), "hello\n");
+    let v12 = ["--tlsv1.2", "--tls-max", "1.2"];
+    assert_eq!(curl(&t, served.addr, "/hello", &v12), "hello\n");
+    drop(served); // no report: the baseline has no per-worker counters
 }
 
 /// `openssl s_client ARGS` pinned to `cpu` (so the kernel steers it to that CPU's worker),
