@@ -15,10 +15,10 @@
 //! 127.0.0.1:8443), `--cpus LIST` (default: all allowed), `--handshake-timeout SECS` (default
 //! 10), `--drain-timeout SECS` (default 5), `--runtime multithread [--threads N]` (the
 //! baseline: the same service on tokio's multi-thread runtime, see [`run_multithread`]).
-//! SIGINT/SIGTERM stop it without losing a queued
-//! connection; the final counters are printed as one JSON line on stderr.
+//! SIGINT/SIGTERM stop it without losing a queued connection; the final counters are printed
+//! as one JSON line on stderr.
 //!
-//! What is per core. The TLS handshake is where an HTTPS server spends most of its CPU, so
+//! What is per core. For short connections the TLS handshake is most of the server's CPU, so
 //! nothing it touches is written by two cores: each worker builds, on its own thread, its own
 //! `Arc<ServerConfig>` (so the reference count `TlsAcceptor::accept` bumps per connection stays
 //! in that core's cache), its own signing key (parsed from the shared PEM bytes), its own
