@@ -3,8 +3,9 @@
 //! http/1.1; `openssl s_client -sess_out` then `-sess_in` from the *other* CPU resumes
 //! ("Reused") — the ticket made on one worker opens on another; a client that sends garbage
 //! instead of a ClientHello is closed at once and one that stalls mid-handshake is closed at
-//! the handshake timeout, while curl is served meanwhile; missing, unreadable and mismatched
-//! PEM files are refused with a message naming them.
+//! the handshake timeout, while curl is served meanwhile; a missing PEM file, one with no
+//! certificate or key in it and a key of another certificate are refused with a message
+//! naming the file; the `--runtime multithread` baseline serves the same app.
 //!
 //! The example is built with the cargo running this test (`cargo build --example https`, a
 //! no-op after `cargo test`, which builds the examples) and run with a certificate made by
