@@ -458,7 +458,7 @@ fn garbage_and_stalled_handshakes_are_closed_while_others_are_served() {
 }
 
 #[test]
-fn missing_unreadable_or_mismatched_pem_files_are_named() {
+fn missing_empty_or_mismatched_pem_files_are_refused_by_name() {
     if !need(&["openssl"]) {
         return;
     }
