@@ -14,7 +14,7 @@
 //! is left at the drain deadline is dropped.
 
 use crate::server::{Error, Running, Server};
-use crate::worker::{Stream, WorkerCtx, WorkerInfo, DRAIN_QUIESCE};
+use crate::worker::{WorkerCtx, WorkerInfo, DRAIN_QUIESCE};
 use corelocal::runtime::{ErrorKind, ShutdownReport};
 use http::{Request, Response};
 use hyper::body::{Body, Incoming};
@@ -24,6 +24,7 @@ use std::cell::Cell;
 use std::error::Error as StdError;
 use std::io;
 use std::rc::Rc;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::Notify;
 
 type BoxError = Box<dyn StdError + Send + Sync>;
@@ -63,8 +64,13 @@ where
 
 /// Serves one accepted connection with `service` until it closes; on stop, gracefully (see
 /// the module docs). Counts requests and errors on `ctx`'s worker.
-pub async fn serve_connection<S, B>(ctx: WorkerCtx, stream: Stream, service: S)
+///
+/// `stream` is the accepted [`Stream`](crate::Stream) or anything wrapping it — a TLS stream from
+/// tokio-rustls, for example (the `https` example): the connection stays counted open for as
+/// long as the wrapper holds the `Stream`.
+pub async fn serve_connection<I, S, B>(ctx: WorkerCtx, stream: I, service: S)
 where
+    I: AsyncRead + AsyncWrite + Unpin + 'static,
     S: hyper::service::Service<Request<Incoming>, Response = Response<B>> + 'static,
     S::Error: Into<BoxError>,
     B: Body + 'static,
