@@ -58,7 +58,7 @@ taskset -c 1 $SERVER_CMD >/dev/null 2>&1 &
 SPID=\$!
 for i in \$(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/$PORT) 2>/dev/null && break; sleep 0.05; done
 sleep 0.2
-sched() { cat /proc/\$SPID/task/*/schedstat 2>/dev/null | awk '{s+=\$1} END {print s+0}'; }
+sched() { cat /proc/\$SPID/task/*/schedstat 2>/dev/null | awk '{s+=\$1} END {printf "%.0f", s}'; }
 s0=\$(sched)
 case "\$1" in
   uring-direct|uring-fd|epoll|uring-direct-linger0)
