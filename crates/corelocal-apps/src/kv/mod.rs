@@ -179,6 +179,9 @@ pub struct Report {
     /// Each UDP socket's bound address, one entry per socket ([`udp::UdpSockets::addrs`]):
     /// `stats conns` lists them and [`udp::serve`] registers them in this order.
     pub udp: Vec<std::net::SocketAddr>,
+    /// memcached's `ssl_*` lines of `stats settings` (name, value) when connections speak
+    /// TLS; none without TLS.
+    pub tls: Vec<(String, String)>,
 }
 
 impl Default for Report {
@@ -194,6 +197,7 @@ impl Default for Report {
             listen: Vec::new(),
             udp_port: 0,
             udp: Vec::new(),
+            tls: Vec::new(),
         }
     }
 }

@@ -464,6 +464,9 @@ impl Inner {
         for (name, v) in rows {
             let _ = write!(out, "STAT {name} {v}\r\n");
         }
+        for (name, v) in &r.tls {
+            let _ = write!(out, "STAT {name} {v}\r\n");
+        }
     }
 
     fn items_stats(&self, out: &mut Vec<u8>, now: Now) {

@@ -298,6 +298,20 @@ impl<H: Handler> Handler for TlsConn<H> {
         next
     }
 
+    fn on_notify(&mut self, out: &mut Output, now: Instant) -> Next {
+        // Output the inner handler makes unasked (kv's `watch` log lines), encrypted as its
+        // answers are; before the handshake completes it has nowhere to go yet.
+        if self.tls.is_handshaking() {
+            return Next::Read;
+        }
+        self.inner_out.set_limit(out.room());
+        let next = self.inner.on_notify(&mut self.inner_out, now);
+        let all_out = self.encrypt(out);
+        // What did not fit goes once the output drains (`holds_input`).
+        self.held |= !all_out;
+        next
+    }
+
     fn on_drain(&mut self) -> bool {
         self.inner.on_drain()
     }

@@ -13,7 +13,8 @@
 //! worker's tickets with no lock and no message between them). The certificates and the SNI
 //! map are loaded once and shared read-only.
 //!
-//! TLS 1.3 and 1.2, ALPN `http/1.1` (or what [`TlsConfig::alpn`] says), ECDSA, RSA and
+//! TLS 1.3 and 1.2 (or 1.3 only), ALPN `http/1.1` (or what [`TlsConfig::alpn`] says: none
+//! for memcached's protocol), ECDSA, RSA and
 //! Ed25519 keys, chains, SNI among several certificates. Bounded: the handshake in bytes and
 //! time, the decrypted input in bytes (see [`TlsConn`]).
 //!
@@ -29,7 +30,7 @@ use std::time::Duration;
 
 use corelocal::runtime::handoff::{StateExport, StateImport};
 use corelocal::runtime::{CloseReason, ConnInfo, Handler, Next, Output, Service, Step};
-use rustls::server::ServerSessionMemoryCache;
+use rustls::server::{NoServerSessionStorage, ServerSessionMemoryCache};
 use rustls::ServerConfig;
 
 pub use certs::{load, CertFiles, CertStore, SniResolver, WorkerCerts};
@@ -61,6 +62,11 @@ pub struct TlsConfig {
     pub tickets: bool,
     /// Ticket keys rotate on this period (a ticket opens for one to two periods).
     pub ticket_period: Duration,
+    /// TLS 1.2 offered besides 1.3 (false: TLS 1.3 only, memcached's `ssl_min_version=3`).
+    pub tls12: bool,
+    /// Largest TLS record's plaintext, when smaller than TLS's own 16 KiB (memcached's
+    /// `ssl_wbuf_size`: it encrypts from a buffer of that size).
+    pub record_bytes_max: Option<usize>,
 }
 
 impl Default for TlsConfig {
@@ -75,6 +81,8 @@ impl Default for TlsConfig {
             session_cache_entries_max: 4096,
             tickets: true,
             ticket_period: Duration::from_secs(6 * 3600),
+            tls12: true,
+            record_bytes_max: None,
         }
     }
 }
@@ -140,16 +148,30 @@ impl<S: Service> TlsService<S> {
 
 /// One worker's rustls configuration: its own session cache and ticketer.
 fn worker_config(shared: &Shared) -> Result<Arc<ServerConfig>, String> {
+    let config = &shared.config;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let versions = [&rustls::version::TLS13, &rustls::version::TLS12];
+    let versions: &[&rustls::SupportedProtocolVersion] = if config.tls12 {
+        &[&rustls::version::TLS13, &rustls::version::TLS12]
+    } else {
+        &[&rustls::version::TLS13]
+    };
     let mut server = ServerConfig::builder_with_provider(provider)
-        .with_protocol_versions(&versions)
+        .with_protocol_versions(versions)
         .map_err(|e| e.to_string())?
         .with_no_client_auth()
         .with_cert_resolver(Arc::new(WorkerCerts::new(shared.certs.clone())));
-    server.alpn_protocols = shared.config.alpn.clone();
-    server.session_storage = ServerSessionMemoryCache::new(shared.config.session_cache_entries_max);
-    if shared.config.tickets {
+    server.alpn_protocols = config.alpn.clone();
+    server.session_storage = match config.session_cache_entries_max {
+        // No cache at all (memcached's default): no session is resumed by its ID.
+        0 => Arc::new(NoServerSessionStorage {}),
+        n => ServerSessionMemoryCache::new(n),
+    };
+    // rustls counts the record's header (5 bytes) in its fragment size.
+    server.max_fragment_size = config
+        .record_bytes_max
+        .map(|n| n.clamp(32, 16 << 10) + 5)
+        .filter(|n| *n < (16 << 10) + 5);
+    if config.tickets {
         server.ticketer = Arc::new(WorkerTickets::new(shared.ticket_keys.clone()));
     }
     Ok(Arc::new(server))
@@ -245,8 +267,8 @@ impl<H: Handler> Handler for MaybeTls<H> {
     fn on_notify(&mut self, out: &mut Output, now: std::time::Instant) -> Next {
         match self {
             MaybeTls::Plain(h) => h.on_notify(out, now),
-            // Notified output (log streams) is not encrypted: none of the TLS services uses it.
-            MaybeTls::Tls(_) | MaybeTls::Refused => Next::Read,
+            MaybeTls::Tls(t) => t.on_notify(out, now),
+            MaybeTls::Refused => Next::Read,
         }
     }
 
