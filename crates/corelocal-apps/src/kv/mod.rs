@@ -99,6 +99,9 @@ pub struct KvConfig {
     pub shutdown_enabled: bool,
     /// What `shutdown` calls (with `-A`; without a hook the command is refused too).
     pub shutdown: Option<ShutdownHook>,
+    /// The TLS layer around the service, when connections speak TLS: `refresh_certs` reloads
+    /// its certificates, `stats` shows its counters (memcached's TLS build).
+    pub tls: Option<crate::tls::TlsHandle>,
     /// Connections over this many (process-wide) are answered `ERROR Too many open
     /// connections` and closed (memcached `-c`); 0: no limit here.
     pub conn_limit: u64,
@@ -223,6 +226,7 @@ impl Default for KvConfig {
             evictions: true,
             shutdown_enabled: false,
             shutdown: None,
+            tls: None,
             conn_limit: 0,
             auth: Vec::new(),
             protocol: Protocol::Ascii,

@@ -51,10 +51,17 @@ pub struct TlsConn<H> {
     held: bool,
     limits: ConnLimits,
     scratch: Vec<u8>,
+    /// Where a failed handshake is counted.
+    handle: super::TlsHandle,
 }
 
 impl<H: Handler> TlsConn<H> {
-    pub(super) fn new(mut tls: ServerConnection, inner: H, limits: ConnLimits) -> TlsConn<H> {
+    pub(super) fn new(
+        mut tls: ServerConnection,
+        inner: H,
+        limits: ConnLimits,
+        handle: super::TlsHandle,
+    ) -> TlsConn<H> {
         // rustls's own buffers unbounded: what goes in is bounded by the output's room and
         // `plain_bytes_max`, checked here.
         tls.set_buffer_limit(None);
@@ -68,6 +75,7 @@ impl<H: Handler> TlsConn<H> {
             held: false,
             limits,
             scratch: Vec::new(),
+            handle,
         }
     }
 
@@ -91,6 +99,9 @@ impl<H: Handler> TlsConn<H> {
                 self.check_handshake(n, now)?;
             }
             if let Err(_e) = self.tls.process_new_packets() {
+                if handshaking {
+                    self.handle.count_handshake_error();
+                }
                 // rustls queued the alert that says why: it goes out before the close.
                 self.write_records(out);
                 return Err(CloseReason::BadRequest);

@@ -25,8 +25,9 @@ mod certs;
 mod conn;
 pub mod tickets;
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use corelocal::runtime::handoff::{StateExport, StateImport};
 use corelocal::runtime::{CloseReason, ConnInfo, Handler, Next, Output, Service, Step};
@@ -92,8 +93,69 @@ impl Default for TlsConfig {
 #[derive(Debug)]
 struct Shared {
     config: TlsConfig,
-    certs: Arc<CertStore>,
+    handle: TlsHandle,
     ticket_keys: Arc<TicketKeys>,
+}
+
+/// The certificates in force and the TLS counters, for whoever runs the service (SIGHUP) and
+/// the service inside (memcached's `refresh_certs`, `ssl_handshake_errors`,
+/// `time_since_server_cert_refresh`).
+#[derive(Debug, Clone)]
+pub struct TlsHandle {
+    certs: Arc<CertStore>,
+    counters: Arc<Counters>,
+}
+
+/// Counted across workers: written once per failed handshake or reload.
+#[derive(Debug)]
+struct Counters {
+    handshake_errors: AtomicU64,
+    refreshed: Mutex<Instant>,
+}
+
+impl TlsHandle {
+    /// Loads and checks the certificates and keys of `config`.
+    pub fn load(config: &TlsConfig) -> Result<TlsHandle, String> {
+        Ok(TlsHandle {
+            certs: Arc::new(CertStore::load(config.certs.clone())?),
+            counters: Arc::new(Counters {
+                handshake_errors: AtomicU64::new(0),
+                refreshed: Mutex::new(Instant::now()),
+            }),
+        })
+    }
+
+    /// Reads the certificate files again (see [`CertStore::reload`]); how many loaded.
+    pub fn reload(&self) -> Result<usize, String> {
+        let n = self.certs.reload()?;
+        *self
+            .counters
+            .refreshed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Instant::now();
+        Ok(n)
+    }
+
+    /// Handshakes that failed (bad records, an alert, a protocol the server refuses).
+    pub fn handshake_errors(&self) -> u64 {
+        self.counters.handshake_errors.load(Ordering::Relaxed)
+    }
+
+    /// Time since the certificates were loaded or last reloaded.
+    pub fn since_reload(&self) -> Duration {
+        let at = *self
+            .counters
+            .refreshed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        at.elapsed()
+    }
+
+    pub(crate) fn count_handshake_error(&self) {
+        self.counters
+            .handshake_errors
+            .fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 /// A service whose connections on some addresses speak TLS (see the module docs).
@@ -115,11 +177,21 @@ impl<S> std::fmt::Debug for TlsService<S> {
 impl<S: Service> TlsService<S> {
     /// Loads and checks every certificate and key, draws the ticket secret.
     pub fn new(inner: Arc<S>, config: TlsConfig) -> Result<TlsService<S>, String> {
-        let certs = Arc::new(CertStore::load(config.certs.clone())?);
+        let handle = TlsHandle::load(&config)?;
+        TlsService::with_handle(inner, config, handle)
+    }
+
+    /// As [`TlsService::new`], with certificates already loaded (`handle`, which the inner
+    /// service may hold too: kv's `refresh_certs`).
+    pub fn with_handle(
+        inner: Arc<S>,
+        config: TlsConfig,
+        handle: TlsHandle,
+    ) -> Result<TlsService<S>, String> {
         let ticket_keys = Arc::new(TicketKeys::generate(config.ticket_period.as_secs())?);
         let shared = Arc::new(Shared {
             config,
-            certs,
+            handle,
             ticket_keys,
         });
         let server = worker_config(&shared)?;
@@ -133,7 +205,12 @@ impl<S: Service> TlsService<S> {
     /// The certificate store, to reload it (SIGHUP): new handshakes on every worker use
     /// the files' new contents, established connections keep theirs.
     pub fn certs(&self) -> Arc<CertStore> {
-        self.shared.certs.clone()
+        self.shared.handle.certs.clone()
+    }
+
+    /// The certificates and counters (reload through it to keep the refresh time).
+    pub fn handle(&self) -> TlsHandle {
+        self.shared.handle.clone()
     }
 
     fn limits(&self) -> conn::ConnLimits {
@@ -159,7 +236,7 @@ fn worker_config(shared: &Shared) -> Result<Arc<ServerConfig>, String> {
         .with_protocol_versions(versions)
         .map_err(|e| e.to_string())?
         .with_no_client_auth()
-        .with_cert_resolver(Arc::new(WorkerCerts::new(shared.certs.clone())));
+        .with_cert_resolver(Arc::new(WorkerCerts::new(shared.handle.certs.clone())));
     server.alpn_protocols = config.alpn.clone();
     server.session_storage = match config.session_cache_entries_max {
         // No cache at all (memcached's default): no session is resumed by its ID.
@@ -201,7 +278,10 @@ impl<S: Service> Service for TlsService<S> {
             return MaybeTls::Plain(inner);
         }
         match rustls::ServerConnection::new(self.server.clone()) {
-            Ok(tls) => MaybeTls::Tls(Box::new(TlsConn::new(tls, inner, self.limits()))),
+            Ok(tls) => {
+                let handle = self.shared.handle.clone();
+                MaybeTls::Tls(Box::new(TlsConn::new(tls, inner, self.limits(), handle)))
+            }
             // Only a configuration error fails here, and `new` checked it: refuse the client.
             Err(_) => MaybeTls::Refused,
         }

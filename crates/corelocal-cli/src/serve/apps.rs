@@ -13,7 +13,7 @@ use corelocal_apps::kv::udp::{self, UdpLimits, UdpSockets};
 use corelocal_apps::kv::{KvConfig, KvService, Protocol, Report, ShutdownHook};
 use corelocal_apps::rpc::{RpcConfig, RpcService};
 use corelocal_apps::sockperf::{SockperfConfig, SockperfService};
-use corelocal_apps::tls::{CertFiles, CertStore, TlsConfig, TlsService};
+use corelocal_apps::tls::{CertFiles, TlsConfig, TlsHandle, TlsService};
 use corelocal_proto::memcache;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -125,6 +125,7 @@ fn run_kv(mut args: KvArgs) -> ExitCode {
         Ok(c) => c,
         Err(e) => return fail(&format!("kv: {e}")),
     };
+    config.tls = tls.as_ref().map(|(_, handle)| handle.clone());
     let udp = match bind_udp(&args) {
         Ok(u) => u,
         Err(e) => return fail(&format!("kv: {e}")),
@@ -170,10 +171,12 @@ fn run_kv(mut args: KvArgs) -> ExitCode {
         };
         match tls {
             None => serve_with(&args.common, Arc::new(service.clone()), on_listen),
-            Some(config) => match wrap_tls(Arc::new(service.clone()), config, "kv") {
-                Ok(tls) => serve_with(&args.common, Arc::new(tls), on_listen),
-                Err(e) => fail(&format!("kv: {e}")),
-            },
+            Some((config, handle)) => {
+                match wrap_tls(Arc::new(service.clone()), config, handle, "kv") {
+                    Ok(tls) => serve_with(&args.common, Arc::new(tls), on_listen),
+                    Err(e) => fail(&format!("kv: {e}")),
+                }
+            }
         }
     };
     if let Some(server) = udp_server {
@@ -193,7 +196,7 @@ fn run_kv(mut args: KvArgs) -> ExitCode {
 /// `serve kv --tls-cert`: the TLS configuration (no ALPN: memcached offers none), its
 /// decrypted input bounded as the runtime bounds plain input (`input_limit`), and memcached's
 /// `ssl_*` lines for `stats settings`; SIGHUP reloads the certificates.
-fn kv_tls(args: &mut KvArgs, input_limit: u64) -> Result<Option<TlsConfig>, String> {
+fn kv_tls(args: &mut KvArgs, input_limit: u64) -> Result<Option<(TlsConfig, TlsHandle)>, String> {
     let tls = &args.tls;
     if tls.tls_cert.is_empty() {
         return Ok(None);
@@ -203,9 +206,10 @@ fn kv_tls(args: &mut KvArgs, input_limit: u64) -> Result<Option<TlsConfig>, Stri
     }
     let mut config = tls_config(tls, &mut args.common, Vec::new())?;
     config.plain_bytes_max = usize::try_from(input_limit).unwrap_or(usize::MAX);
-    // Checked now, so that a bad file stops the start before anything listens.
-    CertStore::load(config.certs.clone())?;
-    Ok(Some(config))
+    // Loaded now: a bad file stops the start before anything listens, and kv's
+    // `refresh_certs` reloads these.
+    let handle = TlsHandle::load(&config)?;
+    Ok(Some((config, handle)))
 }
 
 /// memcached's `ssl_*` rows of `stats settings` for these TLS flags (memcached 1.6.18's names
@@ -397,21 +401,24 @@ fn tls_service<S: Service>(
     app: &'static str,
 ) -> Result<TlsService<S>, String> {
     let config = tls_config(tls, common, alpn)?;
-    wrap_tls(inner, config, app)
+    let handle = TlsHandle::load(&config)?;
+    wrap_tls(inner, config, handle, app)
 }
 
-/// `inner` in TLS as `config` says; SIGHUP reloads the certificates.
+/// `inner` in TLS as `config` says, with the certificates `handle` loaded; SIGHUP reloads
+/// them.
 fn wrap_tls<S: Service>(
     inner: Arc<S>,
     config: TlsConfig,
+    handle: TlsHandle,
     app: &'static str,
 ) -> Result<TlsService<S>, String> {
-    let service = TlsService::new(inner, config)?;
+    let service = TlsService::with_handle(inner, config, handle)?;
     eprintln!(
         "tls: rustls (ring), records in user space; {}",
         corelocal::sys::ktls::tls_ulp()
     );
-    reload_on_sighup(service.certs(), app)?;
+    reload_on_sighup(service.handle(), app)?;
     Ok(service)
 }
 
@@ -465,7 +472,7 @@ const SIGHUP_POLL: Duration = Duration::from_millis(100);
 /// SIGHUP reads the certificate and key files again (new handshakes use them; connections
 /// keep theirs; a broken file keeps the old ones and says why), from a thread that sleeps
 /// between looks at the flag.
-fn reload_on_sighup(certs: Arc<CertStore>, app: &'static str) -> Result<(), String> {
+fn reload_on_sighup(certs: TlsHandle, app: &'static str) -> Result<(), String> {
     signal::flag_on(&[libc::SIGHUP]).map_err(|e| format!("handling SIGHUP: {e}"))?;
     std::thread::Builder::new()
         .name("tls-sighup".into())
