@@ -31,8 +31,11 @@ use std::time::{Duration, Instant};
 
 use corelocal::runtime::handoff::{StateExport, StateImport};
 use corelocal::runtime::{CloseReason, ConnInfo, Handler, Next, Output, Service, Step};
-use rustls::server::{NoServerSessionStorage, ServerSessionMemoryCache};
+use rustls::server::danger::ClientCertVerifier;
+use rustls::server::{NoServerSessionStorage, ServerSessionMemoryCache, WebPkiClientVerifier};
 use rustls::ServerConfig;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::CertificateDer;
 
 pub use certs::{load, CertFiles, CertStore, SniResolver, WorkerCerts};
 pub use conn::TlsConn;
@@ -68,6 +71,12 @@ pub struct TlsConfig {
     /// Largest TLS record's plaintext, when smaller than TLS's own 16 KiB (memcached's
     /// `ssl_wbuf_size`: it encrypts from a buffer of that size).
     pub record_bytes_max: Option<usize>,
+    /// Client certificates: asked for and checked against these PEM CA certificates
+    /// (memcached's `ssl_ca_cert` with `ssl_verify_mode` 1 to 3); none asked for without.
+    pub client_ca: Option<std::path::PathBuf>,
+    /// With `client_ca`: a client without a certificate is refused (else let in, while a
+    /// certificate it does present must check out).
+    pub client_cert_required: bool,
 }
 
 impl Default for TlsConfig {
@@ -84,6 +93,8 @@ impl Default for TlsConfig {
             ticket_period: Duration::from_secs(6 * 3600),
             tls12: true,
             record_bytes_max: None,
+            client_ca: None,
+            client_cert_required: false,
         }
     }
 }
@@ -95,6 +106,8 @@ struct Shared {
     config: TlsConfig,
     handle: TlsHandle,
     ticket_keys: Arc<TicketKeys>,
+    /// Checks client certificates (`client_ca`), shared read-only.
+    clients: Option<Arc<dyn ClientCertVerifier>>,
 }
 
 /// The certificates in force and the TLS counters, for whoever runs the service (SIGHUP) and
@@ -189,10 +202,12 @@ impl<S: Service> TlsService<S> {
         handle: TlsHandle,
     ) -> Result<TlsService<S>, String> {
         let ticket_keys = Arc::new(TicketKeys::generate(config.ticket_period.as_secs())?);
+        let clients = client_verifier(&config)?;
         let shared = Arc::new(Shared {
             config,
             handle,
             ticket_keys,
+            clients,
         });
         let server = worker_config(&shared)?;
         Ok(TlsService {
@@ -223,6 +238,33 @@ impl<S: Service> TlsService<S> {
     }
 }
 
+/// The client-certificate check `config.client_ca` asks for, from its PEM certificates.
+fn client_verifier(config: &TlsConfig) -> Result<Option<Arc<dyn ClientCertVerifier>>, String> {
+    let Some(path) = &config.client_ca else {
+        return Ok(None);
+    };
+    let shown = path.display();
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(path).map_err(|e| format!("{shown}: {e}"))? {
+        let cert = cert.map_err(|e| format!("{shown}: {e}"))?;
+        roots.add(cert).map_err(|e| format!("{shown}: {e}"))?;
+    }
+    if roots.is_empty() {
+        return Err(format!("{shown}: no CA certificate in it"));
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider);
+    let builder = if config.client_cert_required {
+        builder
+    } else {
+        builder.allow_unauthenticated()
+    };
+    builder
+        .build()
+        .map(Some)
+        .map_err(|e| format!("{shown}: {e}"))
+}
+
 /// One worker's rustls configuration: its own session cache and ticketer.
 fn worker_config(shared: &Shared) -> Result<Arc<ServerConfig>, String> {
     let config = &shared.config;
@@ -232,11 +274,15 @@ fn worker_config(shared: &Shared) -> Result<Arc<ServerConfig>, String> {
     } else {
         &[&rustls::version::TLS13]
     };
-    let mut server = ServerConfig::builder_with_provider(provider)
+    let builder = ServerConfig::builder_with_provider(provider)
         .with_protocol_versions(versions)
-        .map_err(|e| e.to_string())?
-        .with_no_client_auth()
-        .with_cert_resolver(Arc::new(WorkerCerts::new(shared.handle.certs.clone())));
+        .map_err(|e| e.to_string())?;
+    let builder = match &shared.clients {
+        Some(verifier) => builder.with_client_cert_verifier(verifier.clone()),
+        None => builder.with_no_client_auth(),
+    };
+    let mut server =
+        builder.with_cert_resolver(Arc::new(WorkerCerts::new(shared.handle.certs.clone())));
     server.alpn_protocols = config.alpn.clone();
     server.session_storage = match config.session_cache_entries_max {
         // No cache at all (memcached's default): no session is resumed by its ID.

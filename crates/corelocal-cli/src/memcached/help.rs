@@ -72,9 +72,11 @@ pub fn usage() -> String {
    - ssl_min_version:     2 (tlsv1.2, the default; 0 and 1 mean it too) or 3 (tlsv1.3)
    - ssl_session_cache:   resume TLS sessions (per-worker cache and tickets)
    - ssl_wbuf_size:       kilobytes per TLS record at most (records stop at 16)
-   - ssl_verify_mode:     0 only (no client certificate is asked for)
-   - ssl_keyformat:       1 (PEM) only; ssl_ca_cert: no effect with verify mode 0;
-     ssl_kernel_tls: no effect (records in user space); ssl_ciphers: refused
+   - ssl_verify_mode:     0 none (default), 1 ask for a client certificate, 2 and 3
+                          require one (checked against ssl_ca_cert)
+   - ssl_ca_cert:         PEM format file of acceptable client CA's
+   - ssl_keyformat:       1 (PEM) only; ssl_kernel_tls: no effect (records in user
+     space); ssl_ciphers: refused (rustls's own AEAD suites)
    - memcached's allocator, hash table, LRU and crawler tuning (maxconns_fast,
      hashpower, tail_repair_time, hash_algorithm, lru_maintainer, hot_lru_pct,
      warm_lru_pct, temporary_ttl, slab_reassign, slab_automove, slab_chunk_max,

@@ -313,9 +313,10 @@ fn refusals_name_the_option_and_exit_as_memcached() {
             "You cannot enable SSL without a TCP port",
         ),
         (
-            "-o ssl_verify_mode=2",
+            "-Z -o ssl_verify_mode=2,ssl_chain_cert=/dev/null,ssl_key=/dev/null",
             EX_USAGE,
-            "-o ssl_verify_mode: not supported by corelocal memcached: client certificates",
+            "-o ssl_verify_mode: not supported by corelocal memcached: client certificates \
+             are checked against -o ssl_ca_cert=FILE",
         ),
         ("-o ssl_verify_mode=9", 1, "Invalid ssl_verify_mode"),
         ("-o ssl_min_version=4", 1, "Invalid ssl_min_version"),
@@ -504,12 +505,21 @@ fn tls_options_map_onto_serve_kv() {
     assert!(holds(&p.args, "--tls-min-version 1.3"));
     assert!(holds(&p.args, "--tls-record-bytes 4096"));
     assert!(!p.args.iter().any(|a| a == "--tls-no-tickets"));
+    assert!(!p.args.iter().any(|a| a == "--tls-client-ca"));
     let notes = p.notes.join("\n");
     assert!(notes.contains("ssl_kernel_tls: no effect"), "{notes}");
     assert!(
         notes.contains("ssl_ca_cert=/dev/null: no effect"),
         "{notes}"
     );
+    for (mode, optional) in [("1", true), ("2", false), ("3", false)] {
+        let p = plan(&format!(
+            "-Z -o {files},ssl_verify_mode={mode},ssl_ca_cert=/dev/null"
+        ));
+        assert!(holds(&p.args, "--tls-client-ca /dev/null"), "{:?}", p.args);
+        let has = p.args.iter().any(|a| a == "--tls-client-cert-optional");
+        assert_eq!(has, optional, "mode {mode}: {:?}", p.args);
+    }
     let p = plan("-o ssl_chain_cert=/x -l notls:127.0.0.1");
     assert!(
         !p.args.iter().any(|a| a.starts_with("--tls")),

@@ -2,12 +2,13 @@
 //! prefix of `-l`, mapped onto `serve kv --tls-*` (rustls on each worker).
 //!
 //! Accepted: what `serve kv` does (a certificate chain and its key, TLS 1.2/1.3 as the minimum
-//! version, resumption with `ssl_session_cache`, the record size from `ssl_wbuf_size`), and
-//! what changes nothing a client could see or rely on (`ssl_kernel_tls`: records are made in
-//! user space instead; `ssl_ca_cert` while `ssl_verify_mode` is 0, as memcached asks no client
-//! for a certificate then). Refused with the option named: what would change who may connect
-//! or how (`ssl_verify_mode` 1 to 3, `ssl_ciphers`, a key format other than PEM) — never
-//! accepted silently.
+//! version, resumption with `ssl_session_cache`, the record size from `ssl_wbuf_size`, client
+//! certificates checked against `ssl_ca_cert` with `ssl_verify_mode` 1 to 3), and what changes
+//! nothing a client could see or rely on (`ssl_kernel_tls`: records are made in user space
+//! instead; `ssl_ca_cert` while `ssl_verify_mode` is 0, as memcached asks no client for a
+//! certificate then). Refused with the option named: what would change who may connect or how
+//! and is not done here (`ssl_ciphers`, a key format other than PEM, a verify mode without a
+//! CA) — never accepted silently.
 
 use super::parse::Settings;
 use super::{Refusal, EX_USAGE};
@@ -22,6 +23,8 @@ pub(super) struct TlsOptions {
     ca_cert: Option<String>,
     /// `ssl_min_version`: 0 to 3 (TLS 1.0 to 1.3); memcached's default is 2.
     min_version: Option<u8>,
+    /// `ssl_verify_mode`: 0 (none, the default) to 3.
+    verify_mode: u8,
     session_cache: bool,
     wbuf_kib: Option<u64>,
     /// Suboptions given, for the note when `-Z` is not.
@@ -45,7 +48,7 @@ pub(super) fn apply(s: &mut Settings, name: &str, value: Option<&str>) -> Result
                 .into(),
         ),
         "ssl_min_version" => tls.min_version = Some(min_version(value)?),
-        "ssl_verify_mode" => verify_mode(value)?,
+        "ssl_verify_mode" => tls.verify_mode = verify_mode(value)?,
         "ssl_keyformat" => keyformat(value)?,
         "ssl_wbuf_size" => tls.wbuf_kib = Some(wbuf_kib(value)?),
         "ssl_ciphers" => {
@@ -78,16 +81,12 @@ fn min_version(value: Option<&str>) -> Result<u8, Refusal> {
     }
 }
 
-/// `ssl_verify_mode`: 0 (no client certificate asked for) only; memcached's message for a
-/// value it does not know either.
-fn verify_mode(value: Option<&str>) -> Result<(), Refusal> {
+/// `ssl_verify_mode`: 0 none, 1 a certificate is asked for and checked if given, 2 it is
+/// required, 3 required once (as 2 here: TLS is never renegotiated); memcached's message for
+/// another value.
+fn verify_mode(value: Option<&str>) -> Result<u8, Refusal> {
     match value.and_then(|v| v.parse::<u8>().ok()) {
-        Some(0) => Ok(()),
-        Some(1..=3) => Err(refused(
-            "ssl_verify_mode",
-            "client certificates are not requested or verified here (only 0, none); a \
-             server that must check its clients' certificates needs memcached",
-        )),
+        Some(mode @ 0..=3) => Ok(mode),
         _ => Err(Refusal::new(
             1,
             "Invalid ssl_verify_mode. Use help to see valid options.".into(),
@@ -164,7 +163,28 @@ pub(super) fn finish(s: &mut Settings, tcp: bool) -> Result<Vec<String>, Refusal
     if let Some(kib) = tls.wbuf_kib {
         args.extend(["--tls-record-bytes".into(), (kib << 10).to_string()]);
     }
+    args.extend(client_certs(tls)?);
     notes(s);
+    Ok(args)
+}
+
+/// `ssl_verify_mode` 1 to 3: client certificates checked against `ssl_ca_cert`, which they
+/// need (without it OpenSSL would refuse every certificate; refused here, clearly, instead).
+fn client_certs(tls: &TlsOptions) -> Result<Vec<String>, Refusal> {
+    if tls.verify_mode == 0 {
+        return Ok(Vec::new());
+    }
+    let Some(ca) = &tls.ca_cert else {
+        return Err(refused(
+            "ssl_verify_mode",
+            "client certificates are checked against -o ssl_ca_cert=FILE: give it",
+        ));
+    };
+    let ca = readable(Some(ca), "Error loading the CA certificate")?;
+    let mut args = vec!["--tls-client-ca".into(), ca];
+    if tls.verify_mode == 1 {
+        args.push("--tls-client-cert-optional".into());
+    }
     Ok(args)
 }
 
@@ -177,7 +197,7 @@ fn notes(s: &mut Settings) {
                 .into(),
         );
     }
-    if let Some(ca) = s.tls.ca_cert.clone() {
+    if let Some(ca) = s.tls.ca_cert.clone().filter(|_| s.tls.verify_mode == 0) {
         s.note(
             "o:ssl_ca_cert",
             format!(

@@ -213,21 +213,27 @@ fn kv_tls(args: &mut KvArgs, input_limit: u64) -> Result<Option<(TlsConfig, TlsH
 }
 
 /// memcached's `ssl_*` rows of `stats settings` for these TLS flags (memcached 1.6.18's names
-/// and forms; `ssl_verify_mode 0`: no client certificate is asked for).
+/// and forms).
 fn tls_settings(tls: &TlsArgs) -> Vec<(String, String)> {
     if tls.tls_cert.is_empty() {
         return Vec::new();
     }
     let path = |p: Option<&PathBuf>| p.map_or("NULL".into(), |p| p.display().to_string());
     let resumes = tls.tls_session_cache > 0 || !tls.tls_no_tickets;
+    // memcached's SSL_VERIFY_* levels: 0 none, 1 peer (optional), 2 peer and required.
+    let verify_mode = match (&tls.tls_client_ca, tls.tls_client_cert_optional) {
+        (None, _) => "0",
+        (Some(_), true) => "1",
+        (Some(_), false) => "2",
+    };
     let rows = [
         ("ssl_enabled", "yes".to_string()),
         ("ssl_chain_cert", path(tls.tls_cert.first())),
         ("ssl_key", path(tls.tls_key.first())),
-        ("ssl_verify_mode", "0".into()),
+        ("ssl_verify_mode", verify_mode.into()),
         ("ssl_keyformat", "1".into()),
         ("ssl_ciphers", "NULL".into()),
-        ("ssl_ca_cert", "NULL".into()),
+        ("ssl_ca_cert", path(tls.tls_client_ca.as_ref())),
         (
             "ssl_wbuf_size",
             tls.tls_record_bytes.unwrap_or(16 << 10).to_string(),
@@ -462,6 +468,8 @@ fn tls_config(
         ticket_period: tls.tls_ticket_period,
         tls12: tls.tls_min_version == "1.2",
         record_bytes_max: tls.tls_record_bytes.map(|n| n as usize),
+        client_ca: tls.tls_client_ca.clone(),
+        client_cert_required: !tls.tls_client_cert_optional,
         ..TlsConfig::default()
     })
 }

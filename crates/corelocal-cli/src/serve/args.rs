@@ -145,6 +145,15 @@ pub(super) struct TlsArgs {
     #[arg(long, value_name = "BYTES", help_heading = "TLS",
           value_parser = clap::value_parser!(u32).range(32..=(64 << 20)))]
     pub(super) tls_record_bytes: Option<u32>,
+    /// Ask every TLS client for a certificate and check it against these PEM CA
+    /// certificates (memcached's ssl_ca_cert with ssl_verify_mode 2); a client without one
+    /// is refused unless --tls-client-cert-optional.
+    #[arg(long, value_name = "PEM", requires = "tls_cert", help_heading = "TLS")]
+    pub(super) tls_client_ca: Option<PathBuf>,
+    /// With --tls-client-ca: let in a client that presents no certificate (one it presents
+    /// must still check out; memcached's ssl_verify_mode 1).
+    #[arg(long, requires = "tls_client_ca", help_heading = "TLS")]
+    pub(super) tls_client_cert_optional: bool,
 }
 
 #[derive(Debug, Args)]
