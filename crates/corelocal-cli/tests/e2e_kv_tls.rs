@@ -4,12 +4,13 @@
 //! checked); a plain port beside the TLS one. Hostile clients on the TLS port (garbage instead
 //! of a ClientHello, a ClientHello cut off by a close, a silent client, memcached text sent in
 //! the clear) are closed, and a TLS connection already open goes on unharmed. The certificates
-//! are the TLS tests' own (crates/corelocal-apps/tests/tls). A missing client skips with a
-//! printed reason, except under `CI=true` (.ci/run installs openssl and pymemcache).
+//! are the TLS tests' own (crates/corelocal-apps/tests/tls); the client-certificate test makes
+//! its own CA and client certificate with openssl. A missing client skips with a printed
+//! reason, except under `CI=true` (.ci/run installs openssl and pymemcache).
 
 mod common;
 
-use common::{need, python_has, require, run_ok, Served};
+use common::{need, python_has, require, run_ok, Served, TempDir};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
@@ -58,18 +59,17 @@ fn serve() -> (Served, SocketAddr) {
 
 /// `openssl s_client` on `tls`, its stdin piped: it prints what the server sends.
 fn s_client(tls: SocketAddr, version: &str) -> Child {
+    s_client_with(tls, &[version])
+}
+
+/// As [`s_client`], with more s_client arguments.
+fn s_client_with(tls: SocketAddr, args: &[&str]) -> Child {
     let connect = tls.to_string();
     let ca = cert_path("ca.pem");
     Command::new("timeout")
         .args(["-k", "2", "15", "openssl", "s_client", "-connect", &connect])
-        .args([
-            "-CAfile",
-            &ca,
-            "-servername",
-            "localhost",
-            "-ign_eof",
-            version,
-        ])
+        .args(["-CAfile", &ca, "-servername", "localhost", "-ign_eof"])
+        .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -283,4 +283,98 @@ fn free_port() -> u16 {
         .local_addr()
         .unwrap()
         .port()
+}
+
+/// A CA and a client certificate it signed (EC P-256, two days), made with openssl in `dir`:
+/// the CA's PEM, then the client's certificate and key.
+fn client_certs(dir: &Path) -> (String, String, String) {
+    let at = |name: &str| dir.join(name).to_str().unwrap().to_string();
+    let (ca, ca_key) = (at("client-ca.pem"), at("client-ca.key"));
+    let (cert, key, csr, ext) = (
+        at("client.pem"),
+        at("client.key"),
+        at("client.csr"),
+        at("ext"),
+    );
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+    ];
+    let mut args = vec![
+        "req", "-x509", "-keyout", &ca_key, "-out", &ca, "-days", "2",
+    ];
+    args.extend(ec);
+    args.extend(["-subj", "/CN=corelocal test client CA"]);
+    args.extend(["-addext", "basicConstraints=critical,CA:TRUE"]);
+    args.extend(["-addext", "keyUsage=critical,keyCertSign"]);
+    run_ok(20, "openssl", &args);
+    let mut args = vec!["req", "-keyout", &key, "-out", &csr, "-subj", "/CN=client"];
+    args.extend(ec);
+    run_ok(20, "openssl", &args);
+    std::fs::write(&ext, "extendedKeyUsage=clientAuth\n").unwrap();
+    let args = [
+        "x509",
+        "-req",
+        "-in",
+        &csr,
+        "-CA",
+        &ca,
+        "-CAkey",
+        &ca_key,
+        "-CAcreateserial",
+        "-out",
+        &cert,
+        "-days",
+        "2",
+        "-extfile",
+        &ext,
+    ];
+    run_ok(20, "openssl", &args);
+    (ca, cert, key)
+}
+
+/// `--tls-client-ca`: a client with a certificate the CA signed is served; one without, or
+/// with a certificate another CA signed, gets no memcached answer.
+#[test]
+fn client_certificates_are_required_and_checked() {
+    if !need(&["openssl"]) {
+        return;
+    }
+    let t = TempDir::new("kv-tls-client");
+    let (client_ca, cert, key) = client_certs(&t.0);
+    let (server_cert, server_key) = (cert_path("ecdsa.pem"), cert_path("ecdsa.key"));
+    let args = [
+        "--tls-cert",
+        &server_cert,
+        "--tls-key",
+        &server_key,
+        "--tls-client-ca",
+        &client_ca,
+    ];
+    let served = Served::start("kv", &args);
+    let tls = served.addr;
+    let request = b"set c 0 0 1\r\nc\r\nquit\r\n";
+    for version in ["-tls1_3", "-tls1_2"] {
+        let with = finish(
+            s_client_with(tls, &[version, "-cert", &cert, "-key", &key]),
+            request,
+        );
+        assert!(
+            with.contains("STORED\r\n"),
+            "{version} with a certificate: {with}"
+        );
+        let without = finish(s_client(tls, version), request);
+        assert!(!without.contains("STORED"), "{version} without: {without}");
+        // The server's own certificate, signed by another CA than the client CA.
+        let other = finish(
+            s_client_with(tls, &[version, "-cert", &server_cert, "-key", &server_key]),
+            request,
+        );
+        assert!(!other.contains("STORED"), "{version} other CA: {other}");
+    }
+    let (code, _) = served.terminate();
+    assert_eq!(code, 0);
 }
