@@ -378,3 +378,38 @@ fn client_certificates_are_required_and_checked() {
     let (code, _) = served.terminate();
     assert_eq!(code, 0);
 }
+
+/// A long pipeline over TLS (Python's ssl module): 30,000 noreply sets in one write, far more
+/// than the decrypted-input bound and kv's requests per turn (it yields every 20), then
+/// `version` and a multiget; all answered, nothing closed (memcached's t/lru-crawler.t sends
+/// 70,000 so).
+const PIPELINE: &str = r#"
+import socket, ssl, sys
+ctx = ssl.create_default_context(cafile=sys.argv[3])
+raw = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=20)
+s = ctx.wrap_socket(raw, server_hostname=sys.argv[1])
+s.sendall(b"".join(b"set p%d 0 0 1 noreply\r\nz\r\n" % i for i in range(30000)) +
+          b"version\r\nget p0 p29999\r\n")
+got = b""
+while not got.endswith(b"END\r\n"):
+    chunk = s.recv(65536)
+    assert chunk, got
+    got += chunk
+assert got.startswith(b"VERSION "), got[:100]
+assert got.endswith(b"VALUE p0 0 1\r\nz\r\nVALUE p29999 0 1\r\nz\r\nEND\r\n"), got
+print("ok")
+"#;
+
+#[test]
+fn a_long_pipeline_over_tls_is_answered_whole() {
+    if !need(&["python3"]) {
+        return;
+    }
+    let (served, tls) = serve();
+    let ca = cert_path("ca.pem");
+    let (host, port) = (tls.ip().to_string(), tls.port().to_string());
+    let out = run_ok(60, "python3", &["-c", PIPELINE, &host, &port, &ca]);
+    assert_eq!(out.trim(), "ok");
+    let (code, _) = served.terminate();
+    assert_eq!(code, 0);
+}
