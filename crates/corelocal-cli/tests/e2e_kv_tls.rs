@@ -413,3 +413,48 @@ fn a_long_pipeline_over_tls_is_answered_whole() {
     let (code, _) = served.terminate();
     assert_eq!(code, 0);
 }
+
+/// The idle timeout closes a TLS connection with close_notify, as memcached does (Python's ssl
+/// with ragged EOFs not suppressed: a bare close would raise), and counts it in idle_kicks.
+const IDLE: &str = r#"
+import socket, ssl, sys, time
+ctx = ssl.create_default_context(cafile=sys.argv[3])
+def connect():
+    raw = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=10)
+    return ctx.wrap_socket(raw, server_hostname=sys.argv[1], suppress_ragged_eofs=False)
+s = connect()
+s.sendall(b"version\r\n")
+assert s.recv(100).startswith(b"VERSION ")
+time.sleep(3)
+assert s.recv(100) == b"", "close_notify, then the end"
+s = connect()
+s.sendall(b"stats\r\n")
+got = b""
+while not got.endswith(b"END\r\n"):
+    got += s.recv(65536)
+assert b"STAT idle_kicks 1\r\n" in got, got
+print("ok")
+"#;
+
+#[test]
+fn the_idle_timeout_closes_with_close_notify() {
+    if !need(&["python3"]) {
+        return;
+    }
+    let (cert, key) = (cert_path("ecdsa.pem"), cert_path("ecdsa.key"));
+    let args = [
+        "--tls-cert",
+        &cert,
+        "--tls-key",
+        &key,
+        "--idle-timeout",
+        "1s",
+    ];
+    let served = Served::start("kv", &args);
+    let ca = cert_path("ca.pem");
+    let (host, port) = (served.addr.ip().to_string(), served.addr.port().to_string());
+    let out = run_ok(30, "python3", &["-c", IDLE, &host, &port, &ca]);
+    assert_eq!(out.trim(), "ok");
+    let (code, _) = served.terminate();
+    assert_eq!(code, 0);
+}

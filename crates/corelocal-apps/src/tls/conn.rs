@@ -379,6 +379,15 @@ impl<H: Handler> Handler for TlsConn<H> {
         next
     }
 
+    fn on_idle_close(&mut self, out: &mut Output) {
+        // As memcached's TLS does at its idle kick: close_notify, so that the client reads an
+        // orderly end (and does not write into a reset connection).
+        if !self.tls.is_handshaking() {
+            self.tls.send_close_notify();
+            self.write_records(out);
+        }
+    }
+
     fn on_drain(&mut self) -> bool {
         self.inner.on_drain()
     }

@@ -398,6 +398,14 @@ impl<H: Handler> Handler for MaybeTls<H> {
         }
     }
 
+    fn on_idle_close(&mut self, out: &mut Output) {
+        match self {
+            MaybeTls::Plain(h) => h.on_idle_close(out),
+            MaybeTls::Tls(t) => t.on_idle_close(out),
+            MaybeTls::Refused => {}
+        }
+    }
+
     fn on_drain(&mut self) -> bool {
         match self {
             MaybeTls::Plain(h) => h.on_drain(),
