@@ -458,3 +458,35 @@ fn the_idle_timeout_closes_with_close_notify() {
     let (code, _) = served.terminate();
     assert_eq!(code, 0);
 }
+
+/// `watch` over TLS: its `OK` and log lines (output no request asked for, the runtime's
+/// notify path) come encrypted to an openssl s_client watcher while a plain client sets.
+#[test]
+fn watch_streams_over_tls() {
+    if !need(&["openssl"]) {
+        return;
+    }
+    let (served, tls) = serve();
+    let mut watcher = s_client(tls, "-tls1_3");
+    let stdin = watcher.stdin.as_mut().unwrap();
+    stdin.write_all(b"watch mutations\r\n").unwrap();
+    stdin.flush().unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let mut plain = TcpStream::connect(served.addr).unwrap();
+    plain.write_all(b"set watched 0 0 2\r\nhi\r\n").unwrap();
+    let mut stored = [0u8; 8];
+    plain.read_exact(&mut stored).unwrap();
+    assert_eq!(&stored, b"STORED\r\n");
+    std::thread::sleep(Duration::from_millis(1000));
+    // A watcher reads no more commands: the server's stop ends s_client.
+    let (code, _) = served.terminate();
+    assert_eq!(code, 0);
+    let out = watcher.wait_with_output().unwrap();
+    assert_ne!(out.status.code(), Some(124), "s_client outlived the server");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("OK\r\n"), "{said}");
+    assert!(
+        said.contains("type=item_store key=watched status=stored cmd=set"),
+        "{said}"
+    );
+}
