@@ -3,7 +3,9 @@
 //! memcached's text protocol, and pymemcache with an `ssl.SSLContext` (hostname and chain
 //! checked); a plain port beside the TLS one. Hostile clients on the TLS port (garbage instead
 //! of a ClientHello, a ClientHello cut off by a close, a silent client, memcached text sent in
-//! the clear) are closed, and a TLS connection already open goes on unharmed. The certificates
+//! the clear) are closed, and a TLS connection already open goes on unharmed. Also: a long
+//! pipeline, `watch` streaming, the idle timeout's close_notify, client certificates and
+//! `corelocal memcached -Z`. The certificates
 //! are the TLS tests' own (crates/corelocal-apps/tests/tls); the client-certificate test makes
 //! its own CA and client certificate with openssl. A missing client skips with a printed
 //! reason, except under `CI=true` (.ci/run installs openssl and pymemcache).
