@@ -6,15 +6,27 @@
 # on), with --backend after `--`.
 #
 # Usage:
-#   .ci/memcached-suite.sh [--backend auto|epoll|uring] [--bin PATH] [--reference] [TEST...]
+#   .ci/memcached-suite.sh [--backend auto|epoll|uring] [--bin PATH] [--reference] [--tls]
+#                          [TEST...]
 #   .ci/memcached-suite.sh --all [--bin PATH]
 #     --backend    passed to `serve kv` (default: auto)
 #     --bin        the corelocal binary (default: cargo build --release -p corelocal-cli, then
 #                  target/release/corelocal)
 #     --reference  run the same tests against Debian's memcached binary instead (proves the
 #                  harness: memcached 1.6.18 passes all of them)
-#     --all        what CI runs: --reference, then the default backend, then --backend epoll
+#     --tls        the TLS pass: SSL_TEST=1, memcached's switch for its TLS tests (each server
+#                  started with -Z -o ssl_chain_cert=t/server_crt.pem,ssl_key=t/server_key.pem,
+#                  every client an IO::Socket::SSL one: Debian's libio-socket-ssl-perl);
+#                  default tests: the six t/ssl_*.t and the 46 below, over TLS
+#     --all        what CI runs: --reference, then the default backend, then --backend epoll;
+#                  then --tls --reference and --tls (default backend)
 #     TEST...      test names (default: the 46 below), e.g. getset flush-all
+#
+# TLS: Debian's memcached 1.6.18 is built with TLS (OpenSSL), and with SSL_TEST=1 it passes all
+# six t/ssl_*.t (cert_refresh, ports, proto_version, session_resumption, settings,
+# verify_modes) and all 46 default files. `corelocal memcached` maps -Z and -o ssl_* onto
+# `serve kv --tls-*` (rustls): the same files pass against it; `expirations` (debug build
+# only) runs over TLS against ours alone, as in the plain pass.
 #
 # The source comes from Debian's source package through a private apt configuration (its own
 # sources list, lists and cache under the work directory; the system's apt config is not
@@ -33,6 +45,9 @@ tests_default=(00-startup ascii-auth bogus-commands cas chunked-items daemonize 
     issue_70 item_size_max lru-crawler malicious-commands maxconns metaget multiversioning noreply
     quit restart shutdown stats stats-conns stats-detail strtol-testing touch watcher
     watcher_connid)
+# memcached's TLS tests: they skip unless SSL_TEST=1 (--tls).
+tests_tls=(ssl_cert_refresh ssl_ports ssl_proto_version ssl_session_resumption ssl_settings
+    ssl_verify_modes)
 # Files that need memcached's debug build (`debugtime`), which Debian does not ship: run
 # against serve kv only (run as memcached-debug, corelocal turns the command on).
 tests_debug_only=(expirations)
@@ -40,6 +55,7 @@ tests_debug_only=(expirations)
 backend=auto
 bin=
 reference=0
+tls=0
 all=0
 tests=()
 while (($#)); do
@@ -49,14 +65,19 @@ while (($#)); do
     --bin) bin=$2; shift 2 ;;
     --bin=*) bin=${1#*=}; shift ;;
     --reference) reference=1; shift ;;
+    --tls) tls=1; shift ;;
     --all) all=1; shift ;;
-    -h | --help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "memcached-suite: unknown option $1" >&2; exit 64 ;;
     *) tests+=("${1%.t}"); shift ;;
     esac
 done
 defaulted=0
-((${#tests[@]})) || { tests=("${tests_default[@]}"); defaulted=1; }
+if ((!${#tests[@]})); then
+    tests=("${tests_default[@]}")
+    defaulted=1
+    ((tls && !all)) && tests=("${tests_tls[@]}" "${tests[@]}")
+fi
 if ((defaulted && !reference && !all)); then
     tests+=("${tests_debug_only[@]}")
 fi
@@ -70,11 +91,15 @@ if ((all)); then
     "$0" --reference "${tests[@]}" || failed+=("memcached $version itself")
     "$0" "${bin_args[@]}" "${ours[@]}" || failed+=("serve kv (default backend)")
     "$0" "${bin_args[@]}" --backend epoll "${ours[@]}" || failed+=("serve kv --backend epoll")
+    if ((defaulted)); then
+        "$0" --tls --reference || failed+=("memcached $version itself over TLS")
+        "$0" "${bin_args[@]}" --tls || failed+=("serve kv over TLS")
+    fi
     if ((${#failed[@]})); then
         printf 'memcached-suite: FAILED: %s\n' "${failed[@]}" >&2
         exit 1
     fi
-    echo "memcached-suite: memcached $version's tests pass against memcached itself and serve kv (default and epoll backends)" >&2
+    echo "memcached-suite: memcached $version's tests pass against memcached itself and serve kv (default and epoll backends; and over TLS)" >&2
     exit 0
 fi
 
@@ -122,6 +147,15 @@ fetch_source() {
 }
 [[ -f $src/t/lib/MemcachedTest.pm ]] || fetch_source
 
+if ((tls)); then
+    perl -MIO::Socket::SSL -e1 2>/dev/null ||
+        die "--tls needs IO::Socket::SSL (apt-get install libio-socket-ssl-perl)"
+    export SSL_TEST=1
+else
+    # An SSL_TEST from the caller's environment would turn the plain pass into a TLS one.
+    unset SSL_TEST
+fi
+
 # --- the "build directory": t/, ./memcached-debug and ./timedrun ---------------------------
 # Removed first: whatever an earlier run left there (once a link, which writing through
 # would have overwritten its target).
@@ -164,6 +198,7 @@ else
     chmod +x "$src/memcached-debug"
     label="corelocal memcached -- --backend $backend ($bin)"
 fi
+((tls)) && label="$label, over TLS (SSL_TEST=1)"
 # memcached's timedrun runs the server under a time limit; ours keeps the server's pid (the
 # harness signals it) and the whole run has a limit instead.
 printf '#!/bin/sh\nshift\nexec "$@"\n' >"$src/timedrun"

@@ -88,6 +88,13 @@ impl Handler for LineConn {
     fn on_input_limit(&mut self, _input: &[u8], out: &mut Output, _now: Instant) {
         out.write(b"ERR too large\n");
     }
+
+    fn on_idle_close(&mut self, out: &mut Output) {
+        // Only the announcing flavour says goodbye: the plain one's idle close stays silent.
+        if self.announce {
+            out.write(b"IDLE BYE\n");
+        }
+    }
 }
 
 impl Service for Lines {
@@ -272,6 +279,22 @@ fn idle_connections_time_out(backend: BackendKind) {
     let started = Instant::now();
     assert_eq!(read_to_end(s), b"");
     assert!(started.elapsed() >= Duration::from_millis(150));
+    eventually(&server, |s| {
+        s.total.errors.idle_timeout == 1 && s.total.open == 0
+    });
+    stop(server);
+}
+
+/// `Handler::on_idle_close`: what the handler says at the idle timeout reaches the client,
+/// then the connection closes; it still counts as an idle timeout.
+fn the_idle_close_sends_the_handlers_last_word(backend: BackendKind) {
+    let mut config = ServerConfig::new(vec!["127.0.0.1:0".parse().unwrap()], &cpus(), Mode::Local);
+    config.backend = backend;
+    config.limits.idle_timeout = Duration::from_millis(200);
+    let server = Server::start(config, Arc::new(Lines { announce: true })).unwrap();
+    let mut s = connect(addr(&server));
+    s.write_all(b"PING\n").unwrap();
+    assert_eq!(read_to_end(s), b"PONG\nIDLE BYE\n");
     eventually(&server, |s| {
         s.total.errors.idle_timeout == 1 && s.total.open == 0
     });
@@ -603,6 +626,7 @@ corelocal::on_every_backend!(
     oversized_input_closes_that_connection_with_too_large,
     input_past_the_limit_is_answered_before_the_close,
     idle_connections_time_out,
+    the_idle_close_sends_the_handlers_last_word,
     large_responses_to_a_slow_reader_arrive_whole,
     graceful_stop_closes_idle_connections_and_exits,
     graceful_stop_answers_announced_keep_alive_requests,

@@ -59,6 +59,20 @@ fn classes(list: &[u8]) -> Option<Option<Vec<u8>>> {
 }
 
 impl Inner {
+    /// `refresh_certs`: the TLS layer reads its certificate files again (new handshakes use
+    /// them); `ERROR` without TLS, as memcached without `-Z`.
+    pub(super) fn refresh_certs(&self, out: &mut Vec<u8>) {
+        let Some(tls) = &self.config.tls else {
+            write_line(out, memcache::ERROR);
+            return;
+        };
+        match tls.reload() {
+            Ok(_) => write_line(out, "OK"),
+            // One line: the reason may span several.
+            Err(e) => write_line(out, &format!("ERROR {}", e.replace(['\r', '\n'], " "))),
+        }
+    }
+
     /// `shutdown [graceful]`: whether to close the connection.
     pub(super) fn shutdown(&self, mode: Option<bool>, out: &mut Vec<u8>) -> bool {
         let Some(hook) = self

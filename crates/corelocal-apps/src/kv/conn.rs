@@ -433,6 +433,7 @@ impl KvConn {
                 };
                 write_line(out.bytes_mut(), reply);
             }
+            Command::RefreshCerts => inner.refresh_certs(out.bytes_mut()),
             Command::Shutdown(_) | Command::LruCrawler(_) => {
                 unreachable!("handled by the input loop")
             }

@@ -99,6 +99,9 @@ pub struct KvConfig {
     pub shutdown_enabled: bool,
     /// What `shutdown` calls (with `-A`; without a hook the command is refused too).
     pub shutdown: Option<ShutdownHook>,
+    /// The TLS layer around the service, when connections speak TLS: `refresh_certs` reloads
+    /// its certificates, `stats` shows its counters (memcached's TLS build).
+    pub tls: Option<crate::tls::TlsHandle>,
     /// Connections over this many (process-wide) are answered `ERROR Too many open
     /// connections` and closed (memcached `-c`); 0: no limit here.
     pub conn_limit: u64,
@@ -179,6 +182,9 @@ pub struct Report {
     /// Each UDP socket's bound address, one entry per socket ([`udp::UdpSockets::addrs`]):
     /// `stats conns` lists them and [`udp::serve`] registers them in this order.
     pub udp: Vec<std::net::SocketAddr>,
+    /// memcached's `ssl_*` lines of `stats settings` (name, value) when connections speak
+    /// TLS; none without TLS.
+    pub tls: Vec<(String, String)>,
 }
 
 impl Default for Report {
@@ -194,6 +200,7 @@ impl Default for Report {
             listen: Vec::new(),
             udp_port: 0,
             udp: Vec::new(),
+            tls: Vec::new(),
         }
     }
 }
@@ -219,6 +226,7 @@ impl Default for KvConfig {
             evictions: true,
             shutdown_enabled: false,
             shutdown: None,
+            tls: None,
             conn_limit: 0,
             auth: Vec::new(),
             protocol: Protocol::Ascii,

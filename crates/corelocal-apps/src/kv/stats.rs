@@ -368,6 +368,14 @@ impl Inner {
             ("crawler_items_checked", load(&s.crawler_checked)),
             ("lrutail_reflocked", 0),
         ]);
+        if let Some(tls) = &self.config.tls {
+            // memcached's TLS build adds these two when -Z is on.
+            rows.push(("ssl_handshake_errors", tls.handshake_errors()));
+            rows.push((
+                "time_since_server_cert_refresh",
+                tls.since_reload().as_secs(),
+            ));
+        }
         for (name, v) in rows {
             let _ = write!(out, "STAT {name} {v}\r\n");
         }
@@ -462,6 +470,9 @@ impl Inner {
             ),
         ];
         for (name, v) in rows {
+            let _ = write!(out, "STAT {name} {v}\r\n");
+        }
+        for (name, v) in &r.tls {
             let _ = write!(out, "STAT {name} {v}\r\n");
         }
     }

@@ -35,6 +35,18 @@ const FILE_READ_BYTES_MAX: usize = 64 << 10;
 /// Inner handler calls per `on_input`, as the runtime bounds its own.
 const INNER_ROUNDS_MAX: usize = 256;
 
+/// What one [`TlsConn::run_inner`] came to.
+#[derive(Debug, Default)]
+struct InnerRun {
+    requests: u32,
+    /// The inner handler asked to close.
+    close: Option<CloseReason>,
+    /// It stopped with requests left, for other connections' sake.
+    yielded: bool,
+    /// It took nothing of what `plain` holds.
+    stalled: bool,
+}
+
 /// A TLS connection around the inner handler `H`.
 pub struct TlsConn<H> {
     tls: ServerConnection,
@@ -51,10 +63,17 @@ pub struct TlsConn<H> {
     held: bool,
     limits: ConnLimits,
     scratch: Vec<u8>,
+    /// Where a failed handshake is counted.
+    handle: super::TlsHandle,
 }
 
 impl<H: Handler> TlsConn<H> {
-    pub(super) fn new(mut tls: ServerConnection, inner: H, limits: ConnLimits) -> TlsConn<H> {
+    pub(super) fn new(
+        mut tls: ServerConnection,
+        inner: H,
+        limits: ConnLimits,
+        handle: super::TlsHandle,
+    ) -> TlsConn<H> {
         // rustls's own buffers unbounded: what goes in is bounded by the output's room and
         // `plain_bytes_max`, checked here.
         tls.set_buffer_limit(None);
@@ -68,6 +87,7 @@ impl<H: Handler> TlsConn<H> {
             held: false,
             limits,
             scratch: Vec::new(),
+            handle,
         }
     }
 
@@ -91,6 +111,9 @@ impl<H: Handler> TlsConn<H> {
                 self.check_handshake(n, now)?;
             }
             if let Err(_e) = self.tls.process_new_packets() {
+                if handshaking {
+                    self.handle.count_handshake_error();
+                }
                 // rustls queued the alert that says why: it goes out before the close.
                 self.write_records(out);
                 return Err(CloseReason::BadRequest);
@@ -142,24 +165,33 @@ impl<H: Handler> TlsConn<H> {
     }
 
     /// Runs the inner handler over `plain` while it makes progress and has room.
-    fn run_inner(&mut self, room: u64, now: Instant) -> (u32, Option<CloseReason>) {
-        let mut requests = 0;
+    fn run_inner(&mut self, room: u64, now: Instant) -> InnerRun {
+        let mut run = InnerRun::default();
         self.inner_out.set_limit(room);
-        for _ in 0..INNER_ROUNDS_MAX {
+        for round in 0..INNER_ROUNDS_MAX {
             if self.plain.is_empty() || self.inner_out.room() == 0 {
-                break;
+                return run;
             }
             let step = self.inner.on_input(&self.plain, &mut self.inner_out, now);
             self.plain.drain(..step.consumed.min(self.plain.len()));
-            requests += step.requests;
+            run.requests += step.requests;
             if let Next::Close(reason) = step.next {
-                return (requests, Some(reason));
+                run.close = Some(reason);
+                return run;
             }
-            if step.consumed == 0 || step.yielded {
-                break;
+            // Its own yield (memcached's requests per event), or out of rounds with requests
+            // left: the rest runs at the connection's next turn, as the runtime does.
+            if step.yielded || (round + 1 == INNER_ROUNDS_MAX && !self.plain.is_empty()) {
+                run.yielded = true;
+                return run;
+            }
+            if step.consumed == 0 {
+                // Waiting for more of a request (or, with `plain` full, one too large).
+                run.stalled = true;
+                return run;
             }
         }
-        (requests, None)
+        run
     }
 
     /// Encrypts the inner output into `out` while it has room; true when all of it went.
@@ -213,9 +245,9 @@ impl<H: Handler> TlsConn<H> {
     }
 
     /// After the inner handler ran: encrypt what it said; close once all of it went.
-    fn finish(&mut self, out: &mut Output, consumed: usize, requests: u32) -> Step {
+    fn finish(&mut self, out: &mut Output, consumed: usize, requests: u32, more: bool) -> Step {
         let all_out = self.encrypt(out);
-        if let Some(reason) = self.closing.filter(|_| all_out) {
+        if let Some(reason) = self.closing.filter(|_| all_out && !more) {
             self.tls.send_close_notify();
             self.write_records(out);
             self.held = false;
@@ -242,24 +274,47 @@ impl WriteAllPlain for rustls::Writer<'_> {
 
 impl<H: Handler> Handler for TlsConn<H> {
     fn on_input(&mut self, input: &[u8], out: &mut Output, now: Instant) -> Step {
-        let consumed = match self.feed(input, out, now) {
-            Ok(n) => n,
-            Err(reason) => return Step::close(input.len(), 0, reason),
-        };
-        if self.tls.is_handshaking() {
-            self.write_records(out);
-            return Step::read(consumed, 0);
+        let (mut consumed, mut requests, mut yielded) = (0, 0, false);
+        // The inner handler (or its input limit) closes: no on_eof for it then.
+        let mut inner_closed = false;
+        // Decrypt and run by turns: `plain` holds at most `plain_bytes_max`, so a long
+        // pipeline (70,000 noreply sets) goes through in pieces. Bounded like the runtime's.
+        for _ in 0..INNER_ROUNDS_MAX {
+            let taken = match self.feed(&input[consumed..], out, now) {
+                Ok(n) => n,
+                Err(reason) => return Step::close(input.len(), requests, reason),
+            };
+            consumed += taken;
+            if self.tls.is_handshaking() {
+                self.write_records(out);
+                return Step::read(consumed, requests);
+            }
+            let run = self.run_inner(out.room(), now);
+            requests += run.requests;
+            if let Some(reason) = run.close {
+                self.closing = Some(reason);
+                inner_closed = true;
+                break;
+            }
+            let full = self.plain.len() >= self.limits.plain_bytes_max;
+            if run.stalled && full && self.inner_out.room() > 0 {
+                // A request larger than the inner handler takes, however far it is decrypted.
+                self.inner
+                    .on_input_limit(&self.plain, &mut self.inner_out, now);
+                self.closing = Some(CloseReason::TooLarge);
+                inner_closed = true;
+                break;
+            }
+            if run.yielded {
+                yielded = true;
+                break;
+            }
+            let progress = taken > 0 || !run.stalled;
+            if consumed == input.len() || full || self.inner_out.room() == 0 || !progress {
+                break;
+            }
         }
-        let room = out.room();
-        let (requests, verdict) = self.run_inner(room, now);
-        if let Some(reason) = verdict {
-            self.closing = Some(reason);
-        } else if self.plain.len() >= self.limits.plain_bytes_max && self.inner_out.room() > 0 {
-            // A request larger than the inner handler takes, however far it is decrypted.
-            self.inner
-                .on_input_limit(&self.plain, &mut self.inner_out, now);
-            self.closing = Some(CloseReason::TooLarge);
-        } else if self.closing.is_some() && !self.plain.is_empty() {
+        if self.closing.is_some() && !self.plain.is_empty() && !yielded && !inner_closed {
             // close_notify after a partial request: the inner handler says what it does.
             let next = self.inner.on_eof(&self.plain, &mut self.inner_out, now);
             self.plain.clear();
@@ -267,7 +322,12 @@ impl<H: Handler> Handler for TlsConn<H> {
                 self.closing = Some(reason);
             }
         }
-        self.finish(out, consumed, requests)
+        // The peer's close_notify waits for the requests a yield left.
+        let step = self.finish(out, consumed, requests, yielded && !inner_closed);
+        match step.next {
+            Next::Read if yielded => Step::yielded(step.consumed, step.requests),
+            _ => step,
+        }
     }
 
     fn on_input_limit(&mut self, _input: &[u8], out: &mut Output, _now: Instant) {
@@ -275,11 +335,18 @@ impl<H: Handler> Handler for TlsConn<H> {
         self.write_records(out);
     }
 
-    fn on_connect(&mut self, _out: &mut Output, now: Instant) -> Next {
-        // The greeting waits in `inner_out` until the handshake completes.
+    fn on_connect(&mut self, out: &mut Output, now: Instant) -> Next {
+        // A greeting waits in `inner_out` until the handshake completes.
         let next = self.inner.on_connect(&mut self.inner_out, now);
         if let Next::Close(reason) = next {
-            self.closing = Some(reason);
+            // Refused at accept (kv over its connection limit): as memcached, its line goes
+            // out in the clear before any TLS, and the connection closes; no handshake is
+            // spent on a connection that will not be served.
+            if let OutputFront::Bytes(line) = self.inner_out.front() {
+                out.write(line);
+            }
+            self.inner_out.clear();
+            return Next::Close(reason);
         }
         Next::Read
     }
@@ -296,6 +363,29 @@ impl<H: Handler> Handler for TlsConn<H> {
         self.tls.send_close_notify();
         self.write_records(out);
         next
+    }
+
+    fn on_notify(&mut self, out: &mut Output, now: Instant) -> Next {
+        // Output the inner handler makes unasked (kv's `watch` log lines), encrypted as its
+        // answers are; before the handshake completes it has nowhere to go yet.
+        if self.tls.is_handshaking() {
+            return Next::Read;
+        }
+        self.inner_out.set_limit(out.room());
+        let next = self.inner.on_notify(&mut self.inner_out, now);
+        let all_out = self.encrypt(out);
+        // What did not fit goes once the output drains (`holds_input`).
+        self.held |= !all_out;
+        next
+    }
+
+    fn on_idle_close(&mut self, out: &mut Output) {
+        // As memcached's TLS does at its idle kick: close_notify, so that the client reads an
+        // orderly end (and does not write into a reset connection).
+        if !self.tls.is_handshaking() {
+            self.tls.send_close_notify();
+            self.write_records(out);
+        }
     }
 
     fn on_drain(&mut self) -> bool {

@@ -13,7 +13,8 @@
 //! worker's tickets with no lock and no message between them). The certificates and the SNI
 //! map are loaded once and shared read-only.
 //!
-//! TLS 1.3 and 1.2, ALPN `http/1.1` (or what [`TlsConfig::alpn`] says), ECDSA, RSA and
+//! TLS 1.3 and 1.2 (or 1.3 only), ALPN `http/1.1` (or what [`TlsConfig::alpn`] says: none
+//! for memcached's protocol), ECDSA, RSA and
 //! Ed25519 keys, chains, SNI among several certificates. Bounded: the handshake in bytes and
 //! time, the decrypted input in bytes (see [`TlsConn`]).
 //!
@@ -24,13 +25,17 @@ mod certs;
 mod conn;
 pub mod tickets;
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use corelocal::runtime::handoff::{StateExport, StateImport};
 use corelocal::runtime::{CloseReason, ConnInfo, Handler, Next, Output, Service, Step};
-use rustls::server::ServerSessionMemoryCache;
+use rustls::server::danger::ClientCertVerifier;
+use rustls::server::{NoServerSessionStorage, ServerSessionMemoryCache, WebPkiClientVerifier};
 use rustls::ServerConfig;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::CertificateDer;
 
 pub use certs::{load, CertFiles, CertStore, SniResolver, WorkerCerts};
 pub use conn::TlsConn;
@@ -61,6 +66,17 @@ pub struct TlsConfig {
     pub tickets: bool,
     /// Ticket keys rotate on this period (a ticket opens for one to two periods).
     pub ticket_period: Duration,
+    /// TLS 1.2 offered besides 1.3 (false: TLS 1.3 only, memcached's `ssl_min_version=3`).
+    pub tls12: bool,
+    /// Largest TLS record's plaintext, when smaller than TLS's own 16 KiB (memcached's
+    /// `ssl_wbuf_size`: it encrypts from a buffer of that size).
+    pub record_bytes_max: Option<usize>,
+    /// Client certificates: asked for and checked against these PEM CA certificates
+    /// (memcached's `ssl_ca_cert` with `ssl_verify_mode` 1 to 3); none asked for without.
+    pub client_ca: Option<std::path::PathBuf>,
+    /// With `client_ca`: a client without a certificate is refused (else let in, while a
+    /// certificate it does present must check out).
+    pub client_cert_required: bool,
 }
 
 impl Default for TlsConfig {
@@ -75,6 +91,10 @@ impl Default for TlsConfig {
             session_cache_entries_max: 4096,
             tickets: true,
             ticket_period: Duration::from_secs(6 * 3600),
+            tls12: true,
+            record_bytes_max: None,
+            client_ca: None,
+            client_cert_required: false,
         }
     }
 }
@@ -84,8 +104,71 @@ impl Default for TlsConfig {
 #[derive(Debug)]
 struct Shared {
     config: TlsConfig,
-    certs: Arc<CertStore>,
+    handle: TlsHandle,
     ticket_keys: Arc<TicketKeys>,
+    /// Checks client certificates (`client_ca`), shared read-only.
+    clients: Option<Arc<dyn ClientCertVerifier>>,
+}
+
+/// The certificates in force and the TLS counters, for whoever runs the service (SIGHUP) and
+/// the service inside (memcached's `refresh_certs`, `ssl_handshake_errors`,
+/// `time_since_server_cert_refresh`).
+#[derive(Debug, Clone)]
+pub struct TlsHandle {
+    certs: Arc<CertStore>,
+    counters: Arc<Counters>,
+}
+
+/// Counted across workers: written once per failed handshake or reload.
+#[derive(Debug)]
+struct Counters {
+    handshake_errors: AtomicU64,
+    refreshed: Mutex<Instant>,
+}
+
+impl TlsHandle {
+    /// Loads and checks the certificates and keys of `config`.
+    pub fn load(config: &TlsConfig) -> Result<TlsHandle, String> {
+        Ok(TlsHandle {
+            certs: Arc::new(CertStore::load(config.certs.clone())?),
+            counters: Arc::new(Counters {
+                handshake_errors: AtomicU64::new(0),
+                refreshed: Mutex::new(Instant::now()),
+            }),
+        })
+    }
+
+    /// Reads the certificate files again (see [`CertStore::reload`]); how many loaded.
+    pub fn reload(&self) -> Result<usize, String> {
+        let n = self.certs.reload()?;
+        *self
+            .counters
+            .refreshed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Instant::now();
+        Ok(n)
+    }
+
+    /// Handshakes that failed (bad records, an alert, a protocol the server refuses).
+    pub fn handshake_errors(&self) -> u64 {
+        self.counters.handshake_errors.load(Ordering::Relaxed)
+    }
+
+    /// Time since the certificates were loaded or last reloaded.
+    pub fn since_reload(&self) -> Duration {
+        let at = *self
+            .counters
+            .refreshed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        at.elapsed()
+    }
+
+    pub(crate) fn count_handshake_error(&self) {
+        self.counters
+            .handshake_errors
+            .fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 /// A service whose connections on some addresses speak TLS (see the module docs).
@@ -107,12 +190,24 @@ impl<S> std::fmt::Debug for TlsService<S> {
 impl<S: Service> TlsService<S> {
     /// Loads and checks every certificate and key, draws the ticket secret.
     pub fn new(inner: Arc<S>, config: TlsConfig) -> Result<TlsService<S>, String> {
-        let certs = Arc::new(CertStore::load(config.certs.clone())?);
+        let handle = TlsHandle::load(&config)?;
+        TlsService::with_handle(inner, config, handle)
+    }
+
+    /// As [`TlsService::new`], with certificates already loaded (`handle`, which the inner
+    /// service may hold too: kv's `refresh_certs`).
+    pub fn with_handle(
+        inner: Arc<S>,
+        config: TlsConfig,
+        handle: TlsHandle,
+    ) -> Result<TlsService<S>, String> {
         let ticket_keys = Arc::new(TicketKeys::generate(config.ticket_period.as_secs())?);
+        let clients = client_verifier(&config)?;
         let shared = Arc::new(Shared {
             config,
-            certs,
+            handle,
             ticket_keys,
+            clients,
         });
         let server = worker_config(&shared)?;
         Ok(TlsService {
@@ -125,7 +220,12 @@ impl<S: Service> TlsService<S> {
     /// The certificate store, to reload it (SIGHUP): new handshakes on every worker use
     /// the files' new contents, established connections keep theirs.
     pub fn certs(&self) -> Arc<CertStore> {
-        self.shared.certs.clone()
+        self.shared.handle.certs.clone()
+    }
+
+    /// The certificates and counters (reload through it to keep the refresh time).
+    pub fn handle(&self) -> TlsHandle {
+        self.shared.handle.clone()
     }
 
     fn limits(&self) -> conn::ConnLimits {
@@ -138,18 +238,63 @@ impl<S: Service> TlsService<S> {
     }
 }
 
+/// The client-certificate check `config.client_ca` asks for, from its PEM certificates.
+fn client_verifier(config: &TlsConfig) -> Result<Option<Arc<dyn ClientCertVerifier>>, String> {
+    let Some(path) = &config.client_ca else {
+        return Ok(None);
+    };
+    let shown = path.display();
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(path).map_err(|e| format!("{shown}: {e}"))? {
+        let cert = cert.map_err(|e| format!("{shown}: {e}"))?;
+        roots.add(cert).map_err(|e| format!("{shown}: {e}"))?;
+    }
+    if roots.is_empty() {
+        return Err(format!("{shown}: no CA certificate in it"));
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider);
+    let builder = if config.client_cert_required {
+        builder
+    } else {
+        builder.allow_unauthenticated()
+    };
+    builder
+        .build()
+        .map(Some)
+        .map_err(|e| format!("{shown}: {e}"))
+}
+
 /// One worker's rustls configuration: its own session cache and ticketer.
 fn worker_config(shared: &Shared) -> Result<Arc<ServerConfig>, String> {
+    let config = &shared.config;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let versions = [&rustls::version::TLS13, &rustls::version::TLS12];
-    let mut server = ServerConfig::builder_with_provider(provider)
-        .with_protocol_versions(&versions)
-        .map_err(|e| e.to_string())?
-        .with_no_client_auth()
-        .with_cert_resolver(Arc::new(WorkerCerts::new(shared.certs.clone())));
-    server.alpn_protocols = shared.config.alpn.clone();
-    server.session_storage = ServerSessionMemoryCache::new(shared.config.session_cache_entries_max);
-    if shared.config.tickets {
+    let versions: &[&rustls::SupportedProtocolVersion] = if config.tls12 {
+        &[&rustls::version::TLS13, &rustls::version::TLS12]
+    } else {
+        &[&rustls::version::TLS13]
+    };
+    let builder = ServerConfig::builder_with_provider(provider)
+        .with_protocol_versions(versions)
+        .map_err(|e| e.to_string())?;
+    let builder = match &shared.clients {
+        Some(verifier) => builder.with_client_cert_verifier(verifier.clone()),
+        None => builder.with_no_client_auth(),
+    };
+    let mut server =
+        builder.with_cert_resolver(Arc::new(WorkerCerts::new(shared.handle.certs.clone())));
+    server.alpn_protocols = config.alpn.clone();
+    server.session_storage = match config.session_cache_entries_max {
+        // No cache at all (memcached's default): no session is resumed by its ID.
+        0 => Arc::new(NoServerSessionStorage {}),
+        n => ServerSessionMemoryCache::new(n),
+    };
+    // rustls counts the record's header (5 bytes) in its fragment size.
+    server.max_fragment_size = config
+        .record_bytes_max
+        .map(|n| n.clamp(32, 16 << 10) + 5)
+        .filter(|n| *n < (16 << 10) + 5);
+    if config.tickets {
         server.ticketer = Arc::new(WorkerTickets::new(shared.ticket_keys.clone()));
     }
     Ok(Arc::new(server))
@@ -179,7 +324,10 @@ impl<S: Service> Service for TlsService<S> {
             return MaybeTls::Plain(inner);
         }
         match rustls::ServerConnection::new(self.server.clone()) {
-            Ok(tls) => MaybeTls::Tls(Box::new(TlsConn::new(tls, inner, self.limits()))),
+            Ok(tls) => {
+                let handle = self.shared.handle.clone();
+                MaybeTls::Tls(Box::new(TlsConn::new(tls, inner, self.limits(), handle)))
+            }
             // Only a configuration error fails here, and `new` checked it: refuse the client.
             Err(_) => MaybeTls::Refused,
         }
@@ -245,8 +393,16 @@ impl<H: Handler> Handler for MaybeTls<H> {
     fn on_notify(&mut self, out: &mut Output, now: std::time::Instant) -> Next {
         match self {
             MaybeTls::Plain(h) => h.on_notify(out, now),
-            // Notified output (log streams) is not encrypted: none of the TLS services uses it.
-            MaybeTls::Tls(_) | MaybeTls::Refused => Next::Read,
+            MaybeTls::Tls(t) => t.on_notify(out, now),
+            MaybeTls::Refused => Next::Read,
+        }
+    }
+
+    fn on_idle_close(&mut self, out: &mut Output) {
+        match self {
+            MaybeTls::Plain(h) => h.on_idle_close(out),
+            MaybeTls::Tls(t) => t.on_idle_close(out),
+            MaybeTls::Refused => {}
         }
     }
 

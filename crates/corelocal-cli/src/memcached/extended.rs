@@ -140,6 +140,7 @@ fn one(s: &mut Settings, name: &str, value: Option<&str>) -> Result<(), Refusal>
             }
             s.watcher_buf_bytes = Some(kib << 10);
         }
+        _ if name.starts_with("ssl_") => super::tls::apply(s, name, value)?,
         _ => no_effect(s, name, value)?,
     }
     Ok(())
@@ -162,8 +163,6 @@ fn no_effect(s: &mut Settings, name: &str, value: Option<&str>) -> Result<(), Re
     };
     let why = if name.starts_with("ext_") {
         "no external storage (extstore) here; items live in memory (-m)"
-    } else if name.starts_with("ssl_") {
-        "This server is not built with TLS support"
     } else if name.starts_with("proxy_") {
         "memcached's proxy is not served here"
     } else if name == "meta_response_old" {

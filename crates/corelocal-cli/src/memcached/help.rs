@@ -24,7 +24,7 @@ pub fn license() -> String {
 ///
 /// memcached's test suite reads this text to decide which features to test: it must not name
 /// the ones refused here by the words the suite looks for (its unix-domain socket, SASL,
-/// external storage, TLS and proxy options).
+/// external storage and proxy options). TLS is named: `-Z` is served.
 pub fn usage() -> String {
     format!(
         "memcached {MEMCACHED_VERSION} (corelocal {version}: `corelocal serve kv` with memcached's options)
@@ -33,7 +33,9 @@ pub fn usage() -> String {
 -A, --enable-shutdown     enable ascii \"shutdown\" command
 -l, --listen=<addr>       interface to listen on (default: INADDR_ANY, all IPv4
                           interfaces); ADDR, ADDR:PORT, [IPV6]:PORT, comma-separated
-                          or repeated
+                          or repeated; with -Z, notls:<addr> for a plain listener
+-Z, --enable-ssl          enable TLS/SSL (rustls, TLS 1.2 and 1.3; needs ssl_chain_cert
+                          and ssl_key)
 -d, --daemon              run as a daemon (exits once the server serves)
 -m, --memory-limit=<num>  item memory in megabytes (default: 64)
 -M, --disable-evictions   return error on memory exhausted instead of evicting
@@ -65,13 +67,23 @@ pub fn usage() -> String {
    - lru_crawler:         background reclaim of expired items (the default)
    - track_sizes:         enable dynamic reports for 'stats sizes' command.
    - watcher_logbuf_size: size in kilobytes of per-watcher write buffer. (default: 256)
+   - ssl_chain_cert:      certificate chain file in PEM format
+   - ssl_key:             private key in PEM format (PKCS#8, RSA or EC)
+   - ssl_min_version:     2 (tlsv1.2, the default; 0 and 1 mean it too) or 3 (tlsv1.3)
+   - ssl_session_cache:   resume TLS sessions (per-worker cache and tickets)
+   - ssl_wbuf_size:       kilobytes per TLS record at most (records stop at 16)
+   - ssl_verify_mode:     0 none (default), 1 ask for a client certificate, 2 and 3
+                          require one (checked against ssl_ca_cert)
+   - ssl_ca_cert:         PEM format file of acceptable client CA's
+   - ssl_keyformat:       1 (PEM) only; ssl_kernel_tls: no effect (records in user
+     space); ssl_ciphers: refused (rustls's own AEAD suites)
    - memcached's allocator, hash table, LRU and crawler tuning (maxconns_fast,
      hashpower, tail_repair_time, hash_algorithm, lru_maintainer, hot_lru_pct,
      warm_lru_pct, temporary_ttl, slab_reassign, slab_automove, slab_chunk_max,
      read_buf_mem_limit, worker_logbuf_size, modern, ...): accepted, no effect
 Accepted with no effect (said once on stderr): -t <num> (one worker per CPU),
   -u <user>, -r, -L, -k, -a <mask>, -f <factor>, -n <bytes>, -N <num>
-Refused (exit 64): -s, -S, -Z and -o options of features not served here
+Refused (exit 64): -s, -S and -o options of features not served here
 -- <serve kv options>     the rest goes to `corelocal serve kv` (e.g. --backend,
                           --cpus, --metrics; `corelocal serve kv --help`)
 --config-file=<file>      read options from a memcached.conf as Debian's

@@ -9,14 +9,16 @@
 //! build, whose `debugtime` command the test suite uses to move the clock.
 //!
 //! Layout: `getopt` splits the line as memcached's getopt_long does, `parse` applies each
-//! option and gives the `serve kv` arguments, `extended` reads `-o`, `conf` reads
-//! `--config-file` (Debian's memcached.conf), `help` is `-h`, `-V` and `-i`.
+//! option and gives the `serve kv` arguments, `extended` reads `-o`, `tls` reads
+//! `-Z` and `-o ssl_*`, `conf` reads `--config-file` (Debian's memcached.conf), `help` is
+//! `-h`, `-V` and `-i`.
 
 mod conf;
 mod extended;
 mod getopt;
 mod help;
 mod parse;
+mod tls;
 
 pub use help::usage;
 pub use parse::{parse, Env};

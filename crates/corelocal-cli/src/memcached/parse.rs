@@ -2,7 +2,7 @@
 //! checks memcached makes once all are read and the `serve kv` arguments they come to.
 
 use super::getopt::{self, Given, Token};
-use super::{extended, help, Outcome, Plan, Refusal, EX_OSERR, EX_USAGE};
+use super::{extended, help, tls, Outcome, Plan, Refusal, EX_OSERR, EX_USAGE};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
 
 /// memcached's defaults (memcached.c `settings_init`).
@@ -52,6 +52,8 @@ pub(super) struct Settings {
     pub(super) track_sizes: bool,
     pub(super) idle_timeout_secs: u64,
     pub(super) watcher_buf_bytes: Option<u64>,
+    /// `-Z` and `-o ssl_*`.
+    pub(super) tls: tls::TlsOptions,
     notes: Vec<String>,
     noted: Vec<String>,
     passthrough: Vec<String>,
@@ -80,6 +82,7 @@ impl Settings {
             track_sizes: false,
             idle_timeout_secs: 0,
             watcher_buf_bytes: None,
+            tls: tls::TlsOptions::default(),
             notes: Vec::new(),
             noted: Vec::new(),
             passthrough: Vec::new(),
@@ -173,6 +176,7 @@ fn apply(s: &mut Settings, g: Given) -> Result<Option<Outcome>, Refusal> {
         'C' => s.switch("--disable-cas"),
         'X' => s.switch("--disable-dumping"),
         'W' => s.switch("--disable-watch"),
+        'Z' => s.tls.enabled = true,
         'o' => extended::apply(s, &value)?,
         'v' => s.verbose = s.verbose.saturating_add(verbosity(&g)?),
         _ => no_effect(s, &g)?,
@@ -222,7 +226,6 @@ fn no_effect(s: &mut Settings, g: &Given) -> Result<(), Refusal> {
                 "This server is not built with SASL support (ASCII authentication: -Y FILE)",
             ))
         }
-        'Z' => return Err(refused(g, "This server is not built with TLS support")),
         other => return Err(Refusal::new(1, format!("Illegal argument \"{other}\""))),
     };
     let shown = match &g.value {
@@ -364,7 +367,10 @@ fn finish(mut s: Settings, env: &Env) -> Result<Plan, Refusal> {
             ),
         );
     }
-    let args = serve_args(&s, env)?;
+    let tcp = s.port != 0;
+    let tls_args = tls::finish(&mut s, tcp)?;
+    let mut args = serve_args(&s, env)?;
+    args.extend(tls_args);
     Ok(Plan {
         args,
         notes: s.notes,
@@ -405,8 +411,8 @@ fn serve_args(s: &Settings, env: &Env) -> Result<Vec<String>, Refusal> {
     };
     // -p 0: no TCP; the addresses still say where UDP goes. -1: a port the kernel picks.
     let tcp_port = u16::try_from(s.port.max(0)).unwrap_or(0);
-    for addr in listen_addrs(&s.listen, tcp_port)? {
-        push("--listen", addr.to_string());
+    for (flag, addr) in listeners(s, tcp_port)? {
+        push(flag, addr.to_string());
     }
     match s.udp_port {
         0 => {}
@@ -460,6 +466,31 @@ fn serve_args(s: &Settings, env: &Env) -> Result<Vec<String>, Refusal> {
     args.extend(switches.iter().map(|f| f.to_string()));
     args.extend(s.passthrough.iter().cloned());
     Ok(args)
+}
+
+/// `--listen` and `--tls-listen` addresses: with `-Z`, the `-l notls:` entries are the plain
+/// ones and the others speak TLS (all of them when none is `notls:`).
+fn listeners(s: &Settings, port: u16) -> Result<Vec<(&'static str, SocketAddr)>, Refusal> {
+    let (plain, secure) = tls::split_listen(&s.listen, s.tls.enabled);
+    let tagged = |flag: &'static str, addrs: Vec<SocketAddr>| {
+        addrs
+            .into_iter()
+            .map(move |a| (flag, a))
+            .collect::<Vec<_>>()
+    };
+    if !s.tls.enabled || plain.is_empty() {
+        let all = if plain.is_empty() { secure } else { plain };
+        return Ok(tagged("--listen", listen_addrs(&all, port)?));
+    }
+    if secure.is_empty() {
+        return Err(usage(
+            "-Z with every -l address notls: no listener would speak TLS; drop -Z or an              address's notls: prefix"
+                .into(),
+        ));
+    }
+    let mut all = tagged("--listen", listen_addrs(&plain, port)?);
+    all.extend(tagged("--tls-listen", listen_addrs(&secure, port)?));
+    Ok(all)
 }
 
 /// The `-l` entries (memcached's forms: `ADDR`, `ADDR:PORT`, `[V6]:PORT`, a bare IPv6

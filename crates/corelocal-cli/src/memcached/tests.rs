@@ -295,14 +295,52 @@ fn refusals_name_the_option_and_exit_as_memcached() {
         (
             "-Z",
             EX_USAGE,
-            "-Z: not supported by corelocal memcached: This server is not built with TLS",
+            "Error loading the certificate chain: (null)",
+        ),
+        (
+            "-Z -o ssl_chain_cert=/dev/null",
+            EX_USAGE,
+            "Error loading the key: (null)",
+        ),
+        (
+            "-Z -o ssl_chain_cert=/nonexistent/c.pem,ssl_key=/dev/null",
+            EX_USAGE,
+            "Error loading the certificate chain: /nonexistent/c.pem",
+        ),
+        (
+            "-Z -p 0 -U 1 -o ssl_chain_cert=/dev/null,ssl_key=/dev/null",
+            EX_USAGE,
+            "You cannot enable SSL without a TCP port",
+        ),
+        (
+            "-Z -o ssl_verify_mode=2,ssl_chain_cert=/dev/null,ssl_key=/dev/null",
+            EX_USAGE,
+            "-o ssl_verify_mode: not supported by corelocal memcached: client certificates \
+             are checked against -o ssl_ca_cert=FILE",
+        ),
+        ("-o ssl_verify_mode=9", 1, "Invalid ssl_verify_mode"),
+        ("-o ssl_min_version=4", 1, "Invalid ssl_min_version"),
+        (
+            "-o ssl_ciphers=HIGH",
+            EX_USAGE,
+            "-o ssl_ciphers: not supported",
+        ),
+        (
+            "-o ssl_keyformat=2",
+            EX_USAGE,
+            "-o ssl_keyformat: not supported",
+        ),
+        ("-o ssl_fooble", 1, "Illegal suboption \"ssl_fooble\""),
+        (
+            "-Z -l notls:127.0.0.1 -o ssl_chain_cert=/dev/null,ssl_key=/dev/null",
+            EX_USAGE,
+            "every -l address notls:",
         ),
         (
             "-o ext_path=/mnt/x:1G",
             EX_USAGE,
             "-o ext_path: not supported",
         ),
-        ("-o ssl_key=/k", EX_USAGE, "-o ssl_key: not supported"),
         (
             "-o proxy_config=/c",
             EX_USAGE,
@@ -359,13 +397,7 @@ fn help_version_and_license_print() {
     assert_eq!(print("-p 1 -h -z"), help);
     assert_eq!(print("-vh"), help);
     // memcached's test suite tests the features its help names: none refused here may be.
-    for word in [
-        "unix-socket",
-        "sasl",
-        "ext_path",
-        "enable-ssl",
-        "proxy_config",
-    ] {
+    for word in ["unix-socket", "sasl", "ext_path", "proxy_config"] {
         assert!(!help.to_lowercase().contains(word), "-h names {word}");
     }
 }
@@ -449,4 +481,51 @@ fn config_file_options_are_read_in_place() {
     assert!(said[0].contains("not found"), "{said:?}");
     let e = conf::expand(&words("--config-file"), read).unwrap_err();
     assert_eq!(e.code, EX_USAGE);
+}
+
+/// `-Z` with a chain and key: `serve kv --tls-*`, memcached's defaults (no resumption, TLS 1.2
+/// and up), `notls:` listeners plain beside the TLS ones; ssl_* without -Z do nothing.
+#[test]
+fn tls_options_map_onto_serve_kv() {
+    let files = "ssl_chain_cert=/dev/null,ssl_key=/dev/null";
+    let p = plan(&format!("-Z -p 11211 -o {files}"));
+    assert!(holds(&p.args, "--listen 0.0.0.0:11211"), "{:?}", p.args);
+    assert!(holds(&p.args, "--tls-cert /dev/null --tls-key /dev/null"));
+    assert!(holds(&p.args, "--tls-min-version 1.2"));
+    assert!(holds(&p.args, "--tls-session-cache 0 --tls-no-tickets"));
+    assert!(!p.args.iter().any(|a| a == "--tls-listen"));
+    let line = format!(
+        "-Z -p 5 -l notls:127.0.0.1:7,127.0.0.1:8 -o {files},ssl_min_version=3 \
+         -o ssl_session_cache,ssl_wbuf_size=4,ssl_kernel_tls,ssl_verify_mode=0,ssl_keyformat=1 \
+         -o ssl_ca_cert=/dev/null"
+    );
+    let p = plan(&line);
+    assert!(holds(&p.args, "--listen 127.0.0.1:7"), "{:?}", p.args);
+    assert!(holds(&p.args, "--tls-listen 127.0.0.1:8"));
+    assert!(holds(&p.args, "--tls-min-version 1.3"));
+    assert!(holds(&p.args, "--tls-record-bytes 4096"));
+    assert!(!p.args.iter().any(|a| a == "--tls-no-tickets"));
+    assert!(!p.args.iter().any(|a| a == "--tls-client-ca"));
+    let notes = p.notes.join("\n");
+    assert!(notes.contains("ssl_kernel_tls: no effect"), "{notes}");
+    assert!(
+        notes.contains("ssl_ca_cert=/dev/null: no effect"),
+        "{notes}"
+    );
+    for (mode, optional) in [("1", true), ("2", false), ("3", false)] {
+        let p = plan(&format!(
+            "-Z -o {files},ssl_verify_mode={mode},ssl_ca_cert=/dev/null"
+        ));
+        assert!(holds(&p.args, "--tls-client-ca /dev/null"), "{:?}", p.args);
+        let has = p.args.iter().any(|a| a == "--tls-client-cert-optional");
+        assert_eq!(has, optional, "mode {mode}: {:?}", p.args);
+    }
+    let p = plan("-o ssl_chain_cert=/x -l notls:127.0.0.1");
+    assert!(
+        !p.args.iter().any(|a| a.starts_with("--tls")),
+        "{:?}",
+        p.args
+    );
+    assert!(holds(&p.args, "--listen 127.0.0.1:11211"));
+    assert!(p.notes.join("\n").contains("no effect without -Z"));
 }

@@ -1,18 +1,19 @@
 //! Per-app launch: [`run`] gives each app its default address, turns its arguments into its
 //! service's config and serves it.
 
-use super::args::{App, Command, HttpArgs, KvArgs, UdpPort};
+use super::args::{App, Command, HttpArgs, KvArgs, TlsArgs, UdpPort};
 use super::common::CommonArgs;
 use super::daemon::{self, Detached};
 use super::{fail, grace, pidfile, serve, serve_with};
 use crate::check;
+use corelocal::runtime::Service;
 use corelocal::sys::signal;
 use corelocal_apps::http::{AccessLog, HttpConfig, HttpService};
 use corelocal_apps::kv::udp::{self, UdpLimits, UdpSockets};
 use corelocal_apps::kv::{KvConfig, KvService, Protocol, Report, ShutdownHook};
 use corelocal_apps::rpc::{RpcConfig, RpcService};
 use corelocal_apps::sockperf::{SockperfConfig, SockperfService};
-use corelocal_apps::tls::{CertFiles, CertStore, TlsConfig, TlsService};
+use corelocal_apps::tls::{CertFiles, TlsConfig, TlsHandle, TlsService};
 use corelocal_proto::memcache;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -68,10 +69,11 @@ fn run_app(cmd: Command) -> ExitCode {
                 Ok(service) => Arc::new(service),
                 Err(e) => return fail(&format!("http: {e}")),
             };
-            if args.tls_cert.is_empty() {
+            if args.tls.tls_cert.is_empty() {
                 return serve(&args.common, service);
             }
-            match tls_service(&mut args, service) {
+            let alpn = vec![b"http/1.1".to_vec()];
+            match tls_service(&args.tls, &mut args.common, service, alpn, "http") {
                 Ok(tls) => serve(&args.common, Arc::new(tls)),
                 Err(e) => fail(&format!("http: {e}")),
             }
@@ -114,10 +116,16 @@ fn run_kv(mut args: KvArgs) -> ExitCode {
     // answers it) before the runtime closes the connection silently.
     let get_line_bytes_max =
         usize::try_from(input_limit.saturating_sub(1).max(1)).unwrap_or(usize::MAX);
+    // Before kv_config: --tls-listen addresses join the listening ones it reports.
+    let tls = match kv_tls(&mut args, input_limit) {
+        Ok(t) => t,
+        Err(e) => return fail(&format!("kv: {e}")),
+    };
     let mut config = match kv_config(&mut args, get_line_bytes_max) {
         Ok(c) => c,
         Err(e) => return fail(&format!("kv: {e}")),
     };
+    config.tls = tls.as_ref().map(|(_, handle)| handle.clone());
     let udp = match bind_udp(&args) {
         Ok(u) => u,
         Err(e) => return fail(&format!("kv: {e}")),
@@ -155,12 +163,21 @@ fn run_kv(mut args: KvArgs) -> ExitCode {
         serve_without_tcp(&args.common, port_file.as_deref(), &udp_bound)
     } else {
         let shared = service.clone();
-        serve_with(&args.common, Arc::new(service), move |addrs| {
+        let on_listen = move |addrs: &[SocketAddr]| {
             shared.set_listening(addrs);
             if let Some(path) = &port_file {
                 write_port_file(path, addrs, &udp_bound);
             }
-        })
+        };
+        match tls {
+            None => serve_with(&args.common, Arc::new(service.clone()), on_listen),
+            Some((config, handle)) => {
+                match wrap_tls(Arc::new(service.clone()), config, handle, "kv") {
+                    Ok(tls) => serve_with(&args.common, Arc::new(tls), on_listen),
+                    Err(e) => fail(&format!("kv: {e}")),
+                }
+            }
+        }
     };
     if let Some(server) = udp_server {
         let t = server.stop();
@@ -174,6 +191,61 @@ fn run_kv(mut args: KvArgs) -> ExitCode {
         );
     }
     save(&saver, code)
+}
+
+/// `serve kv --tls-cert`: the TLS configuration (no ALPN: memcached offers none), its
+/// decrypted input bounded as the runtime bounds plain input (`input_limit`), and memcached's
+/// `ssl_*` lines for `stats settings`; SIGHUP reloads the certificates.
+fn kv_tls(args: &mut KvArgs, input_limit: u64) -> Result<Option<(TlsConfig, TlsHandle)>, String> {
+    let tls = &args.tls;
+    if tls.tls_cert.is_empty() {
+        return Ok(None);
+    }
+    if args.no_tcp {
+        return Err("--tls-cert with --no-tcp: TLS is for TCP connections only".into());
+    }
+    let mut config = tls_config(tls, &mut args.common, Vec::new())?;
+    config.plain_bytes_max = usize::try_from(input_limit).unwrap_or(usize::MAX);
+    // Loaded now: a bad file stops the start before anything listens, and kv's
+    // `refresh_certs` reloads these.
+    let handle = TlsHandle::load(&config)?;
+    Ok(Some((config, handle)))
+}
+
+/// memcached's `ssl_*` rows of `stats settings` for these TLS flags (memcached 1.6.18's names
+/// and forms).
+fn tls_settings(tls: &TlsArgs) -> Vec<(String, String)> {
+    if tls.tls_cert.is_empty() {
+        return Vec::new();
+    }
+    let path = |p: Option<&PathBuf>| p.map_or("NULL".into(), |p| p.display().to_string());
+    let resumes = tls.tls_session_cache > 0 || !tls.tls_no_tickets;
+    // memcached's SSL_VERIFY_* levels: 0 none, 1 peer (optional), 2 peer and required.
+    let verify_mode = match (&tls.tls_client_ca, tls.tls_client_cert_optional) {
+        (None, _) => "0",
+        (Some(_), true) => "1",
+        (Some(_), false) => "2",
+    };
+    let rows = [
+        ("ssl_enabled", "yes".to_string()),
+        ("ssl_chain_cert", path(tls.tls_cert.first())),
+        ("ssl_key", path(tls.tls_key.first())),
+        ("ssl_verify_mode", verify_mode.into()),
+        ("ssl_keyformat", "1".into()),
+        ("ssl_ciphers", "NULL".into()),
+        ("ssl_ca_cert", path(tls.tls_client_ca.as_ref())),
+        (
+            "ssl_wbuf_size",
+            tls.tls_record_bytes.unwrap_or(16 << 10).to_string(),
+        ),
+        (
+            "ssl_session_cache",
+            if resumes { "yes" } else { "no" }.into(),
+        ),
+        ("ssl_kernel_tls", "no".into()),
+        ("ssl_min_version", format!("tlsv{}", tls.tls_min_version)),
+    ];
+    rows.into_iter().map(|(n, v)| (n.to_string(), v)).collect()
 }
 
 /// `--memory-file` at start: loads the cache saved there (not at a takeover, which brings the
@@ -324,52 +396,82 @@ fn port_file_text(tcp: &[SocketAddr], udp: &[SocketAddr]) -> String {
     text
 }
 
-/// `serve http --tls-cert`: the HTTP service wrapped in TLS on the --tls-listen addresses
-/// (appended after the plain ones), or on every --listen address without them.
-fn tls_service(
-    args: &mut HttpArgs,
-    http: Arc<HttpService>,
-) -> Result<TlsService<HttpService>, String> {
-    if args.tls_cert.len() != args.tls_key.len() {
+/// `--tls-cert`: `inner` wrapped in TLS on the --tls-listen addresses (appended after the
+/// plain ones), or on every --listen address without them; `alpn`: the protocols offered,
+/// `app` names the server in what SIGHUP logs.
+fn tls_service<S: Service>(
+    tls: &TlsArgs,
+    common: &mut CommonArgs,
+    inner: Arc<S>,
+    alpn: Vec<Vec<u8>>,
+    app: &'static str,
+) -> Result<TlsService<S>, String> {
+    let config = tls_config(tls, common, alpn)?;
+    let handle = TlsHandle::load(&config)?;
+    wrap_tls(inner, config, handle, app)
+}
+
+/// `inner` in TLS as `config` says, with the certificates `handle` loaded; SIGHUP reloads
+/// them.
+fn wrap_tls<S: Service>(
+    inner: Arc<S>,
+    config: TlsConfig,
+    handle: TlsHandle,
+    app: &'static str,
+) -> Result<TlsService<S>, String> {
+    let service = TlsService::with_handle(inner, config, handle)?;
+    eprintln!(
+        "tls: rustls (ring), records in user space; {}",
+        corelocal::sys::ktls::tls_ulp()
+    );
+    reload_on_sighup(service.handle(), app)?;
+    Ok(service)
+}
+
+/// The TLS flags as a [`TlsConfig`]; --tls-listen addresses join `common.listen`.
+fn tls_config(
+    tls: &TlsArgs,
+    common: &mut CommonArgs,
+    alpn: Vec<Vec<u8>>,
+) -> Result<TlsConfig, String> {
+    if tls.tls_cert.len() != tls.tls_key.len() {
         return Err(format!(
             "{} --tls-cert but {} --tls-key: give one key per certificate, in the same order",
-            args.tls_cert.len(),
-            args.tls_key.len()
+            tls.tls_cert.len(),
+            tls.tls_key.len()
         ));
     }
-    let plain = args.common.listen.len();
-    let listeners = if args.tls_listen.is_empty() {
+    let plain = common.listen.len();
+    let listeners = if tls.tls_listen.is_empty() {
         (0..plain).collect()
     } else {
-        args.common.listen.extend(args.tls_listen.iter().copied());
-        (plain..plain + args.tls_listen.len()).collect()
+        common.listen.extend(tls.tls_listen.iter().copied());
+        (plain..plain + tls.tls_listen.len()).collect()
     };
-    let certs = args
+    let certs = tls
         .tls_cert
         .iter()
-        .zip(&args.tls_key)
+        .zip(&tls.tls_key)
         .map(|(chain, key)| CertFiles {
             chain: chain.clone(),
             key: key.clone(),
         })
         .collect();
-    let config = TlsConfig {
+    Ok(TlsConfig {
         certs,
         listeners,
-        handshake_bytes_max: args.tls_handshake_bytes_max as usize,
-        handshake_timeout: args.tls_handshake_timeout,
-        session_cache_entries_max: args.tls_session_cache,
-        tickets: !args.tls_no_tickets,
-        ticket_period: args.tls_ticket_period,
+        alpn,
+        handshake_bytes_max: tls.tls_handshake_bytes_max as usize,
+        handshake_timeout: tls.tls_handshake_timeout,
+        session_cache_entries_max: tls.tls_session_cache,
+        tickets: !tls.tls_no_tickets,
+        ticket_period: tls.tls_ticket_period,
+        tls12: tls.tls_min_version == "1.2",
+        record_bytes_max: tls.tls_record_bytes.map(|n| n as usize),
+        client_ca: tls.tls_client_ca.clone(),
+        client_cert_required: !tls.tls_client_cert_optional,
         ..TlsConfig::default()
-    };
-    let service = TlsService::new(http, config)?;
-    eprintln!(
-        "tls: rustls (ring), records in user space; {}",
-        corelocal::sys::ktls::tls_ulp()
-    );
-    reload_on_sighup(service.certs())?;
-    Ok(service)
+    })
 }
 
 /// How often the SIGHUP flag is looked at (the signal handler may only set a flag).
@@ -378,7 +480,7 @@ const SIGHUP_POLL: Duration = Duration::from_millis(100);
 /// SIGHUP reads the certificate and key files again (new handshakes use them; connections
 /// keep theirs; a broken file keeps the old ones and says why), from a thread that sleeps
 /// between looks at the flag.
-fn reload_on_sighup(certs: Arc<CertStore>) -> Result<(), String> {
+fn reload_on_sighup(certs: TlsHandle, app: &'static str) -> Result<(), String> {
     signal::flag_on(&[libc::SIGHUP]).map_err(|e| format!("handling SIGHUP: {e}"))?;
     std::thread::Builder::new()
         .name("tls-sighup".into())
@@ -388,9 +490,9 @@ fn reload_on_sighup(certs: Arc<CertStore>) -> Result<(), String> {
                 continue;
             }
             match certs.reload() {
-                Ok(n) => corelocal::log_line!("corelocal serve http: SIGHUP: {n} certificates reloaded"),
+                Ok(n) => corelocal::log_line!("corelocal serve {app}: SIGHUP: {n} certificates reloaded"),
                 Err(e) => corelocal::log_line!(
-                    "corelocal serve http: SIGHUP: reload failed, the certificates in force stay: {e}"
+                    "corelocal serve {app}: SIGHUP: reload failed, the certificates in force stay: {e}"
                 ),
             }
         })
@@ -464,6 +566,7 @@ fn kv_config(args: &mut KvArgs, get_line_bytes_max: usize) -> Result<KvConfig, S
         idle_timeout_secs,
         listen: common.listen.clone(),
         reqs_per_event: args.reqs_per_event,
+        tls: tls_settings(&args.tls),
         ..Report::default()
     };
     let shutdown = ShutdownHook(Arc::new(|graceful| {

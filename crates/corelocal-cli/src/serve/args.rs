@@ -44,6 +44,7 @@ pub(super) enum App {
     /// Examples:
     ///   corelocal serve kv
     ///   corelocal serve kv --listen 127.0.0.1:11211 --memory-mb 256 --item-max 1048576
+    ///   corelocal serve kv --tls-cert chain.pem --tls-key key.pem --tls-listen 127.0.0.1:11212
     #[command(verbatim_doc_comment)]
     Kv(KvArgs),
     /// The `sockperf server --tcp` protocol: answers ping-pong messages (client flag and
@@ -94,9 +95,17 @@ pub(super) struct HttpArgs {
     /// (slowloris); the idle timeout alone would not catch a client that trickles bytes.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub(super) header_timeout: Duration,
-    /// HTTPS: a PEM certificate chain (the server's certificate first, then intermediates),
+    #[command(flatten)]
+    pub(super) tls: TlsArgs,
+}
+
+/// TLS, the same flags for every app that has it (`serve http`, `serve kv`).
+#[derive(Debug, Args)]
+pub(super) struct TlsArgs {
+    /// TLS: a PEM certificate chain (the server's certificate first, then intermediates),
     /// with its --tls-key. Repeat both for several certificates: the client's SNI name picks
-    /// one, the first serves clients that name none. TLS 1.3 and 1.2, ALPN http/1.1.
+    /// one, the first serves clients that name none. TLS 1.3 and 1.2 (ALPN http/1.1 for
+    /// serve http; none for serve kv, as memcached).
     #[arg(long, value_name = "PEM", requires = "tls_key", help_heading = "TLS")]
     pub(super) tls_cert: Vec<PathBuf>,
     /// The PEM private key of each --tls-cert, in the same order (PKCS#8, RSA or EC).
@@ -104,7 +113,7 @@ pub(super) struct HttpArgs {
     /// established connections keep theirs, a broken file keeps the ones in force.
     #[arg(long, value_name = "PEM", requires = "tls_cert", help_heading = "TLS")]
     pub(super) tls_key: Vec<PathBuf>,
-    /// Address for HTTPS beside the plain --listen ones (repeat for several). Without it,
+    /// Address for TLS beside the plain --listen ones (repeat for several). Without it,
     /// every --listen address speaks TLS.
     #[arg(long, value_name = "ADDR", value_parser = crate::check::parse_socket_addr,
           requires = "tls_cert", help_heading = "TLS")]
@@ -118,7 +127,8 @@ pub(super) struct HttpArgs {
     #[arg(long, default_value_t = 16 << 10, value_name = "BYTES", help_heading = "TLS",
           value_parser = clap::value_parser!(u32).range(1024..=(1 << 20)))]
     pub(super) tls_handshake_bytes_max: u32,
-    /// Sessions each worker's session-ID cache keeps (no cache is shared between cores).
+    /// Sessions each worker's session-ID cache keeps (no cache is shared between cores; 0:
+    /// none).
     #[arg(long, default_value_t = 4096, value_name = "N", help_heading = "TLS")]
     pub(super) tls_session_cache: usize,
     /// Send no session tickets (resumption then only by session ID / the server's cache).
@@ -127,6 +137,23 @@ pub(super) struct HttpArgs {
     /// Session-ticket keys rotate on this period; a ticket opens for one to two periods.
     #[arg(long, default_value = "6h", value_parser = parse_duration, help_heading = "TLS")]
     pub(super) tls_ticket_period: Duration,
+    /// The oldest TLS version accepted: 1.2 (1.2 and 1.3) or 1.3 (1.3 only).
+    #[arg(long, default_value = "1.2", value_parser = ["1.2", "1.3"], help_heading = "TLS")]
+    pub(super) tls_min_version: String,
+    /// Plaintext per TLS record at most (memcached's ssl_wbuf_size): 32 to 16384; more is
+    /// TLS's own 16 KiB.
+    #[arg(long, value_name = "BYTES", help_heading = "TLS",
+          value_parser = clap::value_parser!(u32).range(32..=(64 << 20)))]
+    pub(super) tls_record_bytes: Option<u32>,
+    /// Ask every TLS client for a certificate and check it against these PEM CA
+    /// certificates (memcached's ssl_ca_cert with ssl_verify_mode 2); a client without one
+    /// is refused unless --tls-client-cert-optional.
+    #[arg(long, value_name = "PEM", requires = "tls_cert", help_heading = "TLS")]
+    pub(super) tls_client_ca: Option<PathBuf>,
+    /// With --tls-client-ca: let in a client that presents no certificate (one it presents
+    /// must still check out; memcached's ssl_verify_mode 1).
+    #[arg(long, requires = "tls_client_ca", help_heading = "TLS")]
+    pub(super) tls_client_cert_optional: bool,
 }
 
 #[derive(Debug, Args)]
@@ -212,6 +239,8 @@ pub(super) struct KvArgs {
     /// start. A corrupt PATH.meta: refuses to start, as memcached.
     #[arg(long, value_name = "PATH")]
     pub(super) memory_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub(super) tls: TlsArgs,
     /// Accept `debugtime <seconds>`, which moves the cache's clock forward (memcached's debug
     /// build has it for its tests; never for a shared cache: any client could expire items).
     #[arg(long, hide = true)]

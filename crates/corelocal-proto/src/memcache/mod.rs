@@ -308,6 +308,9 @@ pub enum Command<'a> {
     /// `shutdown [graceful]`: `Some(graceful)`, or `None` for another mode (answered
     /// [`BAD_SHUTDOWN_MODE`] when shutdown is enabled).
     Shutdown(Option<bool>),
+    /// `refresh_certs`: memcached's TLS build reads its certificate files again (answered
+    /// `ERROR` where connections speak no TLS).
+    RefreshCerts,
     /// `cache_memlimit <megabytes> [noreply]`: `None` when not a number (answered `ERROR`).
     CacheMemlimit {
         /// The new limit in MiB.
@@ -472,6 +475,7 @@ pub fn parse_line(line: &[u8]) -> Result<Command<'_>, Reject> {
             (2, b"graceful") => Some(true),
             _ => None,
         })),
+        b"refresh_certs" if n == 1 => Ok(Command::RefreshCerts),
         b"cache_memlimit" if n == 2 || n == 3 => Ok(Command::CacheMemlimit {
             mb: safe_strtoul(t[1]),
             noreply: noreply(&t, n),

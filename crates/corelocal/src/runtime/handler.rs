@@ -413,6 +413,14 @@ pub trait Handler: Send + 'static {
         Next::Read
     }
 
+    /// The idle timeout closes the connection, with nothing pending either way: what the
+    /// protocol says before it goes (a TLS layer's close_notify, which lets the peer tell a
+    /// close from a cut) goes into `out`, and is sent before a normal close. The default
+    /// writes nothing: the connection closes at once.
+    fn on_idle_close(&mut self, out: &mut Output) {
+        let _ = out;
+    }
+
     /// The server began a graceful stop. A protocol that can tell its peer the connection is
     /// about to close (HTTP's `Connection: close`) arranges to close after its next response
     /// and returns true: the runtime then lets an idle connection live a short grace period

@@ -244,8 +244,27 @@ impl<S: Service, B: Backend> Worker<S, B> {
                 self.idle.push_back((real_deadline, key));
             } else {
                 self.setup.stats.error(ErrorKind::IdleTimeout);
-                self.force_close(key.slot());
+                self.close_idle(key.slot());
             }
         }
+    }
+
+    /// An idle connection closes: at once, or after its handler's last word
+    /// (`Handler::on_idle_close`) when nothing else is pending.
+    fn close_idle(&mut self, id: ConnId) {
+        let Some(conn) = self.conns.occupant_mut(id) else {
+            return;
+        };
+        let quiet = conn.closing == Closing::Open
+            && conn.output.is_empty()
+            && conn.input.is_empty()
+            && !conn.sending;
+        if quiet {
+            conn.handler.on_idle_close(&mut conn.output);
+            if !conn.output.is_empty() {
+                return self.begin_close(id, CloseReason::Done);
+            }
+        }
+        self.force_close(id);
     }
 }
