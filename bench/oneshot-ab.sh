@@ -25,6 +25,7 @@ servers() { # PROTO BASE_ARGS → --server flags for A and B
 A=$3 B=$4
 # The current build drives the runs (older builds may lack compare's options); DRIVER=BIN
 # names another (a copy kept aside, to measure while the tree builds something else).
+# ONLY=crr|kv1: one workload only.
 driver=${DRIVER:-}
 if [ -z "$driver" ]; then
     cargo build --release -q -p corelocal-cli
@@ -38,5 +39,7 @@ run() { # WORKLOAD CONNS PROTO BASE_ARGS SUFFIX
     cp "$out/$5"/bench-compare-*.json "results/oneshot/ab-$name-$5.json"
     cp "$out/$5"/bench-compare-*.md "results/oneshot/ab-$name-$5.md"
 }
-run crr 16,64 http "serve http $base --root $out/www" crr
-run kv1 64 kv "serve kv $base" kv1
+# ONLY=crr or ONLY=kv1 runs one of the two.
+[ "${ONLY:-crr}" = crr ] && run crr 16,64 http "serve http $base --root $out/www" crr
+[ "${ONLY:-kv1}" = kv1 ] && run kv1 64 kv "serve kv $base" kv1
+true
