@@ -19,6 +19,30 @@ fn next(b: &mut EpollBackend, want: impl Fn(&Completion) -> bool) -> Completion 
     panic!("no such completion; got {out:?}");
 }
 
+/// A backend accepting on a fresh listener, a client connected to it, and its connection.
+fn accepted() -> (EpollBackend, TcpListener, TcpStream, ConnId) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let mut b = EpollBackend::new(PoolConfig {
+        bufs: 4,
+        buf_bytes: 4096,
+    })
+    .unwrap();
+    b.push(Op::Accept {
+        listener: 0,
+        fd: listener.as_raw_fd(),
+        exclusive: false,
+        budget: None,
+    });
+    let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    let Completion::Accepted { conn, .. } =
+        next(&mut b, |c| matches!(c, Completion::Accepted { .. }))
+    else {
+        unreachable!()
+    };
+    (b, listener, client, conn)
+}
+
 /// A one-shot connection (request, then the peer closes, then we close) costs exactly one
 /// `epoll_ctl`, its ADD: the interest change at EOF is dropped because the connection
 /// closes in the same turn.
@@ -63,25 +87,7 @@ fn a_connection_closed_at_eof_costs_one_epoll_ctl() {
 #[test]
 fn the_last_send_takes_the_close_with_it() {
     use std::io::Read;
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.set_nonblocking(true).unwrap();
-    let mut b = EpollBackend::new(PoolConfig {
-        bufs: 4,
-        buf_bytes: 4096,
-    })
-    .unwrap();
-    b.push(Op::Accept {
-        listener: 0,
-        fd: listener.as_raw_fd(),
-        exclusive: false,
-        budget: None,
-    });
-    let mut client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-    let Completion::Accepted { conn, .. } =
-        next(&mut b, |c| matches!(c, Completion::Accepted { .. }))
-    else {
-        unreachable!()
-    };
+    let (mut b, listener, mut client, conn) = accepted();
     b.push(Op::Send {
         conn,
         buf: b"pong".to_vec(),
@@ -129,25 +135,7 @@ fn the_last_send_takes_the_close_with_it() {
 #[test]
 fn the_last_send_survives_input_sent_after_the_request() {
     use std::io::Read;
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.set_nonblocking(true).unwrap();
-    let mut b = EpollBackend::new(PoolConfig {
-        bufs: 4,
-        buf_bytes: 4096,
-    })
-    .unwrap();
-    b.push(Op::Accept {
-        listener: 0,
-        fd: listener.as_raw_fd(),
-        exclusive: false,
-        budget: None,
-    });
-    let mut client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-    let Completion::Accepted { conn, .. } =
-        next(&mut b, |c| matches!(c, Completion::Accepted { .. }))
-    else {
-        unreachable!()
-    };
+    let (mut b, _listener, mut client, conn) = accepted();
     client.write_all(&[b'p'; 3000]).unwrap();
     std::thread::sleep(Duration::from_millis(20)); // queued, unread, at the server's socket
     b.push(Op::Send {
