@@ -6,19 +6,10 @@
 
 mod common;
 
-use common::{need, run, Served, TempDir};
+use common::{cert_path, need, run, Served, TempDir};
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
 
 const BODY: &str = "hello over https";
-
-fn certs() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../corelocal-apps/tests/tls")
-}
-
-fn cert_path(name: &str) -> String {
-    certs().join(name).to_str().unwrap().to_string()
-}
 
 /// The server on one CPU (one worker: session IDs resume on it), plain and TLS ports.
 fn serve(t: &TempDir) -> (Served, SocketAddr) {

@@ -12,20 +12,12 @@
 
 mod common;
 
-use common::{need, python_has, require, run_ok, Served, TempDir};
+use common::{cert_path, need, python_has, require, run_ok, Served, TempDir};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-
-fn certs() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../corelocal-apps/tests/tls")
-}
-
-fn cert_path(name: &str) -> String {
-    certs().join(name).to_str().unwrap().to_string()
-}
 
 /// `serve kv` with a plain --listen port and a --tls-listen one (ECDSA certificate); the
 /// handshake must complete within 2 s. Returns the server and its TLS address.

@@ -368,3 +368,13 @@ pub fn garbage(len: usize) -> Vec<u8> {
     v[0] = 0;
     v
 }
+
+/// The TLS tests' certificates (corelocal-apps/tests/tls: CA, chains, keys).
+pub fn certs() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../corelocal-apps/tests/tls")
+}
+
+/// One of [`certs`]' files, as a path string for a command line.
+pub fn cert_path(name: &str) -> String {
+    certs().join(name).to_str().unwrap().to_string()
+}
