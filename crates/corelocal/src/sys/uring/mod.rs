@@ -239,8 +239,8 @@ impl UringBackend {
             KIND_ACCEPT => self.on_accept(id, res, flags),
             KIND_ACCEPT_ONE => self.on_accept_one(id, res),
             KIND_STEAL => self.on_steal(id, res),
-            // A discarding receive failed (nothing to discard, or its send failed): nothing
-            // to do, the close behind it reports.
+            // A discarding receive failed (nothing to discard): nothing to do, the last
+            // send's close reports.
             KIND_CANCEL | KIND_DRAIN => {}
             KIND_ADOPT => self.adopted = Some(res),
             _ => self.complete_conn(kind, key, ud, res, flags),

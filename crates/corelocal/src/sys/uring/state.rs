@@ -19,7 +19,7 @@ pub(super) const KIND_SHUTDOWN: u64 = 10;
 pub(super) const KIND_FILE_READ: u64 = 11;
 pub(super) const KIND_INSTALL: u64 = 12;
 pub(super) const KIND_ADOPT: u64 = 13;
-/// The discarding receive between a last send and its close (see `send::drain_entry`).
+/// The discarding receive just before a last send and its close (see `send::drain_entry`).
 pub(super) const KIND_DRAIN: u64 = 14;
 
 /// A connection's request: its kind in the top 8 bits, the connection's key below (see
