@@ -48,27 +48,10 @@ fn accepted() -> (EpollBackend, TcpListener, TcpStream, ConnId) {
 /// closes in the same turn.
 #[test]
 fn a_connection_closed_at_eof_costs_one_epoll_ctl() {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.set_nonblocking(true).unwrap();
-    let mut b = EpollBackend::new(PoolConfig {
-        bufs: 4,
-        buf_bytes: 4096,
-    })
-    .unwrap();
-    b.push(Op::Accept {
-        listener: 0,
-        fd: listener.as_raw_fd(),
-        exclusive: false,
-        budget: None,
-    });
-    let mut client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    // The request and the peer's close are queued before the worker first reads.
+    let (mut b, _listener, mut client, conn) = accepted();
     client.write_all(b"ping").unwrap();
     drop(client);
-    let Completion::Accepted { conn, .. } =
-        next(&mut b, |c| matches!(c, Completion::Accepted { .. }))
-    else {
-        unreachable!()
-    };
     let before = b.ctl_calls();
     b.push(Op::Recv { conn });
     if let Completion::Recv { buf, .. } = next(&mut b, |c| matches!(c, Completion::Recv { .. })) {
