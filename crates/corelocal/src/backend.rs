@@ -43,6 +43,28 @@ pub struct FileRegion {
     pub len: u64,
 }
 
+/// A socket option the runtime sets on a connection between two parts of its output
+/// ([`crate::runtime::Output::push_socket_options`]): what a handler changes about its socket
+/// once the bytes before it are sent (the kernel's TLS records after a user-space handshake).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SocketOption {
+    /// `setsockopt`'s level (`SOL_TCP`, `SOL_TLS`, ...).
+    pub level: i32,
+    /// The option's name at that level.
+    pub name: i32,
+    /// Its value, as the kernel reads it.
+    pub value: Vec<u8>,
+}
+
+impl SocketOption {
+    /// Whether the option attaches an upper-layer protocol (`TCP_ULP`): the backend then stops
+    /// holding the last send for the close's FIN (`MSG_MORE`), which a ULP such as `tls` would
+    /// keep as an open record.
+    pub fn attaches_ulp(&self) -> bool {
+        self.level == libc::SOL_TCP && self.name == libc::TCP_ULP
+    }
+}
+
 /// A connection's id within one backend (epoll: its fd; io_uring: its direct-descriptor slot):
 /// a slot, reused once the connection is closed. What outlives the connection holds a
 /// [`ConnKey`] instead (the slot and its generation).
@@ -113,6 +135,15 @@ pub enum Op {
         conn: ConnId,
         /// The region.
         region: FileRegion,
+    },
+    /// Set socket options, in order, after everything pushed before is sent; completes with
+    /// [`Completion::OptionsSet`] (an option that fails stops the rest). Only while no send
+    /// is in flight on the connection.
+    SetOptions {
+        /// The connection.
+        conn: ConnId,
+        /// The options, owned by the backend until the completion.
+        options: Vec<SocketOption>,
     },
     /// Shut down the connection's sending side (`SHUT_WR`) once its output is sent: the peer
     /// reads the end of the answer and its FIN, while receiving goes on (the lingering close:
@@ -210,6 +241,13 @@ pub enum Completion {
         conn: ConnId,
         /// Bytes sent, or the error.
         result: io::Result<u64>,
+    },
+    /// A [`Op::SetOptions`] finished.
+    OptionsSet {
+        /// The connection.
+        conn: ConnId,
+        /// Ok, or the first option's error.
+        result: io::Result<()>,
     },
     /// A [`Op::Detach`] finished: the socket, no longer the backend's; the id is free.
     Detached {

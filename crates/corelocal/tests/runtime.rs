@@ -1,12 +1,12 @@
 //! Behaviour of the runtime over real sockets, with a tiny line protocol as the service:
-//! `PING\n` → `PONG\n`, `BIG n\n` → n bytes, `QUIT\n` → close; anything else → `ERR\n` and
-//! close as a bad request.
+//! `PING\n` → `PONG\n`, `BIG n\n` → n bytes, `QUIT\n` → close, `OPT ok|bad|last\n` → `A`,
+//! socket options, `B\n`; anything else → `ERR\n` and close as a bad request.
 
 use corelocal::cpu::{current_affinity, pin_current_thread, CpuSet};
 use corelocal::listen::{GroupConfig, ListenerGroup, Mode, Steering};
 use corelocal::runtime::{
     BackendKind, CloseReason, ConnInfo, FileRegion, Handler, Limits, Output, Server, ServerConfig,
-    Service, Step,
+    Service, SocketOption, Step,
 };
 use corelocal::sys::scm;
 use corelocal::testing::read_up_to;
@@ -70,6 +70,15 @@ impl Handler for LineConn {
             });
             out.write(b">");
             Step::read(consumed, 1)
+        } else if let Some(kind) = line.strip_prefix(b"OPT ") {
+            // Bytes, socket options set once they are sent, bytes after them.
+            out.write(b"A");
+            out.push_socket_options(vec![test_option(kind)]);
+            out.write(b"B\n");
+            match kind {
+                b"last" => Step::close(consumed, 1, CloseReason::Done),
+                _ => Step::read(consumed, 1),
+            }
         } else if let Some(n) = line.strip_prefix(b"BIG ") {
             let n: usize = std::str::from_utf8(n).unwrap().parse().unwrap();
             out.write(&vec![b'b'; n]);
@@ -93,6 +102,23 @@ impl Handler for LineConn {
         // Only the announcing flavour says goodbye: the plain one's idle close stays silent.
         if self.announce {
             out.write(b"IDLE BYE\n");
+        }
+    }
+}
+
+/// `bad`: a ULP no kernel has (ENOENT); else `TCP_NODELAY` on.
+fn test_option(kind: &[u8]) -> SocketOption {
+    if kind == b"bad" {
+        SocketOption {
+            level: libc::SOL_TCP,
+            name: libc::TCP_ULP,
+            value: b"nonexistent-ulp".to_vec(),
+        }
+    } else {
+        SocketOption {
+            level: libc::SOL_TCP,
+            name: libc::TCP_NODELAY,
+            value: 1i32.to_ne_bytes().to_vec(),
         }
     }
 }
@@ -343,6 +369,25 @@ fn file_regions_are_sent_in_order_with_the_bytes_around_them(backend: BackendKin
     }
     assert_eq!(got.len(), want.len());
     assert!(got == want, "file bytes differ");
+    stop(server);
+}
+
+/// Socket options a handler pushes are set between the bytes before and after them: the
+/// connection goes on when they are set (also as its last output, closing after), and
+/// closes after the bytes before them when one fails, counted as an I/O error.
+fn socket_options_are_set_between_two_parts_of_the_output(backend: BackendKind) {
+    let server = start(backend);
+    let mut s = connect(addr(&server));
+    s.write_all(b"OPT ok\nPING\nOPT last\n").unwrap();
+    assert_eq!(read_to_end(s), b"AB\nPONG\nAB\n");
+    let errors_before = server.stats().total.errors.io;
+    let mut s = connect(addr(&server));
+    s.write_all(b"OPT bad\nPING\n").unwrap();
+    assert_eq!(read_to_end(s), b"A", "nothing after the option that failed");
+    eventually(&server, |st| st.total.errors.io > errors_before);
+    let mut s = connect(addr(&server));
+    s.write_all(b"PING\nQUIT\n").unwrap();
+    assert_eq!(read_to_end(s), b"PONG\n", "the worker serves on");
     stop(server);
 }
 
@@ -619,6 +664,7 @@ corelocal::on_every_backend!(
     a_second_address_keeps_accepting_when_only_it_is_used,
     starved_receives_recover,
     file_regions_are_sent_in_order_with_the_bytes_around_them,
+    socket_options_are_set_between_two_parts_of_the_output,
     serves_keep_alive_requests_on_many_connections,
     pipelined_requests_are_answered_in_order,
     every_pipelined_request_is_answered_without_more_input,

@@ -38,6 +38,7 @@ fn drain(out: &mut Output) -> Vec<u8> {
     loop {
         let n = match out.front() {
             OutputFront::Empty => return all,
+            OutputFront::Options(o) => panic!("the HTTP handler set socket options: {o:?}"),
             OutputFront::Bytes(b) => {
                 all.extend_from_slice(b);
                 b.len()

@@ -204,6 +204,15 @@ impl<H: Handler> TlsConn<H> {
             let room = usize::try_from(out.room()).unwrap_or(usize::MAX);
             let n = match self.inner_out.front() {
                 OutputFront::Empty => break,
+                OutputFront::Options(options) => {
+                    // The inner handler's own socket options (none of ours has any): set once
+                    // the records before them are out.
+                    let options = options.to_vec();
+                    self.write_records(out);
+                    out.push_socket_options(options);
+                    self.inner_out.advance(0);
+                    continue;
+                }
                 OutputFront::Bytes(b) => {
                     let n = b.len().min(room.max(1));
                     let _ = self.tls.writer().write_all_plain(&b[..n]);

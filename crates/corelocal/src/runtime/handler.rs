@@ -12,7 +12,7 @@
 
 use super::handoff::{StateExport, StateImport};
 pub use super::notify::{Notifier, NotifyRef};
-pub use crate::backend::FileRegion;
+pub use crate::backend::{FileRegion, SocketOption};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
@@ -157,6 +157,9 @@ pub struct Output {
     bytes: Vec<u8>,
     /// Byte offset into `bytes` where the region goes, and the region. Sorted by offset.
     files: Vec<(usize, FileRegion)>,
+    /// Socket options set once the bytes before this offset are sent, before the file
+    /// regions anchored there ([`Output::push_socket_options`]). Sorted by offset.
+    options: Vec<(usize, Vec<SocketOption>)>,
     /// Total length at which the runtime applies back-pressure.
     limit: u64,
 }
@@ -166,6 +169,7 @@ impl Default for Output {
         Output {
             bytes: Vec::new(),
             files: Vec::new(),
+            options: Vec::new(),
             limit: u64::MAX,
         }
     }
@@ -213,6 +217,21 @@ impl Output {
         }
     }
 
+    /// Sets socket options on the connection once everything queued so far is sent, before
+    /// anything queued after: a TLS handler that hands its records to the kernel (kTLS) after
+    /// its handshake's last record went out. An option that fails closes the connection.
+    ///
+    /// # Panics
+    /// If a file region was queued last (push the options before it).
+    pub fn push_socket_options(&mut self, options: Vec<SocketOption>) {
+        let at = self.bytes.len();
+        assert!(
+            self.files.last().is_none_or(|(f, _)| *f < at),
+            "socket options right after a file region"
+        );
+        self.options.push((at, options));
+    }
+
     /// Bytes (not counting file regions) waiting to be sent.
     pub fn byte_len(&self) -> usize {
         self.bytes.len()
@@ -225,23 +244,43 @@ impl Output {
 
     /// Whether nothing is waiting.
     pub fn is_empty(&self) -> bool {
-        self.bytes.is_empty() && self.files.is_empty()
+        self.bytes.is_empty() && self.files.is_empty() && self.options.is_empty()
     }
 
-    /// The next thing to send: the bytes before the first file region, or that region.
+    /// The next thing to send: the bytes before the first file region (or socket options),
+    /// or that region, or the options.
     pub fn front(&self) -> OutputFront<'_> {
+        let options_at = match self.options.first() {
+            Some((0, options)) => return OutputFront::Options(options),
+            Some((at, _)) => *at,
+            None => usize::MAX,
+        };
         match self.files.first() {
             Some((0, region)) => OutputFront::File(region),
-            Some((at, _)) => OutputFront::Bytes(&self.bytes[..*at]),
+            Some((at, _)) => OutputFront::Bytes(&self.bytes[..options_at.min(*at)]),
             None if self.bytes.is_empty() => OutputFront::Empty,
-            None => OutputFront::Bytes(&self.bytes),
+            None => OutputFront::Bytes(&self.bytes[..options_at.min(self.bytes.len())]),
         }
+    }
+
+    /// Where the bytes in front end: at the first file region or the socket options.
+    fn bytes_front_len(&self) -> usize {
+        let files_at = self.files.first().map_or(self.bytes.len(), |(at, _)| *at);
+        self.options
+            .first()
+            .map_or(files_at, |(at, _)| files_at.min(*at))
     }
 
     /// Marks `n` bytes of the front as sent (bytes or file region, whichever [`front`] gave).
     ///
     /// [`front`]: Output::front
     pub fn advance(&mut self, n: usize) {
+        if let Some((0, _)) = self.options.first() {
+            // Options in front are taken whole (`n` is 0: they have no length).
+            assert!(n == 0, "advanced past socket options");
+            self.options.remove(0);
+            return;
+        }
         if let Some((0, region)) = self.files.first_mut() {
             assert!(n as u64 <= region.len, "advanced past a file region");
             region.offset += n as u64;
@@ -251,10 +290,15 @@ impl Output {
             }
             return;
         }
-        let limit = self.files.first().map_or(self.bytes.len(), |(at, _)| *at);
-        assert!(n <= limit, "advanced past the bytes in front");
+        assert!(
+            n <= self.bytes_front_len(),
+            "advanced past the bytes in front"
+        );
         self.bytes.drain(..n);
         for (at, _) in &mut self.files {
+            *at -= n;
+        }
+        for (at, _) in &mut self.options {
             *at -= n;
         }
     }
@@ -262,6 +306,9 @@ impl Output {
     /// Removes and returns the next thing to send: the bytes before the first file region
     /// (reusing `spare`'s allocation when the whole buffer goes), or that region.
     pub fn take_front(&mut self, mut spare: Vec<u8>) -> Option<Chunk> {
+        if !self.options.is_empty() {
+            return self.take_front_before_options(spare);
+        }
         match self.files.first() {
             Some((0, _)) => Some(Chunk::File(self.files.remove(0).1)),
             Some((at, _)) => {
@@ -277,6 +324,38 @@ impl Output {
                 Some(Chunk::Bytes(std::mem::replace(&mut self.bytes, spare)))
             }
         }
+    }
+
+    /// [`Output::take_front`] while socket options wait (rare: once per kTLS connection).
+    #[cold]
+    fn take_front_before_options(&mut self, mut spare: Vec<u8>) -> Option<Chunk> {
+        if let Some((0, _)) = self.options.first() {
+            return Some(Chunk::Options(self.options.remove(0).1));
+        }
+        if let Some((0, _)) = self.files.first() {
+            return Some(Chunk::File(self.files.remove(0).1));
+        }
+        let n = self.bytes_front_len();
+        spare.clear();
+        spare.extend_from_slice(&self.bytes[..n]);
+        self.advance(n);
+        Some(Chunk::Bytes(spare))
+    }
+
+    /// Moves everything `other` holds (bytes, file regions, socket options) to the end of
+    /// this output, in order; `other` is left empty.
+    pub fn append(&mut self, other: &mut Output) {
+        let base = self.bytes.len();
+        self.options
+            .extend(other.options.drain(..).map(|(at, o)| (base + at, o)));
+        self.files.extend(
+            other
+                .files
+                .drain(..)
+                .map(|(at, region)| (base + at, region)),
+        );
+        self.bytes.extend_from_slice(&other.bytes);
+        other.bytes.clear();
     }
 
     /// The byte buffer, emptied, leaving none (the runtime reuses a closed connection's).
@@ -302,6 +381,7 @@ impl Output {
     pub fn clear(&mut self) {
         self.bytes.clear();
         self.files.clear();
+        self.options.clear();
     }
 }
 
@@ -312,6 +392,8 @@ pub enum Chunk {
     Bytes(Vec<u8>),
     /// A file region.
     File(FileRegion),
+    /// Socket options to set (see [`Output::push_socket_options`]).
+    Options(Vec<SocketOption>),
 }
 
 /// The next part of an [`Output`] to send.
@@ -323,6 +405,8 @@ pub enum OutputFront<'a> {
     Bytes(&'a [u8]),
     /// A file region to send.
     File(&'a FileRegion),
+    /// Socket options to set before anything else goes.
+    Options(&'a [SocketOption]),
 }
 
 /// Per-connection protocol state: bytes in, bytes out.
@@ -692,5 +776,72 @@ mod tests {
         let mut out = Output::new();
         out.push_file(region(0));
         assert!(out.is_empty());
+    }
+
+    fn nodelay() -> Vec<SocketOption> {
+        vec![SocketOption {
+            level: libc::SOL_TCP,
+            name: libc::TCP_NODELAY,
+            value: 1i32.to_ne_bytes().to_vec(),
+        }]
+    }
+
+    /// Socket options go between the bytes queued before and after them, before a file region
+    /// queued after them at the same place, whether taken out or looked at and advanced.
+    #[test]
+    fn socket_options_go_between_what_came_before_and_after() {
+        let build = || {
+            let mut out = Output::new();
+            out.write(b"handshake");
+            out.push_socket_options(nodelay());
+            out.push_file(region(4));
+            out.write(b"after");
+            out
+        };
+        let mut out = build();
+        assert_eq!(out.total_len(), 18, "options have no length");
+        assert!(matches!(out.take_front(Vec::new()), Some(Chunk::Bytes(b)) if b == b"handshake"));
+        assert!(matches!(out.take_front(Vec::new()), Some(Chunk::Options(o)) if o == nodelay()));
+        assert!(matches!(out.take_front(Vec::new()), Some(Chunk::File(f)) if f.len == 4));
+        assert!(matches!(out.take_front(Vec::new()), Some(Chunk::Bytes(b)) if b == b"after"));
+        assert!(out.take_front(Vec::new()).is_none() && out.is_empty());
+
+        let mut out = build();
+        assert!(matches!(out.front(), OutputFront::Bytes(b) if b == b"handshake"));
+        out.advance(4);
+        assert!(matches!(out.front(), OutputFront::Bytes(b) if b == b"shake"));
+        out.advance(5);
+        assert!(matches!(out.front(), OutputFront::Options(o) if o == nodelay()));
+        out.advance(0);
+        assert!(matches!(out.front(), OutputFront::File(f) if f.len == 4));
+        out.advance(4);
+        assert!(matches!(out.front(), OutputFront::Bytes(b) if b == b"after"));
+        out.advance(5);
+        assert!(out.is_empty());
+    }
+
+    /// Options alone still make the output non-empty (the runtime must take them), and
+    /// `append` carries them over at their place.
+    #[test]
+    fn options_alone_are_output_and_append_keeps_their_place() {
+        let mut inner = Output::new();
+        inner.write(b"ab");
+        inner.push_socket_options(nodelay());
+        inner.write(b"cd");
+        let mut out = Output::new();
+        out.write(b"xy");
+        out.append(&mut inner);
+        assert!(inner.is_empty());
+        assert!(matches!(out.take_front(Vec::new()), Some(Chunk::Bytes(b)) if b == b"xyab"));
+        assert!(matches!(
+            out.take_front(Vec::new()),
+            Some(Chunk::Options(_))
+        ));
+        assert!(matches!(out.take_front(Vec::new()), Some(Chunk::Bytes(b)) if b == b"cd"));
+        let mut only = Output::new();
+        only.push_socket_options(nodelay());
+        assert!(!only.is_empty());
+        only.clear();
+        assert!(only.is_empty());
     }
 }

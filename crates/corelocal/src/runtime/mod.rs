@@ -37,7 +37,7 @@ pub mod worker;
 pub use backend::{Backend, Completion, Op};
 pub use handler::{
     Chunk, CloseReason, ConnInfo, FileRegion, Handler, Next, Notifier, Output, OutputFront,
-    Service, Step,
+    Service, SocketOption, Step,
 };
 pub use netstat::{NetCounters, NetSampler};
 pub use server::{

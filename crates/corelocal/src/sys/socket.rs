@@ -351,6 +351,22 @@ pub struct Accepted {
     pub incoming_cpu: Option<usize>,
 }
 
+/// `setsockopt` with a value given as bytes (a socket option the runtime sets for a handler:
+/// [`crate::backend::SocketOption`]).
+pub fn set_option_bytes(fd: RawFd, level: i32, name: i32, value: &[u8]) -> io::Result<()> {
+    // SAFETY: `value` is a live slice and its exact length is passed.
+    cvt(unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            value.as_ptr().cast::<libc::c_void>(),
+            value.len() as libc::socklen_t,
+        )
+    })
+    .map(|_| ())
+}
+
 /// Attaches the upper-layer protocol `name` (`tls` for kTLS) to connected socket `fd`. The
 /// kernel loads its module on demand; `ENOENT` says it has none by that name.
 pub fn set_tcp_ulp(fd: RawFd, name: &[u8; 3]) -> io::Result<()> {

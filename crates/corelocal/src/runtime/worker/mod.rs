@@ -411,6 +411,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
                 self.on_sent(conn, result.map(|n| n as u64), now);
             }
             Completion::SentFile { conn, result } => self.on_sent(conn, result, now),
+            Completion::OptionsSet { conn, result } => self.on_sent(conn, result.map(|()| 0), now),
             Completion::Closed { conn } => self.on_closed(conn),
             Completion::Detached { conn, fd } => self.on_detached(conn, fd),
         }

@@ -115,6 +115,12 @@ impl<S: Service, B: Backend> Worker<S, B> {
                 conn.in_flight = region.len;
                 self.backend.push(Op::SendFile { conn: id, region });
             }
+            Some(Chunk::Options(options)) => {
+                // Set once what came before is sent; the next output waits for it like a send.
+                conn.sending = true;
+                conn.in_flight = 0;
+                self.backend.push(Op::SetOptions { conn: id, options });
+            }
             None => {
                 if matches!(conn.closing, Closing::Flushing(_)) {
                     self.finish_close(id);

@@ -75,6 +75,7 @@ impl EpollBackend {
             dirty: false,
             pending: None,
             close_after: false,
+            ulp: false,
         });
         conn
     }

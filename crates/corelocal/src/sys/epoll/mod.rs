@@ -62,6 +62,9 @@ struct ConnIo {
     pending: Option<PendingSend>,
     /// Close once the pending send is done (its last output; see `Op::Send::close_after`).
     close_after: bool,
+    /// An upper-layer protocol is attached (`SocketOption::attaches_ulp`): the last send goes
+    /// without `MSG_MORE`.
+    ulp: bool,
     /// Its interest may have changed since it was last registered (see `interest_dirty`).
     dirty: bool,
 }
@@ -196,6 +199,7 @@ impl EpollBackend {
             Op::SendFile { conn, region } => {
                 self.start_send(conn, PendingSend::File { region, sent: 0 })?
             }
+            Op::SetOptions { conn, options } => self.set_options(conn, &options),
             Op::Shutdown { conn } => {
                 // A failure (the peer reset already) shows up in the next receive.
                 if let Some(c) = self.conn_mut(conn) {
@@ -225,6 +229,25 @@ impl EpollBackend {
             }
         }
         Ok(())
+    }
+
+    /// Sets the options at once, in order (the send before them has completed).
+    fn set_options(&mut self, conn: ConnId, options: &[crate::backend::SocketOption]) {
+        let Some(c) = self.conn_mut(conn) else {
+            return;
+        };
+        let fd = c.fd.as_raw_fd();
+        let mut result = Ok(());
+        for option in options {
+            result =
+                crate::sys::socket::set_option_bytes(fd, option.level, option.name, &option.value);
+            if result.is_err() {
+                break;
+            }
+            c.ulp |= option.attaches_ulp();
+        }
+        self.ready
+            .push_back(Completion::OptionsSet { conn, result });
     }
 
     /// Hands the connection's descriptor over: out of the epoll set, out of the table. What

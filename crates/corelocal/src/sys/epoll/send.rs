@@ -35,10 +35,12 @@ impl EpollBackend {
         };
         let fd = c.fd.as_raw_fd();
         let close_after = c.close_after;
+        // With a ULP (kTLS) attached, MSG_MORE would leave the last record open.
+        let cork = close_after && !c.ulp;
         let Some(mut pending) = c.pending.take() else {
             return Ok(());
         };
-        let outcome = drive_send(fd, &mut pending, close_after);
+        let outcome = drive_send(fd, &mut pending, cork);
         match outcome {
             Err(e) if would_block(&e) => {
                 c.pending = Some(pending);

@@ -167,6 +167,8 @@ impl UringBackend {
         slot.close_linked = false;
         slot.detaching = None;
         slot.detach_closing = false;
+        slot.options = None;
+        slot.ulp = false;
         debug_assert!(!slot.shutdown_in_flight && !slot.close_after_shutdown);
     }
 

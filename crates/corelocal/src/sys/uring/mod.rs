@@ -15,13 +15,14 @@
 //!
 //! Layout: this file holds the backend, its config, the dispatch of operations and completions
 //! and the [`Backend`] impl; `accept`, `recv`, `send` and `close` submit and complete each
-//! operation; `sqe` queues entries; `state` holds the `user_data` encoding and the slot state;
+//! operation; `options` sets socket options a handler asks for; `sqe` queues entries; `state` holds the `user_data` encoding and the slot state;
 //! `buf_ring` the provided-buffer ring.
 
 mod accept;
 mod buf_ring;
 mod close;
 mod handoff;
+mod options;
 mod recv;
 mod send;
 mod sqe;
@@ -37,8 +38,8 @@ use buf_ring::BufRing;
 use io_uring::{opcode, types, IoUring};
 use state::{
     request, split, user_data, RecvState, Slot, KIND_ACCEPT, KIND_ACCEPT_ONE, KIND_ADOPT,
-    KIND_CANCEL, KIND_CLOSE, KIND_DRAIN, KIND_FILE_READ, KIND_INSTALL, KIND_RECV, KIND_SEND,
-    KIND_SHUTDOWN, KIND_SOCKOPT, KIND_STEAL, KIND_WAKE,
+    KIND_CANCEL, KIND_CLOSE, KIND_DRAIN, KIND_FILE_READ, KIND_INSTALL, KIND_OPTIONS, KIND_RECV,
+    KIND_SEND, KIND_SHUTDOWN, KIND_SOCKOPT, KIND_STEAL, KIND_WAKE,
 };
 use std::collections::VecDeque;
 use std::io;
@@ -163,6 +164,8 @@ impl UringBackend {
                 detach_closing: false,
                 shutdown_in_flight: false,
                 close_after_shutdown: false,
+                options: None,
+                ulp: false,
             }),
             listeners: Vec::new(),
             ready: VecDeque::new(),
@@ -224,6 +227,7 @@ impl UringBackend {
                 let total = region.len;
                 self.start_send(conn, Vec::new(), Some((region, total)), false);
             }
+            Op::SetOptions { conn, options } => self.set_options(conn, options),
             Op::Shutdown { conn } => self.shutdown(conn),
             Op::Close { conn } => self.close(conn),
             Op::Detach { conn } => self.detach(conn),
@@ -261,6 +265,7 @@ impl UringBackend {
         let id = key.slot();
         match kind {
             KIND_SOCKOPT => self.on_sockopt(id, res),
+            KIND_OPTIONS => self.on_option(id, res),
             KIND_RECV => self.on_recv(id, res, flags),
             KIND_SEND => self.on_send(id, res),
             KIND_FILE_READ => self.on_file_read(id, res),

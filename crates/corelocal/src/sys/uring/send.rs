@@ -62,9 +62,12 @@ impl UringBackend {
         let remaining = &send.buf[send.sent..];
         let last = send.close_after && send.file.is_none();
         // The last output goes whole (MSG_WAITALL: a short send breaks the link) and waits for
-        // the close (MSG_MORE), whose FIN then rides in the data's last segment; unread input
+        // the close (MSG_MORE), whose FIN then rides in the data's last segment — unless a
+        // ULP is attached (kTLS would hold MSG_MORE's data as an open record); unread input
         // is discarded just before (`drain_entry`).
-        let flags = if last {
+        let flags = if last && slot.ulp {
+            libc::MSG_NOSIGNAL | libc::MSG_WAITALL
+        } else if last {
             libc::MSG_NOSIGNAL | libc::MSG_WAITALL | libc::MSG_MORE
         } else {
             libc::MSG_NOSIGNAL

@@ -21,6 +21,8 @@ pub(super) const KIND_INSTALL: u64 = 12;
 pub(super) const KIND_ADOPT: u64 = 13;
 /// The discarding receive just before a last send and its close (see `send::drain_entry`).
 pub(super) const KIND_DRAIN: u64 = 14;
+/// A socket option a handler asked for (see `options`).
+pub(super) const KIND_OPTIONS: u64 = 15;
 
 /// A connection's request: its kind in the top 8 bits, the connection's key below (see
 /// [`ConnKey::pack`]), so a completion that comes after the slot got a new connection is
@@ -110,4 +112,9 @@ pub(super) struct Slot {
     pub(super) shutdown_in_flight: bool,
     /// `close` came while the shutdown was in flight: the close is submitted when it completes.
     pub(super) close_after_shutdown: bool,
+    /// Socket options with the kernel (`Op::SetOptions`).
+    pub(super) options: Option<super::options::OptionsInFlight>,
+    /// An upper-layer protocol is attached (kTLS): the last send goes without `MSG_MORE`,
+    /// which would leave the ULP's last record open.
+    pub(super) ulp: bool,
 }
