@@ -1,8 +1,11 @@
 //! Whether the kernel offers kTLS: the `tls` upper-layer protocol that takes TLS record
 //! encryption (TLS_TX) and decryption (TLS_RX) into the kernel after a user-space handshake.
 //!
-//! Detection only: the TLS servers encrypt records in user space on every kernel today, and
-//! report this at start so an operator knows which path a kTLS-capable build would take.
+//! Detection: [`tls_ulp`] says whether the ULP is there; [`tx_accepts`] whether the kernel takes
+//! a given TLS_TX setting (a cipher its build may lack), each tried on a throwaway loopback
+//! connection. The TLS service asks both at start and hands TLS 1.3 records to the kernel
+//! (TX) for the ciphers it takes; the options themselves are set by the runtime
+//! (`Output::push_socket_options`).
 
 use std::io;
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
@@ -46,6 +49,23 @@ pub fn tls_ulp() -> TlsUlp {
     }
 }
 
+/// `SOL_TLS`: the level of kTLS's socket options.
+pub const SOL_TLS: i32 = 282;
+/// `TLS_TX`: hands the sending direction's records to the kernel (a `tls12_crypto_info_*`).
+pub const TLS_TX: i32 = 1;
+
+/// Whether the kernel takes `crypto_info` (a `struct tls12_crypto_info_*`, e.g. all-zero keys
+/// for a cipher) as TLS_TX: attaches the `tls` ULP to a throwaway loopback connection and sets
+/// it there. The error says why not (ENOENT: no `tls` ULP; EINVAL or ENOPROTOOPT: a cipher
+/// or version this kernel's TLS lacks).
+pub fn tx_accepts(crypto_info: &[u8]) -> io::Result<()> {
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
+    let client = TcpStream::connect(listener.local_addr()?)?;
+    let (_server, _) = listener.accept()?;
+    super::socket::set_tcp_ulp(client.as_raw_fd(), b"tls")?;
+    super::socket::set_option_bytes(client.as_raw_fd(), SOL_TLS, TLS_TX, crypto_info)
+}
+
 fn probe() -> io::Result<()> {
     let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
     let client = TcpStream::connect(listener.local_addr()?)?;
@@ -62,5 +82,12 @@ mod tests {
         // Which answer depends on the kernel; that it answers without failing does not.
         let found = tls_ulp();
         assert!(!found.to_string().is_empty(), "{found:?}");
+    }
+
+    #[test]
+    fn a_setting_no_kernel_takes_is_refused() {
+        // Version 0 and cipher 0: refused by a kernel with kTLS (EINVAL), or ENOENT without.
+        let err = tx_accepts(&[0; 40]).unwrap_err();
+        assert!(err.raw_os_error().is_some(), "{err}");
     }
 }
