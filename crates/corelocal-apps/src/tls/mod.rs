@@ -23,6 +23,7 @@
 
 mod certs;
 mod conn;
+pub mod ktls;
 pub mod tickets;
 
 use std::sync::atomic::{AtomicU64, Ordering};
