@@ -28,6 +28,8 @@ pub(super) struct ConnLimits {
     pub handshake_bytes_max: usize,
     pub handshake_timeout: Duration,
     pub plain_bytes_max: usize,
+    /// Ciphers whose records go to the kernel after the handshake (see `super::kernel`).
+    pub kernel: super::KernelCiphers,
 }
 
 /// The most of a file region read (and encrypted) in one go: one read, four full records.
@@ -97,8 +99,18 @@ impl<H: Handler> TlsConn<H> {
     }
 
     /// Feeds ciphertext to rustls until it is all taken or `plain` is full; `Err` closes.
+    /// While the records may still go to the kernel, whole records only, up to the end of
+    /// the handshake (see `feed_records`).
     fn feed(&mut self, input: &[u8], out: &mut Output, now: Instant) -> Result<usize, CloseReason> {
         let mut taken = 0;
+        if !self.limits.kernel.is_empty() {
+            taken = self.feed_records(input, out, now)?;
+            if self.kernel_ready() || self.tls.is_handshaking() {
+                return Ok(taken);
+            }
+            // Not for the kernel (TLS 1.2, a cipher it does not take): rustls goes on.
+            self.limits.kernel = super::KernelCiphers::none();
+        }
         while taken < input.len() && self.plain.len() < self.limits.plain_bytes_max {
             let handshaking = self.tls.is_handshaking();
             let mut rest = &input[taken..];
@@ -121,6 +133,81 @@ impl<H: Handler> TlsConn<H> {
             self.take_plaintext()?;
         }
         Ok(taken)
+    }
+
+    /// Feeds rustls whole records, one at a time, while it handshakes: when the handshake
+    /// completes no later record is in rustls, whose keys may then go to the kernel. A partial
+    /// record stays in the runtime's input until the rest arrives.
+    fn feed_records(
+        &mut self,
+        input: &[u8],
+        out: &mut Output,
+        now: Instant,
+    ) -> Result<usize, CloseReason> {
+        // The time bound holds while a record is still arriving (a byte a second).
+        if !input.is_empty() {
+            self.check_handshake(0, now)?;
+        }
+        let mut taken = 0;
+        while self.tls.is_handshaking() {
+            let rest = &input[taken..];
+            if super::kernel::record_too_long(rest) {
+                return Err(CloseReason::BadRequest);
+            }
+            let Some(len) = super::kernel::whole_record(rest) else {
+                break;
+            };
+            let mut record = &rest[..len];
+            while !record.is_empty() {
+                if matches!(self.tls.read_tls(&mut record), Ok(0) | Err(_)) {
+                    return Err(CloseReason::BadRequest);
+                }
+            }
+            taken += len;
+            self.check_handshake(len, now)?;
+            if self.tls.process_new_packets().is_err() {
+                self.handle.count_handshake_error();
+                self.write_records(out);
+                return Err(CloseReason::BadRequest);
+            }
+        }
+        Ok(taken)
+    }
+
+    /// Whether the connection's records go to the kernel now: its handshake is done, TLS 1.3
+    /// with a cipher the kernel takes, and nothing decrypted or waiting here.
+    pub(super) fn kernel_ready(&self) -> bool {
+        let suite = self.tls.negotiated_cipher_suite().map(|s| s.suite());
+        !self.limits.kernel.is_empty()
+            && !self.tls.is_handshaking()
+            && self.tls.protocol_version() == Some(rustls::ProtocolVersion::TLSv1_3)
+            && suite.is_some_and(|s| self.limits.kernel.takes(s))
+            && self.plain.is_empty()
+            && self.closing.is_none()
+    }
+
+    /// Hands the sending records to the kernel (see `super::kernel`): the handshake's last
+    /// records go first, then the socket options with the keys, then the inner handler's
+    /// waiting output as plaintext. `Err` when rustls keeps its keys.
+    pub(super) fn into_kernel(
+        mut self,
+        out: &mut Output,
+    ) -> Result<super::KernelTlsConn<H>, rustls::Error> {
+        self.write_records(out);
+        let secrets = self.tls.dangerous_extract_secrets()?;
+        let (tx_seq, tx) = secrets.tx;
+        let (rx_seq, rx) = secrets.rx;
+        let unknown = || rustls::Error::General("a suite the kernel does not know".into());
+        let info = super::ktls::tls13_tx_info(tx_seq, &tx).ok_or_else(unknown)?;
+        let opener = super::ktls::RecordOpener::new(rx_seq, rx).ok_or_else(unknown)?;
+        out.push_socket_options(super::kernel::tx_options(info));
+        out.append(&mut self.inner_out);
+        self.handle.count_kernel_connection();
+        Ok(super::KernelTlsConn::new(
+            self.inner,
+            opener,
+            self.limits.plain_bytes_max,
+        ))
     }
 
     /// Bounds the handshake: bytes and time since its first byte.
@@ -294,7 +381,8 @@ impl<H: Handler> Handler for TlsConn<H> {
                 Err(reason) => return Step::close(input.len(), requests, reason),
             };
             consumed += taken;
-            if self.tls.is_handshaking() {
+            if self.tls.is_handshaking() || self.kernel_ready() {
+                // Handshaking, or done with the rest for the kernel (`MaybeTls::move_to_kernel`).
                 self.write_records(out);
                 return Step::read(consumed, requests);
             }

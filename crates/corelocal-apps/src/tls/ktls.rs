@@ -23,10 +23,7 @@ use ring::aead::{
 };
 use rustls::ConnectionTrafficSecrets;
 
-/// `SOL_TLS`: the socket option level of kTLS (not in every libc).
-pub const SOL_TLS: i32 = 282;
-/// `TLS_TX`: the option that hands the send direction's keys to the kernel.
-pub const TLS_TX: i32 = 1;
+pub use corelocal::sys::ktls::{SOL_TLS, TLS_TX};
 
 /// `TLS_1_3_VERSION` of `linux/tls.h`.
 const TLS_1_3_VERSION: u16 = 0x0304;
@@ -335,7 +332,7 @@ fn alert(content: &[u8]) -> Result<bool, RecordError> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::io::{Read, Write};
     use std::ops::DerefMut;
@@ -351,7 +348,7 @@ mod tests {
     use rustls_pki_types::pem::PemObject;
     use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 
-    const SUITES: [(SupportedCipherSuite, KernelCipher); 3] = [
+    pub(crate) const SUITES: [(SupportedCipherSuite, KernelCipher); 3] = [
         (
             cipher_suite::TLS13_AES_128_GCM_SHA256,
             KernelCipher::Aes128Gcm,
@@ -366,7 +363,7 @@ mod tests {
         ),
     ];
 
-    fn cert_dir() -> std::path::PathBuf {
+    pub(crate) fn cert_dir() -> std::path::PathBuf {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/tls")
     }
 
@@ -618,14 +615,14 @@ mod tests {
     }
 
     /// Seals records as the kernel does with a crypto_info.
-    struct Sealer {
+    pub(crate) struct Sealer {
         key: LessSafeKey,
         nonce_base: [u8; 12],
         seq: u64,
     }
 
     impl Sealer {
-        fn from_info(info: &[u8]) -> Sealer {
+        pub(crate) fn from_info(info: &[u8]) -> Sealer {
             let (cipher, key, nonce_base, seq) = parse_info(info);
             let key = LessSafeKey::new(UnboundKey::new(cipher.aead(), &key).unwrap());
             Sealer {
@@ -636,7 +633,7 @@ mod tests {
         }
 
         /// A record of `content` with inner type `kind` and `padding` zeros.
-        fn seal(&mut self, kind: u8, content: &[u8], padding: usize) -> Vec<u8> {
+        pub(crate) fn seal(&mut self, kind: u8, content: &[u8], padding: usize) -> Vec<u8> {
             let mut inner = content.to_vec();
             inner.push(kind);
             inner.resize(inner.len() + padding, 0);

@@ -18,11 +18,14 @@
 //! Ed25519 keys, chains, SNI among several certificates. Bounded: the handshake in bytes and
 //! time, the decrypted input in bytes (see [`TlsConn`]).
 //!
-//! kTLS (record work in the kernel) is not used: [`corelocal::sys::ktls`] only detects
-//! whether the kernel offers it, and `serve` reports that at start.
+//! kTLS ([`kernel`]): where the kernel has the `tls` ULP and takes the negotiated cipher
+//! ([`TlsConfig::ktls`], probed at start), a TLS 1.3 connection's sending records are made by
+//! the kernel once the handshake is done, and its received records are opened here with the
+//! same keys rustls derived ([`ktls`]); otherwise rustls does the records.
 
 mod certs;
 mod conn;
+pub mod kernel;
 pub mod ktls;
 pub mod tickets;
 
@@ -40,6 +43,7 @@ use rustls_pki_types::CertificateDer;
 
 pub use certs::{load, CertFiles, CertStore, SniResolver, WorkerCerts};
 pub use conn::TlsConn;
+pub use kernel::{KernelCiphers, KernelTlsConn};
 use tickets::{TicketKeys, WorkerTickets};
 
 /// TLS settings of a [`TlsService`].
@@ -78,6 +82,9 @@ pub struct TlsConfig {
     /// With `client_ca`: a client without a certificate is refused (else let in, while a
     /// certificate it does present must check out).
     pub client_cert_required: bool,
+    /// Hand TLS 1.3 records to the kernel (kTLS) where it takes them: probed at start,
+    /// records in user space where it does not (see [`kernel`]).
+    pub ktls: bool,
 }
 
 impl Default for TlsConfig {
@@ -96,6 +103,7 @@ impl Default for TlsConfig {
             record_bytes_max: None,
             client_ca: None,
             client_cert_required: false,
+            ktls: true,
         }
     }
 }
@@ -109,6 +117,8 @@ struct Shared {
     ticket_keys: Arc<TicketKeys>,
     /// Checks client certificates (`client_ca`), shared read-only.
     clients: Option<Arc<dyn ClientCertVerifier>>,
+    /// The ciphers whose records go to the kernel (none: all in user space), and why none.
+    kernel: (KernelCiphers, Option<String>),
 }
 
 /// The certificates in force and the TLS counters, for whoever runs the service (SIGHUP) and
@@ -120,10 +130,11 @@ pub struct TlsHandle {
     counters: Arc<Counters>,
 }
 
-/// Counted across workers: written once per failed handshake or reload.
+/// Counted across workers: written once per failed handshake, reload or kTLS connection.
 #[derive(Debug)]
 struct Counters {
     handshake_errors: AtomicU64,
+    kernel_connections: AtomicU64,
     refreshed: Mutex<Instant>,
 }
 
@@ -134,6 +145,7 @@ impl TlsHandle {
             certs: Arc::new(CertStore::load(config.certs.clone())?),
             counters: Arc::new(Counters {
                 handshake_errors: AtomicU64::new(0),
+                kernel_connections: AtomicU64::new(0),
                 refreshed: Mutex::new(Instant::now()),
             }),
         })
@@ -163,6 +175,17 @@ impl TlsHandle {
             .lock()
             .unwrap_or_else(|e| e.into_inner());
         at.elapsed()
+    }
+
+    /// Connections whose records went to the kernel (kTLS) after their handshake.
+    pub fn kernel_connections(&self) -> u64 {
+        self.counters.kernel_connections.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn count_kernel_connection(&self) {
+        self.counters
+            .kernel_connections
+            .fetch_add(1, Ordering::Relaxed);
     }
 
     pub(crate) fn count_handshake_error(&self) {
@@ -204,11 +227,24 @@ impl<S: Service> TlsService<S> {
     ) -> Result<TlsService<S>, String> {
         let ticket_keys = Arc::new(TicketKeys::generate(config.ticket_period.as_secs())?);
         let clients = client_verifier(&config)?;
+        let kernel = match config.ktls {
+            false => (KernelCiphers::none(), Some("off".into())),
+            // The kernel makes records of its own size (16 KiB), not memcached's ssl_wbuf_size.
+            true if config.record_bytes_max.is_some() => (
+                KernelCiphers::none(),
+                Some("off: a record size is set".into()),
+            ),
+            true => match KernelCiphers::probe() {
+                Ok(found) => (found, None),
+                Err(why) => (KernelCiphers::none(), Some(why)),
+            },
+        };
         let shared = Arc::new(Shared {
             config,
             handle,
             ticket_keys,
             clients,
+            kernel,
         });
         let server = worker_config(&shared)?;
         Ok(TlsService {
@@ -224,6 +260,30 @@ impl<S: Service> TlsService<S> {
         self.shared.handle.certs.clone()
     }
 
+    /// Which record path connections take, for the start line: the kernel's for TLS 1.3
+    /// with the ciphers it takes, or user space and why.
+    pub fn record_path(&self) -> String {
+        match &self.shared.kernel {
+            (found, _) if !found.is_empty() => format!(
+                "TLS 1.3 records sent by the kernel (kTLS TX: {}), received in user space; TLS 1.2 in user space",
+                found.names().join(", ")
+            ),
+            (_, why) => format!(
+                "records in user space (kTLS: {})",
+                why.as_deref().unwrap_or("not taken")
+            ),
+        }
+    }
+
+    /// Hands records to the kernel for these ciphers whatever the kernel says (tests that
+    /// drive connections in memory).
+    #[cfg(test)]
+    pub(crate) fn assume_kernel_ciphers(&mut self, ciphers: KernelCiphers) {
+        let shared = Arc::get_mut(&mut self.shared).expect("not shared yet");
+        shared.kernel = (ciphers, None);
+        self.server = worker_config(shared).expect("config checked");
+    }
+
     /// The certificates and counters (reload through it to keep the refresh time).
     pub fn handle(&self) -> TlsHandle {
         self.shared.handle.clone()
@@ -235,6 +295,7 @@ impl<S: Service> TlsService<S> {
             handshake_bytes_max: c.handshake_bytes_max,
             handshake_timeout: c.handshake_timeout,
             plain_bytes_max: c.plain_bytes_max,
+            kernel: self.shared.kernel.0,
         }
     }
 }
@@ -298,6 +359,8 @@ fn worker_config(shared: &Shared) -> Result<Arc<ServerConfig>, String> {
     if config.tickets {
         server.ticketer = Arc::new(WorkerTickets::new(shared.ticket_keys.clone()));
     }
+    // The keys leave rustls only for the kernel's records (`kernel`).
+    server.enable_secret_extraction = !shared.kernel.0.is_empty();
     Ok(Arc::new(server))
 }
 
@@ -305,8 +368,10 @@ fn worker_config(shared: &Shared) -> Result<Arc<ServerConfig>, String> {
 pub enum MaybeTls<H> {
     /// A plain connection: the inner handler as it is.
     Plain(H),
-    /// A TLS connection.
+    /// A TLS connection, rustls doing its records.
     Tls(Box<TlsConn<H>>),
+    /// A TLS 1.3 connection after its handshake, the kernel making its records (kTLS).
+    Kernel(Box<KernelTlsConn<H>>),
     /// rustls refused to start a session (never with a configuration `TlsService::new`
     /// accepted): closed at once.
     Refused,
@@ -358,11 +423,49 @@ impl<S: Service> Service for TlsService<S> {
     }
 }
 
+impl<H: Handler> MaybeTls<H> {
+    /// The handshake is done and its records out: the kernel takes the connection's sending
+    /// records from here, and the records that came after the handshake (`input` past what
+    /// `step` consumed: a request sent with the client's Finished) are opened at once.
+    fn move_to_kernel(
+        &mut self,
+        input: &[u8],
+        step: Step,
+        out: &mut Output,
+        now: std::time::Instant,
+    ) -> Step {
+        let MaybeTls::Tls(t) = std::mem::replace(self, MaybeTls::Refused) else {
+            unreachable!("only a rustls connection moves to the kernel");
+        };
+        let Ok(kernel) = t.into_kernel(out) else {
+            // rustls would not give its keys (never once `kernel_ready` said yes).
+            return Step::close(input.len(), step.requests, CloseReason::BadRequest);
+        };
+        *self = MaybeTls::Kernel(Box::new(kernel));
+        let MaybeTls::Kernel(k) = self else {
+            unreachable!("set just above");
+        };
+        let rest = k.on_input(&input[step.consumed..], out, now);
+        Step {
+            consumed: step.consumed + rest.consumed,
+            requests: step.requests + rest.requests,
+            ..rest
+        }
+    }
+}
+
 impl<H: Handler> Handler for MaybeTls<H> {
     fn on_input(&mut self, input: &[u8], out: &mut Output, now: std::time::Instant) -> Step {
         match self {
             MaybeTls::Plain(h) => h.on_input(input, out, now),
-            MaybeTls::Tls(t) => t.on_input(input, out, now),
+            MaybeTls::Tls(t) => {
+                let step = t.on_input(input, out, now);
+                if !t.kernel_ready() {
+                    return step;
+                }
+                self.move_to_kernel(input, step, out, now)
+            }
+            MaybeTls::Kernel(k) => k.on_input(input, out, now),
             MaybeTls::Refused => Step::close(input.len(), 0, CloseReason::BadRequest),
         }
     }
@@ -371,6 +474,7 @@ impl<H: Handler> Handler for MaybeTls<H> {
         match self {
             MaybeTls::Plain(h) => h.on_input_limit(input, out, now),
             MaybeTls::Tls(t) => t.on_input_limit(input, out, now),
+            MaybeTls::Kernel(k) => k.on_input_limit(input, out, now),
             MaybeTls::Refused => {}
         }
     }
@@ -379,6 +483,7 @@ impl<H: Handler> Handler for MaybeTls<H> {
         match self {
             MaybeTls::Plain(h) => h.on_connect(out, now),
             MaybeTls::Tls(t) => t.on_connect(out, now),
+            MaybeTls::Kernel(k) => k.on_connect(out, now),
             MaybeTls::Refused => Next::Close(CloseReason::BadRequest),
         }
     }
@@ -387,6 +492,7 @@ impl<H: Handler> Handler for MaybeTls<H> {
         match self {
             MaybeTls::Plain(h) => h.on_eof(input, out, now),
             MaybeTls::Tls(t) => t.on_eof(input, out, now),
+            MaybeTls::Kernel(k) => k.on_eof(input, out, now),
             MaybeTls::Refused => Next::Close(CloseReason::Done),
         }
     }
@@ -395,6 +501,7 @@ impl<H: Handler> Handler for MaybeTls<H> {
         match self {
             MaybeTls::Plain(h) => h.on_notify(out, now),
             MaybeTls::Tls(t) => t.on_notify(out, now),
+            MaybeTls::Kernel(k) => k.on_notify(out, now),
             MaybeTls::Refused => Next::Read,
         }
     }
@@ -403,6 +510,7 @@ impl<H: Handler> Handler for MaybeTls<H> {
         match self {
             MaybeTls::Plain(h) => h.on_idle_close(out),
             MaybeTls::Tls(t) => t.on_idle_close(out),
+            MaybeTls::Kernel(k) => k.on_idle_close(out),
             MaybeTls::Refused => {}
         }
     }
@@ -411,6 +519,7 @@ impl<H: Handler> Handler for MaybeTls<H> {
         match self {
             MaybeTls::Plain(h) => h.on_drain(),
             MaybeTls::Tls(t) => t.on_drain(),
+            MaybeTls::Kernel(k) => k.on_drain(),
             MaybeTls::Refused => false,
         }
     }
@@ -419,6 +528,7 @@ impl<H: Handler> Handler for MaybeTls<H> {
         match self {
             MaybeTls::Plain(h) => h.expects_input(),
             MaybeTls::Tls(t) => t.expects_input(),
+            MaybeTls::Kernel(k) => k.expects_input(),
             MaybeTls::Refused => false,
         }
     }
@@ -427,6 +537,7 @@ impl<H: Handler> Handler for MaybeTls<H> {
         match self {
             MaybeTls::Plain(h) => h.holds_input(),
             MaybeTls::Tls(t) => t.holds_input(),
+            MaybeTls::Kernel(k) => k.holds_input(),
             MaybeTls::Refused => false,
         }
     }
@@ -435,6 +546,7 @@ impl<H: Handler> Handler for MaybeTls<H> {
         match self {
             MaybeTls::Plain(h) => h.idle_timeout(),
             MaybeTls::Tls(t) => t.idle_timeout(),
+            MaybeTls::Kernel(k) => k.idle_timeout(),
             MaybeTls::Refused => None,
         }
     }
@@ -443,6 +555,7 @@ impl<H: Handler> Handler for MaybeTls<H> {
         match self {
             MaybeTls::Plain(h) => h.handoff(),
             MaybeTls::Tls(t) => t.handoff(),
+            MaybeTls::Kernel(k) => k.handoff(),
             MaybeTls::Refused => None,
         }
     }

@@ -420,10 +420,7 @@ fn wrap_tls<S: Service>(
     app: &'static str,
 ) -> Result<TlsService<S>, String> {
     let service = TlsService::with_handle(inner, config, handle)?;
-    eprintln!(
-        "tls: rustls (ring), records in user space; {}",
-        corelocal::sys::ktls::tls_ulp()
-    );
+    eprintln!("tls: rustls (ring); {}", service.record_path());
     reload_on_sighup(service.handle(), app)?;
     Ok(service)
 }
@@ -470,6 +467,7 @@ fn tls_config(
         record_bytes_max: tls.tls_record_bytes.map(|n| n as usize),
         client_ca: tls.tls_client_ca.clone(),
         client_cert_required: !tls.tls_client_cert_optional,
+        ktls: tls.tls_ktls == "auto",
         ..TlsConfig::default()
     })
 }

@@ -154,6 +154,12 @@ pub(super) struct TlsArgs {
     /// must still check out; memcached's ssl_verify_mode 1).
     #[arg(long, requires = "tls_client_ca", help_heading = "TLS")]
     pub(super) tls_client_cert_optional: bool,
+    /// kTLS: `auto` hands a TLS 1.3 connection's sending records to the kernel after its
+    /// handshake where the kernel has the `tls` ULP and takes the cipher (probed at start;
+    /// the start line says which path), received records are opened in user space; `off`
+    /// keeps every record in user space.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "off"], help_heading = "TLS")]
+    pub(super) tls_ktls: String,
 }
 
 #[derive(Debug, Args)]

@@ -1,0 +1,530 @@
+//! kTLS: a TLS 1.3 connection's records handed to the kernel once rustls completed its
+//! handshake, where the kernel offers the `tls` ULP and takes the negotiated cipher.
+//!
+//! - **TX in the kernel**: the handshake's last records (TLS 1.3's session tickets) go out
+//!   first; then the runtime attaches the ULP and sets TLS_TX with the extracted keys and
+//!   sequence number ([`Output::push_socket_options`]), and everything after is written as
+//!   plaintext: the kernel makes the records, and a file region goes from the page cache
+//!   (sendfile on epoll) without passing through a user-space encryption buffer.
+//! - **RX in user space** ([`ktls::RecordOpener`]): the runtime's receive is armed all along and
+//!   may already hold bytes past the handshake, so the kernel could not start reading at a
+//!   record boundary; records are opened here with the extracted keys, as rustls would.
+//! - rustls is fed whole records, one at a time, until its handshake completes (see
+//!   `TlsConn::feed_records`), so that no record after the handshake is in rustls when its
+//!   keys are taken out.
+//! - What this gives up: no close_notify from the server (the kernel sends only what is
+//!   written to it; a close_notify would need a control message the runtime does not send),
+//!   no key update from the peer (the connection closes), and no move at an upgrade (the
+//!   keys stay in this process). TLS 1.2 connections stay with rustls.
+
+use super::ktls::{self, KernelCipher, RecordOpener};
+use corelocal::runtime::{CloseReason, Handler, Next, Output, SocketOption, Step};
+use std::time::{Duration, Instant};
+
+/// Inner handler calls per `on_input`, as the runtime bounds its own.
+const INNER_ROUNDS_MAX: usize = 256;
+
+/// The ciphers this kernel takes as TLS_TX (probed once at start).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KernelCiphers(u8);
+
+impl KernelCiphers {
+    const ALL: [KernelCipher; 3] = [
+        KernelCipher::Aes128Gcm,
+        KernelCipher::Aes256Gcm,
+        KernelCipher::Chacha20Poly1305,
+    ];
+
+    /// None: records stay in user space.
+    pub fn none() -> KernelCiphers {
+        KernelCiphers(0)
+    }
+
+    /// Asks the kernel which ciphers it takes as TLS_TX (a loopback connection per cipher);
+    /// the reason when it takes none.
+    pub fn probe() -> Result<KernelCiphers, String> {
+        if let corelocal::sys::ktls::TlsUlp::Absent(why) = corelocal::sys::ktls::tls_ulp() {
+            return Err(why);
+        }
+        let mut found = KernelCiphers::none();
+        let mut why = String::new();
+        for cipher in Self::ALL {
+            match corelocal::sys::ktls::tx_accepts(&cipher.probe_info()) {
+                Ok(()) => found.0 |= Self::bit(cipher),
+                Err(e) => why = format!("the kernel refuses TLS_TX: {e}"),
+            }
+        }
+        if found.is_empty() {
+            return Err(why);
+        }
+        Ok(found)
+    }
+
+    /// Every cipher (tests: records are checked in memory, no kernel involved).
+    #[cfg(test)]
+    pub fn all() -> KernelCiphers {
+        KernelCiphers(0b111)
+    }
+
+    fn bit(cipher: KernelCipher) -> u8 {
+        match cipher {
+            KernelCipher::Aes128Gcm => 1,
+            KernelCipher::Aes256Gcm => 2,
+            KernelCipher::Chacha20Poly1305 => 4,
+        }
+    }
+
+    /// Whether none is taken.
+    pub fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    /// Whether the kernel takes the TLS 1.3 suite a connection negotiated.
+    pub fn takes(self, suite: rustls::CipherSuite) -> bool {
+        let cipher = match suite {
+            rustls::CipherSuite::TLS13_AES_128_GCM_SHA256 => KernelCipher::Aes128Gcm,
+            rustls::CipherSuite::TLS13_AES_256_GCM_SHA384 => KernelCipher::Aes256Gcm,
+            rustls::CipherSuite::TLS13_CHACHA20_POLY1305_SHA256 => KernelCipher::Chacha20Poly1305,
+            _ => return false,
+        };
+        self.0 & Self::bit(cipher) != 0
+    }
+
+    /// The ciphers by name, for the start line.
+    pub fn names(self) -> Vec<&'static str> {
+        let name = |c: &KernelCipher| match c {
+            KernelCipher::Aes128Gcm => "AES-128-GCM",
+            KernelCipher::Aes256Gcm => "AES-256-GCM",
+            KernelCipher::Chacha20Poly1305 => "CHACHA20-POLY1305",
+        };
+        Self::ALL
+            .iter()
+            .filter(|c| self.0 & Self::bit(**c) != 0)
+            .map(name)
+            .collect()
+    }
+}
+
+/// The socket options that hand a connection's sending records to the kernel.
+pub(super) fn tx_options(info: Vec<u8>) -> Vec<SocketOption> {
+    vec![
+        SocketOption {
+            level: libc::SOL_TCP,
+            name: libc::TCP_ULP,
+            value: b"tls".to_vec(),
+        },
+        SocketOption {
+            level: corelocal::sys::ktls::SOL_TLS,
+            name: corelocal::sys::ktls::TLS_TX,
+            value: info,
+        },
+    ]
+}
+
+/// A TLS 1.3 connection after its handshake: the kernel makes the records it sends, its
+/// records received are opened here; the inner handler reads plaintext and writes plaintext.
+pub struct KernelTlsConn<H> {
+    inner: H,
+    rx: RecordOpener,
+    /// Opened input the inner handler has not consumed.
+    plain: Vec<u8>,
+    plain_bytes_max: usize,
+    /// The peer's close_notify came: nothing more is read.
+    peer_closed: bool,
+}
+
+impl<H: Handler> KernelTlsConn<H> {
+    pub(super) fn new(inner: H, rx: RecordOpener, plain_bytes_max: usize) -> KernelTlsConn<H> {
+        KernelTlsConn {
+            inner,
+            rx,
+            plain: Vec::new(),
+            plain_bytes_max,
+            peer_closed: false,
+        }
+    }
+
+    /// Opens what whole records `input` holds (bounded by `plain_bytes_max`); how many bytes.
+    fn open(&mut self, input: &[u8]) -> Result<usize, CloseReason> {
+        if self.peer_closed {
+            return Ok(0);
+        }
+        let opened = self
+            .rx
+            .open(input, &mut self.plain, self.plain_bytes_max)
+            .map_err(|_| CloseReason::BadRequest)?;
+        self.peer_closed |= opened.close_notify;
+        Ok(opened.consumed)
+    }
+
+    /// After the peer's close_notify: the inner handler says what it does with the rest.
+    fn finish_input(
+        &mut self,
+        out: &mut Output,
+        now: Instant,
+        consumed: usize,
+        requests: u32,
+    ) -> Step {
+        let next = self.inner.on_eof(&self.plain, out, now);
+        self.plain.clear();
+        match next {
+            Next::Close(reason) => Step::close(consumed, requests, reason),
+            _ => Step::close(consumed, requests, CloseReason::Done),
+        }
+    }
+}
+
+impl<H: Handler> Handler for KernelTlsConn<H> {
+    fn on_input(&mut self, input: &[u8], out: &mut Output, now: Instant) -> Step {
+        let (mut consumed, mut requests) = (0, 0);
+        for _ in 0..INNER_ROUNDS_MAX {
+            let taken = match self.open(&input[consumed..]) {
+                Ok(n) => n,
+                Err(reason) => return Step::close(input.len(), requests, reason),
+            };
+            consumed += taken;
+            if self.plain.is_empty() {
+                break;
+            }
+            let step = self.inner.on_input(&self.plain, out, now);
+            self.plain.drain(..step.consumed.min(self.plain.len()));
+            requests += step.requests;
+            if let Next::Close(reason) = step.next {
+                return Step::close(consumed, requests, reason);
+            }
+            if step.yielded {
+                return Step::yielded(consumed, requests);
+            }
+            if step.consumed == 0 && self.plain.len() >= self.plain_bytes_max {
+                // A request larger than the inner handler takes.
+                self.inner.on_input_limit(&self.plain, out, now);
+                return Step::close(consumed, requests, CloseReason::TooLarge);
+            }
+            if (step.consumed == 0 && taken == 0) || out.room() == 0 {
+                break;
+            }
+        }
+        if self.peer_closed && (self.plain.is_empty() || out.room() > 0) {
+            return self.finish_input(out, now, input.len(), requests);
+        }
+        Step::read(consumed, requests)
+    }
+
+    fn on_input_limit(&mut self, _input: &[u8], _out: &mut Output, _now: Instant) {
+        // Ciphertext piled up while `plain` stayed full: nothing to say in the clear.
+    }
+
+    fn on_eof(&mut self, _input: &[u8], out: &mut Output, now: Instant) -> Next {
+        let next = self.inner.on_eof(&self.plain, out, now);
+        self.plain.clear();
+        next
+    }
+
+    fn on_notify(&mut self, out: &mut Output, now: Instant) -> Next {
+        self.inner.on_notify(out, now)
+    }
+
+    fn on_idle_close(&mut self, out: &mut Output) {
+        self.inner.on_idle_close(out)
+    }
+
+    fn on_drain(&mut self) -> bool {
+        self.inner.on_drain()
+    }
+
+    fn expects_input(&self) -> bool {
+        self.inner.expects_input()
+    }
+
+    fn holds_input(&self) -> bool {
+        !self.plain.is_empty()
+    }
+
+    fn idle_timeout(&self) -> Option<Duration> {
+        self.inner.idle_timeout()
+    }
+
+    fn handoff(&self) -> Option<Vec<u8>> {
+        // The receiving keys live in this process: the connection stays until it closes.
+        None
+    }
+}
+
+/// The record's length check rustls would make before any of it arrives: a header claiming
+/// more than TLS allows is refused at once instead of waiting for it.
+pub(super) fn record_too_long(input: &[u8]) -> bool {
+    const RECORD_BYTES_MAX: usize = 5 + (1 << 14) + 2048;
+    input.len() >= 5 && 5 + u16::from_be_bytes([input[3], input[4]]) as usize > RECORD_BYTES_MAX
+}
+
+/// Whole records at the front of `input`: the first one's length, if it is all there.
+pub(super) fn whole_record(input: &[u8]) -> Option<usize> {
+    ktls::record_len(input)
+}
+
+/// Connections driven in memory: a rustls client on one side, [`super::MaybeTls`] on the
+/// other, and the kernel played by a sealer made from the socket options the connection
+/// asked for (the kernel's own records are checked in the lab, bench/lab: `ktls`).
+#[cfg(test)]
+mod tests {
+    use super::super::ktls::tests::{cert_dir, Sealer, SUITES};
+    use super::super::{CertFiles, MaybeTls, TlsConfig, TlsService};
+    use super::*;
+    use corelocal::runtime::{Chunk, ConnInfo, Service};
+    use rustls::crypto::ring::default_provider;
+    use rustls::crypto::CryptoProvider;
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, ServerName};
+    use rustls::{ClientConfig, ClientConnection, RootCertStore, SupportedCipherSuite};
+    use std::io::{Read as _, Write as _};
+    use std::sync::Arc;
+
+    /// `x\n` → `got x\n`; `big\n` → 40,000 bytes; `quit\n` → close.
+    struct Lines;
+    struct LineConn;
+
+    impl Handler for LineConn {
+        fn on_input(&mut self, input: &[u8], out: &mut Output, _now: Instant) -> Step {
+            let Some(end) = input.iter().position(|&b| b == b'\n') else {
+                return Step::read(0, 0);
+            };
+            match &input[..end] {
+                b"quit" => return Step::close(end + 1, 1, CloseReason::Done),
+                b"big" => out.write(&big()),
+                line => {
+                    out.write(b"got ");
+                    out.write(line);
+                    out.write(b"\n");
+                }
+            }
+            Step::read(end + 1, 1)
+        }
+    }
+
+    impl Service for Lines {
+        type Conn = LineConn;
+        fn name(&self) -> &'static str {
+            "lines"
+        }
+        fn connect(&self, _info: &ConnInfo) -> LineConn {
+            LineConn
+        }
+    }
+
+    fn big() -> Vec<u8> {
+        (0..40_000u32).map(|i| (i % 251) as u8).collect()
+    }
+
+    fn service() -> TlsService<Lines> {
+        let config = TlsConfig {
+            certs: vec![CertFiles {
+                chain: cert_dir().join("ecdsa.pem"),
+                key: cert_dir().join("ecdsa.key"),
+            }],
+            alpn: Vec::new(),
+            ..TlsConfig::default()
+        };
+        let mut service = TlsService::new(Arc::new(Lines), config).unwrap();
+        service.assume_kernel_ciphers(KernelCiphers::all());
+        service
+    }
+
+    fn client(suite: SupportedCipherSuite, tls12: bool) -> ClientConnection {
+        let mut roots = RootCertStore::empty();
+        for ca in CertificateDer::pem_file_iter(cert_dir().join("ca.pem")).unwrap() {
+            roots.add(ca.unwrap()).unwrap();
+        }
+        let suites = match tls12 {
+            true => default_provider().cipher_suites,
+            false => vec![suite],
+        };
+        let provider = CryptoProvider {
+            cipher_suites: suites,
+            ..default_provider()
+        };
+        let versions: &[&rustls::SupportedProtocolVersion] = match tls12 {
+            true => &[&rustls::version::TLS12],
+            false => &[&rustls::version::TLS13],
+        };
+        let config = ClientConfig::builder_with_provider(Arc::new(provider))
+            .with_protocol_versions(versions)
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let name = ServerName::try_from("localhost").unwrap();
+        ClientConnection::new(Arc::new(config), name).unwrap()
+    }
+
+    /// One connection: the server's handler, the client, and the "kernel" once asked for.
+    struct Pair {
+        server: MaybeTls<LineConn>,
+        client: ClientConnection,
+        kernel: Option<Sealer>,
+        input: Vec<u8>,
+        /// Plaintext the client read.
+        received: Vec<u8>,
+        closed: Option<CloseReason>,
+    }
+
+    impl Pair {
+        fn new(service: &TlsService<Lines>, client: ClientConnection) -> Pair {
+            let server = service.connect(&ConnInfo {
+                listener: 0,
+                worker: 0,
+                peer: None,
+                now: Instant::now(),
+                notify: None,
+            });
+            Pair {
+                server,
+                client,
+                kernel: None,
+                input: Vec::new(),
+                received: Vec::new(),
+                closed: None,
+            }
+        }
+
+        /// Client → server → client, until neither side has anything more to say. As the
+        /// runtime does, the server's handler is called only when bytes arrived (or it holds
+        /// input): what it leaves unconsumed waits for more.
+        fn pump(&mut self) {
+            for _ in 0..64 {
+                let before = self.input.len();
+                while self.client.wants_write() {
+                    self.client.write_tls(&mut self.input).unwrap();
+                }
+                if self.input.len() == before && !self.server.holds_input() {
+                    return;
+                }
+                let mut out = Output::new();
+                let step = self.server.on_input(&self.input, &mut out, Instant::now());
+                self.input.drain(..step.consumed);
+                if let Next::Close(reason) = step.next {
+                    self.closed = Some(reason);
+                }
+                self.deliver(&mut out);
+            }
+            panic!("no end to the exchange");
+        }
+
+        /// What the server's output holds reaches the client, through the "kernel" after
+        /// the socket options.
+        fn deliver(&mut self, out: &mut Output) {
+            while let Some(chunk) = out.take_front(Vec::new()) {
+                match chunk {
+                    Chunk::Options(options) => {
+                        assert_eq!(options[0].value, b"tls", "the ULP first");
+                        assert!(self.kernel.is_none(), "once per connection");
+                        self.kernel = Some(Sealer::from_info(&options[1].value));
+                    }
+                    Chunk::Bytes(bytes) => self.send_to_client(&bytes),
+                    Chunk::File(_) => panic!("no file regions here"),
+                }
+            }
+        }
+
+        fn send_to_client(&mut self, bytes: &[u8]) {
+            let records = match self.kernel.as_mut() {
+                // The kernel cuts plaintext into records of at most 16 KiB.
+                Some(kernel) => bytes
+                    .chunks(16 << 10)
+                    .flat_map(|piece| kernel.seal(23, piece, 0))
+                    .collect(),
+                None => bytes.to_vec(),
+            };
+            // A record at a time, read out as it comes (rustls holds 16 KiB unread at most).
+            let mut rest = &records[..];
+            while !rest.is_empty() {
+                self.client.read_tls(&mut rest).unwrap();
+                self.client.process_new_packets().unwrap();
+                let mut got = vec![0; 1 << 20];
+                while let Ok(n @ 1..) = self.client.reader().read(&mut got) {
+                    self.received.extend_from_slice(&got[..n]);
+                }
+            }
+        }
+
+        fn request(&mut self, line: &[u8]) -> Vec<u8> {
+            self.client.writer().write_all(line).unwrap();
+            self.pump();
+            self.read()
+        }
+
+        fn read(&mut self) -> Vec<u8> {
+            std::mem::take(&mut self.received)
+        }
+
+        fn in_kernel(&self) -> bool {
+            matches!(self.server, MaybeTls::Kernel(_))
+        }
+    }
+
+    /// TLS 1.3, each suite: the request sent with the client's Finished is answered, the
+    /// connection's records go to the kernel (once), requests and a 40,000-byte answer over
+    /// several kernel records follow, close_notify closes.
+    #[test]
+    fn a_tls13_connection_moves_to_the_kernel_after_its_handshake() {
+        for (suite, _) in SUITES {
+            let service = service();
+            let mut pair = Pair::new(&service, client(suite, false));
+            // Written before the handshake completes: it goes right behind the Finished.
+            pair.client.writer().write_all(b"first\n").unwrap();
+            pair.pump();
+            assert!(pair.in_kernel(), "{suite:?}");
+            assert_eq!(pair.read(), b"got first\n", "{suite:?}");
+            assert_eq!(pair.request(b"second\n"), b"got second\n");
+            let all = pair.request(b"big\n");
+            assert!(
+                all == big(),
+                "{suite:?}: the big answer differs ({} bytes)",
+                all.len()
+            );
+            pair.client.send_close_notify();
+            pair.pump();
+            assert_eq!(pair.closed, Some(CloseReason::Done));
+            assert_eq!(service.handle().kernel_connections(), 1);
+        }
+    }
+
+    /// A tampered record after the move closes the connection as a bad request.
+    #[test]
+    fn a_tampered_record_closes() {
+        let service = service();
+        let mut pair = Pair::new(&service, client(SUITES[0].0, false));
+        assert_eq!(pair.request(b"a\n"), b"got a\n");
+        assert!(pair.in_kernel());
+        pair.client.writer().write_all(b"b\n").unwrap();
+        while pair.client.wants_write() {
+            pair.client.write_tls(&mut pair.input).unwrap();
+        }
+        let last = pair.input.len() - 1;
+        pair.input[last] ^= 1;
+        let mut out = Output::new();
+        let step = pair.server.on_input(&pair.input, &mut out, Instant::now());
+        assert_eq!(step.next, Next::Close(CloseReason::BadRequest));
+        assert!(out.is_empty(), "no answer to a tampered request");
+    }
+
+    /// TLS 1.2 stays with rustls, as does a connection when no cipher is the kernel's.
+    #[test]
+    fn tls12_and_ciphers_the_kernel_lacks_stay_in_user_space() {
+        let service = service();
+        let mut pair = Pair::new(&service, client(SUITES[0].0, true));
+        assert_eq!(pair.request(b"a\n"), b"got a\n");
+        assert!(!pair.in_kernel() && pair.kernel.is_none());
+        assert_eq!(pair.request(b"b\n"), b"got b\n");
+        let mut none = super::super::TlsService::new(
+            Arc::new(Lines),
+            TlsConfig {
+                ktls: false,
+                ..service.shared.config.clone()
+            },
+        )
+        .unwrap();
+        none.assume_kernel_ciphers(KernelCiphers::none());
+        let mut pair = Pair::new(&none, client(SUITES[1].0, false));
+        assert_eq!(pair.request(b"c\n"), b"got c\n");
+        assert!(!pair.in_kernel());
+    }
+}
