@@ -372,8 +372,9 @@ fn tickets_resume_on_any_worker(backend: BackendKind) {
         .iter()
         .map(|w| w.accepted)
         .collect();
+    // The two CPUs' workers took them (a machine with more CPUs has idle workers too).
     assert!(
-        per_worker.iter().all(|&n| n > 0),
+        per_worker.iter().filter(|&&n| n > 0).count() >= 2,
         "accepted per worker: {per_worker:?}"
     );
     f.stop();

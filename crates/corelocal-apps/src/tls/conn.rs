@@ -151,8 +151,8 @@ impl<H: Handler> TlsConn<H> {
         let mut taken = 0;
         while self.tls.is_handshaking() {
             let rest = &input[taken..];
-            if super::kernel::record_too_long(rest) {
-                return Err(CloseReason::BadRequest);
+            if super::kernel::not_a_record(rest) {
+                return Err(self.refuse(rest, out));
             }
             let Some(len) = super::kernel::whole_record(rest) else {
                 break;
@@ -172,6 +172,18 @@ impl<H: Handler> TlsConn<H> {
             }
         }
         Ok(taken)
+    }
+
+    /// Bytes that cannot be a TLS record (plain HTTP on the TLS port, a length TLS does
+    /// not allow): rustls is given them to say why in its alert, which goes out before the
+    /// close, after whatever the handshake had to send.
+    fn refuse(&mut self, bytes: &[u8], out: &mut Output) -> CloseReason {
+        let mut rest = bytes;
+        let _ = self.tls.read_tls(&mut rest);
+        let _ = self.tls.process_new_packets();
+        self.handle.count_handshake_error();
+        self.write_records(out);
+        CloseReason::BadRequest
     }
 
     /// Whether the connection's records go to the kernel now: its handshake is done, TLS 1.3

@@ -250,11 +250,16 @@ impl<H: Handler> Handler for KernelTlsConn<H> {
     }
 }
 
-/// The record's length check rustls would make before any of it arrives: a header claiming
-/// more than TLS allows is refused at once instead of waiting for it.
-pub(super) fn record_too_long(input: &[u8]) -> bool {
+/// What rustls would refuse before a record is whole: a content type TLS does not have, a
+/// version other than 3.x, a length TLS does not allow. Refused at once (rustls sends its
+/// alert) instead of waiting for a record that will never be one.
+pub(super) fn not_a_record(input: &[u8]) -> bool {
     const RECORD_BYTES_MAX: usize = 5 + (1 << 14) + 2048;
-    input.len() >= 5 && 5 + u16::from_be_bytes([input[3], input[4]]) as usize > RECORD_BYTES_MAX
+    let bad_type = input.first().is_some_and(|t| !(20..=23).contains(t));
+    let bad_version = input.get(1).is_some_and(|v| *v != 3);
+    let too_long = input.len() >= 5
+        && 5 + u16::from_be_bytes([input[3], input[4]]) as usize > RECORD_BYTES_MAX;
+    bad_type || bad_version || too_long
 }
 
 /// Whole records at the front of `input`: the first one's length, if it is all there.
@@ -316,7 +321,12 @@ mod tests {
     }
 
     fn service() -> TlsService<Lines> {
+        service_timing_out_after(Duration::from_secs(10))
+    }
+
+    fn service_timing_out_after(handshake_timeout: Duration) -> TlsService<Lines> {
         let config = TlsConfig {
+            handshake_timeout,
             certs: vec![CertFiles {
                 chain: cert_dir().join("ecdsa.pem"),
                 key: cert_dir().join("ecdsa.key"),
@@ -526,5 +536,60 @@ mod tests {
         let mut pair = Pair::new(&none, client(SUITES[1].0, false));
         assert_eq!(pair.request(b"c\n"), b"got c\n");
         assert!(!pair.in_kernel());
+    }
+
+    /// A ClientHello dribbled byte by byte is closed once the handshake timeout passes, though
+    /// no whole record has come yet (whole records only go to rustls here).
+    #[test]
+    fn a_dribbled_handshake_times_out_before_its_record_is_whole() {
+        let service = service_timing_out_after(Duration::from_millis(300));
+        let mut pair = Pair::new(&service, client(SUITES[0].0, false));
+        let mut hello = Vec::new();
+        while pair.client.wants_write() {
+            pair.client.write_tls(&mut hello).unwrap();
+        }
+        let t0 = Instant::now();
+        let mut out = Output::new();
+        for (i, at) in [0u64, 200, 400].into_iter().enumerate() {
+            let now = t0 + Duration::from_millis(at);
+            let step = pair.server.on_input(&hello[..i + 1], &mut out, now);
+            match i {
+                2 => assert_eq!(step.next, Next::Close(CloseReason::TimedOut)),
+                _ => assert_eq!((step.consumed, step.next), (0, Next::Read)),
+            }
+        }
+    }
+
+    /// Plain HTTP on the TLS port, and a record of a length TLS does not allow after a
+    /// ClientHello: refused at once with rustls's alert (after the server's flight), not left
+    /// waiting for the rest of a record.
+    #[test]
+    fn bytes_that_are_no_record_get_an_alert_at_once() {
+        let service = service();
+        let mut pair = Pair::new(&service, client(SUITES[0].0, false));
+        let mut out = Output::new();
+        let step = pair
+            .server
+            .on_input(b"GET / HTTP/1.1\r\n", &mut out, Instant::now());
+        assert_eq!(step.next, Next::Close(CloseReason::BadRequest));
+        assert_eq!(
+            out.as_bytes().first(),
+            Some(&21),
+            "an alert: {:?}",
+            out.as_bytes()
+        );
+
+        let mut pair = Pair::new(&service, client(SUITES[0].0, false));
+        let mut hello = Vec::new();
+        while pair.client.wants_write() {
+            pair.client.write_tls(&mut hello).unwrap();
+        }
+        hello.extend_from_slice(&[23, 3, 3, 0xff, 0xff, 1, 2, 3]);
+        let mut out = Output::new();
+        let step = pair.server.on_input(&hello, &mut out, Instant::now());
+        assert_eq!(step.next, Next::Close(CloseReason::BadRequest));
+        let got = out.as_bytes();
+        assert_eq!(got.first(), Some(&22), "the server's flight first");
+        assert!(got.len() > 100, "then its alert: {} bytes", got.len());
     }
 }
