@@ -733,27 +733,32 @@ def check_ktls(backend):
 
 
 def check_ktls_tests():
-    """The TLS end-to-end tests (crates/corelocal-apps/tests/tls_http.rs: both backends,
-    resumption, SNI, reload, hostile clients, a 3 MiB file) run on this kernel, where their TLS
-    1.3 connections take the kernel's records: the test binary built on the host, run here."""
-    bins = sorted(glob.glob("target/debug/deps/tls_http-*"), key=os.path.getmtime)
-    bins = [b for b in bins if os.access(b, os.X_OK) and not b.endswith(".d")]
-    if not bins:
-        record("kTLS: tls_http tests", False, {"error": "no target/debug/deps/tls_http-* (cargo test --no-run)"})
-        return
-    before = tls_stat()
-    # Skipped: the hostile-client test bounds handshakes at 300 ms, less than a debug build's
-    # handshake takes under TCG (its good clients time out with or without the tls module).
-    p = subprocess.run([bins[-1], "--test-threads", "1", "--skip", "hostile"], capture_output=True, text=True, timeout=900,
-                       env={**os.environ, "RUST_BACKTRACE": "1"})
-    after = tls_stat()
-    summary = [l for l in p.stdout.splitlines() if l.startswith("test result")]
-    failed = [l for l in p.stdout.splitlines() if l.endswith("FAILED")]
-    numbers = {"binary": bins[-1], "exit": p.returncode, "summary": summary, "failed": failed,
-               "TlsTxSw_delta": after.get("TlsTxSw", 0) - before.get("TlsTxSw", 0)}
-    if p.returncode != 0:
-        numbers["tail"] = (p.stdout + p.stderr)[-3000:]
-    record("kTLS: tls_http tests on the guest kernel", p.returncode == 0 and numbers["TlsTxSw_delta"] > 0, numbers)
+    """The TLS end-to-end tests run on this kernel, where their TLS 1.3 connections take the
+    kernel's records: the test binaries built on the host (cargo test --no-run), run here.
+    tls_http (library: both backends, resumption, SNI, reload, a 3 MiB file), e2e_https and
+    e2e_kv_tls (the CLI: curl, openssl s_client, pymemcache, memcached's -Z)."""
+    suites = {"tls_http": ["--skip", "hostile"], "e2e_https": ["--skip", "hostile"],
+              "e2e_kv_tls": ["--skip", "hostile"]}
+    # Skipped: hostile-client tests bound handshakes at 300 ms, less than a debug build's
+    # handshake takes under TCG (their good clients time out with or without the tls module).
+    for name, args in suites.items():
+        bins = sorted((b for b in glob.glob(f"target/debug/deps/{name}-*")
+                       if os.access(b, os.X_OK) and not b.endswith(".d")), key=os.path.getmtime)
+        if not bins:
+            record(f"kTLS: {name} tests", False, {"error": f"no target/debug/deps/{name}-* (cargo test --no-run)"})
+            continue
+        before = tls_stat()
+        p = subprocess.run([bins[-1], "--test-threads", "1", *args], capture_output=True, text=True,
+                           timeout=1200, env={**os.environ, "RUST_BACKTRACE": "1"})
+        after = tls_stat()
+        numbers = {"binary": bins[-1], "exit": p.returncode,
+                   "summary": [l for l in p.stdout.splitlines() if l.startswith("test result")],
+                   "failed": [l for l in p.stdout.splitlines() if l.endswith("FAILED")],
+                   "TlsTxSw_delta": after.get("TlsTxSw", 0) - before.get("TlsTxSw", 0)}
+        if p.returncode != 0:
+            numbers["tail"] = (p.stdout + p.stderr)[-3000:]
+        record(f"kTLS: {name} tests on the guest kernel", p.returncode == 0 and numbers["TlsTxSw_delta"] > 0,
+               numbers)
 
 
 CHECKS = [

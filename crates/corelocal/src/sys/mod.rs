@@ -38,7 +38,8 @@
 //!   the GRO and TSO switches).
 //! - [`sockdiag`]: listening TCP sockets via `NETLINK_SOCK_DIAG` (cheap, unlike
 //!   `/proc/net/tcp`).
-//! - [`ktls`]: whether the kernel offers kTLS (the `tls` upper-layer protocol).
+//! - [`ktls`]: whether the kernel offers kTLS (the `tls` upper-layer protocol) and which
+//!   TLS_TX settings (ciphers) it takes.
 //! - [`signal`]: SIGINT/SIGTERM blocked everywhere and awaited in one place; a handler that
 //!   only sets a flag, for the tools that clean up before they exit; a SIGTERM to one thread.
 //! - [`process`]: uid, resource limits, a seccomp filter, a thread's own mount namespace; a
@@ -55,8 +56,8 @@
 //!
 //! Every backend provides the same completion-style interface (see
 //! [`backend::Backend`](crate::backend::Backend)): `push` queues operations (accept, recv,
-//! send, sendfile, shutdown, close, detach) without a syscall, `adopt` takes over a connection a
-//! predecessor process handed over, `submit` hands the batch to the kernel once per loop
+//! send, sendfile, socket options between two sends, shutdown, close, detach) without a
+//! syscall, `adopt` takes over a connection a predecessor process handed over, `submit` hands the batch to the kernel once per loop
 //! turn, `wait` sleeps until a completion, a wake-up from another thread or a timeout (no lost
 //! wake-ups), and `reap` collects completions in batches. Accept and receive are multishot.
 
