@@ -65,6 +65,23 @@ impl SocketOption {
     }
 }
 
+/// A control message sent with a connection's bytes (`sendmsg`'s ancillary data, one
+/// `cmsghdr`): [`crate::runtime::Output::push_control_message`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ControlMessage {
+    /// `cmsg_level` (`SOL_TLS`, ...).
+    pub level: i32,
+    /// `cmsg_type` (`TLS_SET_RECORD_TYPE`, ...).
+    pub kind: i32,
+    /// Its data (at most [`ControlMessage::DATA_BYTES_MAX`] bytes).
+    pub data: Vec<u8>,
+}
+
+impl ControlMessage {
+    /// The most data one control message carries here (a record type is one byte).
+    pub const DATA_BYTES_MAX: usize = 32;
+}
+
 /// A connection's id within one backend (epoll: its fd; io_uring: its direct-descriptor slot):
 /// a slot, reused once the connection is closed. What outlives the connection holds a
 /// [`ConnKey`] instead (the slot and its generation).
@@ -144,6 +161,16 @@ pub enum Op {
         conn: ConnId,
         /// The options, owned by the backend until the completion.
         options: Vec<SocketOption>,
+    },
+    /// Send `payload` with one control message; completes with [`Completion::Sent`] (the
+    /// payload comes back as its buffer). All of it or an error: a short send is an error.
+    SendControl {
+        /// The connection.
+        conn: ConnId,
+        /// The control message.
+        control: ControlMessage,
+        /// The bytes (a TLS alert's two).
+        payload: Vec<u8>,
     },
     /// Shut down the connection's sending side (`SHUT_WR`) once its output is sent: the peer
     /// reads the end of the answer and its FIN, while receiving goes on (the lingering close:

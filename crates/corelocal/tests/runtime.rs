@@ -1,12 +1,13 @@
 //! Behaviour of the runtime over real sockets, with a tiny line protocol as the service:
 //! `PING\n` → `PONG\n`, `BIG n\n` → n bytes, `QUIT\n` → close, `OPT ok|bad|last\n` → `A`,
-//! socket options, `B\n`; anything else → `ERR\n` and close as a bad request.
+//! socket options, `B\n`; `CTL ok|bad\n` → `A`, `ctl` with a control message, `B\n`; anything
+//! else → `ERR\n` and close as a bad request.
 
 use corelocal::cpu::{current_affinity, pin_current_thread, CpuSet};
 use corelocal::listen::{GroupConfig, ListenerGroup, Mode, Steering};
 use corelocal::runtime::{
-    BackendKind, CloseReason, ConnInfo, FileRegion, Handler, Limits, Output, Server, ServerConfig,
-    Service, SocketOption, Step,
+    BackendKind, CloseReason, ConnInfo, ControlMessage, FileRegion, Handler, Limits, Output,
+    Server, ServerConfig, Service, SocketOption, Step,
 };
 use corelocal::sys::scm;
 use corelocal::testing::read_up_to;
@@ -69,6 +70,17 @@ impl Handler for LineConn {
                 len: 600_000,
             });
             out.write(b">");
+            Step::read(consumed, 1)
+        } else if let Some(kind) = line.strip_prefix(b"CTL ") {
+            // A control message TCP ignores (not SOL_SOCKET), or one it refuses (EINVAL).
+            let (level, kind) = match kind {
+                b"bad" => (libc::SOL_SOCKET, 9999),
+                _ => (282, 1),
+            };
+            out.write(b"A");
+            let data = vec![21];
+            out.push_control_message(ControlMessage { level, kind, data }, b"ctl".to_vec());
+            out.write(b"B\n");
             Step::read(consumed, 1)
         } else if let Some(kind) = line.strip_prefix(b"OPT ") {
             // Bytes, socket options set once they are sent, bytes after them.
@@ -391,6 +403,26 @@ fn socket_options_are_set_between_two_parts_of_the_output(backend: BackendKind) 
     stop(server);
 }
 
+/// Bytes with a control message go between the bytes before and after them, through
+/// `sendmsg` with the control message (a kind the kernel refuses closes the connection after
+/// the bytes before it, counted as an I/O error).
+fn control_messages_go_with_their_bytes_in_order(backend: BackendKind) {
+    let server = start(backend);
+    let mut s = connect(addr(&server));
+    s.write_all(b"CTL ok\nPING\nCTL ok\nQUIT\n").unwrap();
+    assert_eq!(read_to_end(s), b"ActlB\nPONG\nActlB\n");
+    let errors_before = server.stats().total.errors.io;
+    let mut s = connect(addr(&server));
+    s.write_all(b"CTL bad\nPING\n").unwrap();
+    assert_eq!(
+        read_to_end(s),
+        b"A",
+        "nothing after the message the kernel refused"
+    );
+    eventually(&server, |st| st.total.errors.io > errors_before);
+    stop(server);
+}
+
 /// One receive buffer for eight clients sending at once: io_uring receives run out of provided
 /// buffers (ENOBUFS), wait, and are re-armed; every request is still answered.
 fn starved_receives_recover(backend: BackendKind) {
@@ -665,6 +697,7 @@ corelocal::on_every_backend!(
     starved_receives_recover,
     file_regions_are_sent_in_order_with_the_bytes_around_them,
     socket_options_are_set_between_two_parts_of_the_output,
+    control_messages_go_with_their_bytes_in_order,
     serves_keep_alive_requests_on_many_connections,
     pipelined_requests_are_answered_in_order,
     every_pipelined_request_is_answered_without_more_input,

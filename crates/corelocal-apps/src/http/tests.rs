@@ -39,6 +39,7 @@ fn drain(out: &mut Output) -> Vec<u8> {
         let n = match out.front() {
             OutputFront::Empty => return all,
             OutputFront::Options(o) => panic!("the HTTP handler set socket options: {o:?}"),
+            OutputFront::Control(c, _) => panic!("the HTTP handler sent a control message: {c:?}"),
             OutputFront::Bytes(b) => {
                 all.extend_from_slice(b);
                 b.len()

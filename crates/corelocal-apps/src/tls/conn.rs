@@ -312,6 +312,13 @@ impl<H: Handler> TlsConn<H> {
                     self.inner_out.advance(0);
                     continue;
                 }
+                OutputFront::Control(_, payload) => {
+                    // A control message means something to the socket, not to TLS records
+                    // made here: its bytes go as records, the control message is dropped.
+                    let n = payload.len();
+                    let _ = self.tls.writer().write_all_plain(payload);
+                    n
+                }
                 OutputFront::Bytes(b) => {
                     let n = b.len().min(room.max(1));
                     let _ = self.tls.writer().write_all_plain(&b[..n]);

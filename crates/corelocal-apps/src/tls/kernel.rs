@@ -12,13 +12,14 @@
 //! - rustls is fed whole records, one at a time, until its handshake completes (see
 //!   `TlsConn::feed_records`), so that no record after the handshake is in rustls when its
 //!   keys are taken out.
-//! - What this gives up: no close_notify from the server (the kernel sends only what is
-//!   written to it; a close_notify would need a control message the runtime does not send),
-//!   no key update from the peer (the connection closes), and no move at an upgrade (the
-//!   keys stay in this process). TLS 1.2 connections stay with rustls.
+//! - Alerts (close_notify at an orderly close, a fatal alert for a record that does not open)
+//!   are records of their own type: sent with a control message (`TLS_SET_RECORD_TYPE`,
+//!   [`Output::push_control_message`]), so the kernel makes them in sequence with the data.
+//! - What this gives up: no key update from the peer (the connection closes), and no move at
+//!   an upgrade (the keys stay in this process). TLS 1.2 connections stay with rustls.
 
-use super::ktls::{self, KernelCipher, RecordOpener};
-use corelocal::runtime::{CloseReason, Handler, Next, Output, SocketOption, Step};
+use super::ktls::{self, KernelCipher, RecordError, RecordOpener};
+use corelocal::runtime::{CloseReason, ControlMessage, Handler, Next, Output, SocketOption, Step};
 use std::time::{Duration, Instant};
 
 /// Inner handler calls per `on_input`, as the runtime bounds its own.
@@ -105,6 +106,38 @@ impl KernelCiphers {
     }
 }
 
+/// kTLS's control message type that sets the record type of what goes with it.
+const TLS_SET_RECORD_TYPE: i32 = 1;
+/// TLS's alert record type.
+const ALERT: u8 = 21;
+
+/// Queues an alert record (`level`, `description`) for the kernel to make and send.
+fn alert(out: &mut Output, level: u8, description: u8) {
+    let control = ControlMessage {
+        level: corelocal::sys::ktls::SOL_TLS,
+        kind: TLS_SET_RECORD_TYPE,
+        data: vec![ALERT],
+    };
+    out.push_control_message(control, vec![level, description]);
+}
+
+/// close_notify: the orderly end of what this side sends (RFC 8446 §6.1).
+fn close_notify(out: &mut Output) {
+    alert(out, 1, 0);
+}
+
+/// The fatal alert that says why a received record was refused (none for the peer's own
+/// fatal alert).
+fn refusal(error: RecordError) -> Option<u8> {
+    match error {
+        RecordError::Bad => Some(20),      // bad_record_mac
+        RecordError::Overflow => Some(22), // record_overflow
+        RecordError::Unexpected(_) | RecordError::Handshake => Some(10), // unexpected_message
+        RecordError::SeqExhausted => Some(80), // internal_error
+        RecordError::Alert(_) => None,
+    }
+}
+
 /// The socket options that hand a connection's sending records to the kernel.
 pub(super) fn tx_options(info: Vec<u8>) -> Vec<SocketOption> {
     vec![
@@ -145,16 +178,23 @@ impl<H: Handler> KernelTlsConn<H> {
     }
 
     /// Opens what whole records `input` holds (bounded by `plain_bytes_max`); how many bytes.
-    fn open(&mut self, input: &[u8]) -> Result<usize, CloseReason> {
+    /// A record refused: its fatal alert is queued, and the connection closes.
+    fn open(&mut self, input: &[u8], out: &mut Output) -> Result<usize, CloseReason> {
         if self.peer_closed {
             return Ok(0);
         }
-        let opened = self
-            .rx
-            .open(input, &mut self.plain, self.plain_bytes_max)
-            .map_err(|_| CloseReason::BadRequest)?;
-        self.peer_closed |= opened.close_notify;
-        Ok(opened.consumed)
+        match self.rx.open(input, &mut self.plain, self.plain_bytes_max) {
+            Ok(opened) => {
+                self.peer_closed |= opened.close_notify;
+                Ok(opened.consumed)
+            }
+            Err(error) => {
+                if let Some(description) = refusal(error) {
+                    alert(out, 2, description);
+                }
+                Err(CloseReason::BadRequest)
+            }
+        }
     }
 
     /// After the peer's close_notify: the inner handler says what it does with the rest.
@@ -167,6 +207,7 @@ impl<H: Handler> KernelTlsConn<H> {
     ) -> Step {
         let next = self.inner.on_eof(&self.plain, out, now);
         self.plain.clear();
+        close_notify(out);
         match next {
             Next::Close(reason) => Step::close(consumed, requests, reason),
             _ => Step::close(consumed, requests, CloseReason::Done),
@@ -178,7 +219,7 @@ impl<H: Handler> Handler for KernelTlsConn<H> {
     fn on_input(&mut self, input: &[u8], out: &mut Output, now: Instant) -> Step {
         let (mut consumed, mut requests) = (0, 0);
         for _ in 0..INNER_ROUNDS_MAX {
-            let taken = match self.open(&input[consumed..]) {
+            let taken = match self.open(&input[consumed..], out) {
                 Ok(n) => n,
                 Err(reason) => return Step::close(input.len(), requests, reason),
             };
@@ -190,6 +231,7 @@ impl<H: Handler> Handler for KernelTlsConn<H> {
             self.plain.drain(..step.consumed.min(self.plain.len()));
             requests += step.requests;
             if let Next::Close(reason) = step.next {
+                close_notify(out);
                 return Step::close(consumed, requests, reason);
             }
             if step.yielded {
@@ -198,6 +240,7 @@ impl<H: Handler> Handler for KernelTlsConn<H> {
             if step.consumed == 0 && self.plain.len() >= self.plain_bytes_max {
                 // A request larger than the inner handler takes.
                 self.inner.on_input_limit(&self.plain, out, now);
+                close_notify(out);
                 return Step::close(consumed, requests, CloseReason::TooLarge);
             }
             if (step.consumed == 0 && taken == 0) || out.room() == 0 {
@@ -217,6 +260,9 @@ impl<H: Handler> Handler for KernelTlsConn<H> {
     fn on_eof(&mut self, _input: &[u8], out: &mut Output, now: Instant) -> Next {
         let next = self.inner.on_eof(&self.plain, out, now);
         self.plain.clear();
+        // Nothing more will be read: what the inner handler said, then the orderly end.
+        out.set_limit(u64::MAX);
+        close_notify(out);
         next
     }
 
@@ -225,7 +271,9 @@ impl<H: Handler> Handler for KernelTlsConn<H> {
     }
 
     fn on_idle_close(&mut self, out: &mut Output) {
-        self.inner.on_idle_close(out)
+        // As rustls's side does (and memcached's TLS at its idle kick): an orderly end.
+        self.inner.on_idle_close(out);
+        close_notify(out);
     }
 
     fn on_drain(&mut self) -> bool {
@@ -373,6 +421,10 @@ mod tests {
         input: Vec<u8>,
         /// Plaintext the client read.
         received: Vec<u8>,
+        /// The client read the server's close_notify.
+        saw_close_notify: bool,
+        /// What the client's rustls said of the server's records (an alert it received).
+        client_error: Option<rustls::Error>,
         closed: Option<CloseReason>,
     }
 
@@ -391,6 +443,8 @@ mod tests {
                 kernel: None,
                 input: Vec::new(),
                 received: Vec::new(),
+                saw_close_notify: false,
+                client_error: None,
                 closed: None,
             }
         }
@@ -429,6 +483,12 @@ mod tests {
                         self.kernel = Some(Sealer::from_info(&options[1].value));
                     }
                     Chunk::Bytes(bytes) => self.send_to_client(&bytes),
+                    Chunk::Control(control, payload) => {
+                        // An alert record: made by the kernel, with the type the control says.
+                        let kernel = self.kernel.as_mut().expect("only after the options");
+                        let record = kernel.seal(control.data[0], &payload, 0);
+                        self.feed_client(&record);
+                    }
                     Chunk::File(_) => panic!("no file regions here"),
                 }
             }
@@ -443,14 +503,28 @@ mod tests {
                     .collect(),
                 None => bytes.to_vec(),
             };
-            // A record at a time, read out as it comes (rustls holds 16 KiB unread at most).
-            let mut rest = &records[..];
-            while !rest.is_empty() {
+            self.feed_client(&records);
+        }
+
+        /// Records to the client, read out as they come (rustls holds 16 KiB unread at most).
+        fn feed_client(&mut self, records: &[u8]) {
+            let mut rest = records;
+            while !rest.is_empty() && self.client_error.is_none() {
                 self.client.read_tls(&mut rest).unwrap();
-                self.client.process_new_packets().unwrap();
+                if let Err(e) = self.client.process_new_packets() {
+                    self.client_error = Some(e);
+                    return;
+                }
                 let mut got = vec![0; 1 << 20];
-                while let Ok(n @ 1..) = self.client.reader().read(&mut got) {
-                    self.received.extend_from_slice(&got[..n]);
+                loop {
+                    match self.client.reader().read(&mut got) {
+                        Ok(0) => {
+                            self.saw_close_notify = true;
+                            break;
+                        }
+                        Ok(n) => self.received.extend_from_slice(&got[..n]),
+                        Err(_) => break,
+                    }
                 }
             }
         }
@@ -490,9 +564,14 @@ mod tests {
                 "{suite:?}: the big answer differs ({} bytes)",
                 all.len()
             );
+            assert!(!pair.saw_close_notify);
             pair.client.send_close_notify();
             pair.pump();
             assert_eq!(pair.closed, Some(CloseReason::Done));
+            assert!(
+                pair.saw_close_notify,
+                "the server's close_notify, made by the kernel"
+            );
             assert_eq!(service.handle().kernel_connections(), 1);
         }
     }
@@ -513,7 +592,26 @@ mod tests {
         let mut out = Output::new();
         let step = pair.server.on_input(&pair.input, &mut out, Instant::now());
         assert_eq!(step.next, Next::Close(CloseReason::BadRequest));
-        assert!(out.is_empty(), "no answer to a tampered request");
+        pair.deliver(&mut out);
+        assert!(pair.received.is_empty(), "no answer to a tampered request");
+        let alert = rustls::AlertDescription::BadRecordMac;
+        assert!(
+            matches!(pair.client_error, Some(rustls::Error::AlertReceived(a)) if a == alert),
+            "{:?}",
+            pair.client_error
+        );
+    }
+
+    /// A request answered and the connection closed by the inner handler: the answer, then
+    /// close_notify, both through the kernel.
+    #[test]
+    fn the_inner_handlers_close_ends_with_close_notify() {
+        let service = service();
+        let mut pair = Pair::new(&service, client(SUITES[2].0, false));
+        assert_eq!(pair.request(b"a\n"), b"got a\n");
+        assert_eq!(pair.request(b"b\nquit\n"), b"got b\n");
+        assert_eq!(pair.closed, Some(CloseReason::Done));
+        assert!(pair.saw_close_notify && pair.client_error.is_none());
     }
 
     /// TLS 1.2 stays with rustls, as does a connection when no cipher is the kernel's.

@@ -12,7 +12,7 @@
 
 use super::handoff::{StateExport, StateImport};
 pub use super::notify::{Notifier, NotifyRef};
-pub use crate::backend::{FileRegion, SocketOption};
+pub use crate::backend::{ControlMessage, FileRegion, SocketOption};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
@@ -157,9 +157,9 @@ pub struct Output {
     bytes: Vec<u8>,
     /// Byte offset into `bytes` where the region goes, and the region. Sorted by offset.
     files: Vec<(usize, FileRegion)>,
-    /// Socket options set once the bytes before this offset are sent, before the file
-    /// regions anchored there ([`Output::push_socket_options`]). Sorted by offset.
-    options: Vec<(usize, Vec<SocketOption>)>,
+    /// Socket options and messages with a control message, at the byte offset where they go
+    /// (before the file regions anchored there). Sorted by offset.
+    options: Vec<Placed>,
     /// Total length at which the runtime applies back-pressure.
     limit: u64,
 }
@@ -220,16 +220,32 @@ impl Output {
     /// Sets socket options on the connection once everything queued so far is sent, before
     /// anything queued after: a TLS handler that hands its records to the kernel (kTLS) after
     /// its handshake's last record went out. An option that fails closes the connection.
-    ///
-    /// # Panics
-    /// If a file region was queued last (push the options before it).
     pub fn push_socket_options(&mut self, options: Vec<SocketOption>) {
+        self.push_mark(Mark::Options(options));
+    }
+
+    /// Sends `payload` with one control message (`sendmsg`'s ancillary data) after
+    /// everything queued so far and before anything queued after: a TLS alert record through
+    /// the kernel's TLS (kTLS's `TLS_SET_RECORD_TYPE`). Its failure closes the connection.
+    pub fn push_control_message(&mut self, control: ControlMessage, payload: Vec<u8>) {
+        self.push_mark(Mark::Control(control, payload));
+    }
+
+    /// A mark at the end: after the bytes and after the file regions queued so far at the
+    /// same place (`files_ahead` of them).
+    fn push_mark(&mut self, mark: Mark) {
         let at = self.bytes.len();
-        assert!(
-            self.files.last().is_none_or(|(f, _)| *f < at),
-            "socket options right after a file region"
-        );
-        self.options.push((at, options));
+        let files_ahead = self
+            .files
+            .iter()
+            .rev()
+            .take_while(|(f, _)| *f == at)
+            .count();
+        self.options.push(Placed {
+            at,
+            files_ahead,
+            mark,
+        });
     }
 
     /// Bytes (not counting file regions) waiting to be sent.
@@ -251,8 +267,13 @@ impl Output {
     /// or that region, or the options.
     pub fn front(&self) -> OutputFront<'_> {
         let options_at = match self.options.first() {
-            Some((0, options)) => return OutputFront::Options(options),
-            Some((at, _)) => *at,
+            Some(p) if p.in_front() => {
+                return match &p.mark {
+                    Mark::Options(options) => OutputFront::Options(options),
+                    Mark::Control(control, payload) => OutputFront::Control(control, payload),
+                }
+            }
+            Some(p) => p.at,
             None => usize::MAX,
         };
         match self.files.first() {
@@ -268,16 +289,23 @@ impl Output {
         let files_at = self.files.first().map_or(self.bytes.len(), |(at, _)| *at);
         self.options
             .first()
-            .map_or(files_at, |(at, _)| files_at.min(*at))
+            .map_or(files_at, |p| files_at.min(p.at))
     }
 
     /// Marks `n` bytes of the front as sent (bytes or file region, whichever [`front`] gave).
     ///
     /// [`front`]: Output::front
     pub fn advance(&mut self, n: usize) {
-        if let Some((0, _)) = self.options.first() {
-            // Options in front are taken whole (`n` is 0: they have no length).
-            assert!(n == 0, "advanced past socket options");
+        if let Some(p) = self.options.first().filter(|p| p.in_front()) {
+            // Taken whole: `n` is 0 for options, the payload's length for a control message.
+            let whole = match &p.mark {
+                Mark::Options(_) => 0,
+                Mark::Control(_, payload) => payload.len(),
+            };
+            assert!(
+                n == whole,
+                "advanced past socket options or a control message"
+            );
             self.options.remove(0);
             return;
         }
@@ -286,7 +314,7 @@ impl Output {
             region.offset += n as u64;
             region.len -= n as u64;
             if region.len == 0 {
-                self.files.remove(0);
+                self.remove_front_file();
             }
             return;
         }
@@ -298,8 +326,20 @@ impl Output {
         for (at, _) in &mut self.files {
             *at -= n;
         }
-        for (at, _) in &mut self.options {
-            *at -= n;
+        for p in &mut self.options {
+            p.at -= n;
+        }
+    }
+
+    /// The file region in front is done: the marks queued after it at the same place move up.
+    fn remove_front_file(&mut self) {
+        let (at, _) = self.files.remove(0);
+        for p in self
+            .options
+            .iter_mut()
+            .filter(|p| p.at == at && p.files_ahead > 0)
+        {
+            p.files_ahead -= 1;
         }
     }
 
@@ -329,11 +369,16 @@ impl Output {
     /// [`Output::take_front`] while socket options wait (rare: once per kTLS connection).
     #[cold]
     fn take_front_before_options(&mut self, mut spare: Vec<u8>) -> Option<Chunk> {
-        if let Some((0, _)) = self.options.first() {
-            return Some(Chunk::Options(self.options.remove(0).1));
+        if self.options.first().is_some_and(Placed::in_front) {
+            return Some(match self.options.remove(0).mark {
+                Mark::Options(options) => Chunk::Options(options),
+                Mark::Control(control, payload) => Chunk::Control(control, payload),
+            });
         }
-        if let Some((0, _)) = self.files.first() {
-            return Some(Chunk::File(self.files.remove(0).1));
+        if let Some((0, region)) = self.files.first() {
+            let region = region.clone();
+            self.remove_front_file();
+            return Some(Chunk::File(region));
         }
         let n = self.bytes_front_len();
         spare.clear();
@@ -346,8 +391,18 @@ impl Output {
     /// this output, in order; `other` is left empty.
     pub fn append(&mut self, other: &mut Output) {
         let base = self.bytes.len();
-        self.options
-            .extend(other.options.drain(..).map(|(at, o)| (base + at, o)));
+        let files_at_end = self
+            .files
+            .iter()
+            .rev()
+            .take_while(|(f, _)| *f == base)
+            .count();
+        self.options.extend(other.options.drain(..).map(|p| Placed {
+            at: base + p.at,
+            // Marks at `other`'s start come after this output's file regions at its end.
+            files_ahead: p.files_ahead + if p.at == 0 { files_at_end } else { 0 },
+            mark: p.mark,
+        }));
         self.files.extend(
             other
                 .files
@@ -394,6 +449,29 @@ pub enum Chunk {
     File(FileRegion),
     /// Socket options to set (see [`Output::push_socket_options`]).
     Options(Vec<SocketOption>),
+    /// Bytes to send with a control message (see [`Output::push_control_message`]).
+    Control(ControlMessage, Vec<u8>),
+}
+
+/// What waits in an [`Output`] at a place among its bytes.
+#[derive(Debug)]
+enum Mark {
+    Options(Vec<SocketOption>),
+    Control(ControlMessage, Vec<u8>),
+}
+
+/// A mark and its place: after `at` bytes and after `files_ahead` file regions anchored there.
+#[derive(Debug)]
+struct Placed {
+    at: usize,
+    files_ahead: usize,
+    mark: Mark,
+}
+
+impl Placed {
+    fn in_front(&self) -> bool {
+        self.at == 0 && self.files_ahead == 0
+    }
 }
 
 /// The next part of an [`Output`] to send.
@@ -407,6 +485,8 @@ pub enum OutputFront<'a> {
     File(&'a FileRegion),
     /// Socket options to set before anything else goes.
     Options(&'a [SocketOption]),
+    /// Bytes to send with a control message.
+    Control(&'a ControlMessage, &'a [u8]),
 }
 
 /// Per-connection protocol state: bytes in, bytes out.
@@ -843,5 +923,37 @@ mod tests {
         assert!(!only.is_empty());
         only.clear();
         assert!(only.is_empty());
+    }
+
+    /// A mark queued right after a file region goes after it (a TLS close_notify after a file
+    /// the kernel sends), also when looked at and advanced.
+    #[test]
+    fn a_mark_after_a_file_region_goes_after_it() {
+        let control = ControlMessage {
+            level: 282,
+            kind: 1,
+            data: vec![21],
+        };
+        let build = || {
+            let mut out = Output::new();
+            out.write(b"head");
+            out.push_file(region(3));
+            out.push_control_message(control.clone(), vec![1, 0]);
+            out
+        };
+        let mut out = build();
+        assert!(matches!(out.take_front(Vec::new()), Some(Chunk::Bytes(b)) if b == b"head"));
+        assert!(matches!(out.take_front(Vec::new()), Some(Chunk::File(f)) if f.len == 3));
+        assert!(
+            matches!(out.take_front(Vec::new()), Some(Chunk::Control(c, p)) if c == control && p == [1, 0])
+        );
+        assert!(out.is_empty());
+        let mut out = build();
+        out.advance(4);
+        assert!(matches!(out.front(), OutputFront::File(_)));
+        out.advance(3);
+        assert!(matches!(out.front(), OutputFront::Control(_, p) if p == [1, 0]));
+        out.advance(2);
+        assert!(out.is_empty());
     }
 }

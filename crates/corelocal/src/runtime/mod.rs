@@ -36,8 +36,8 @@ pub mod worker;
 
 pub use backend::{Backend, Completion, Op};
 pub use handler::{
-    Chunk, CloseReason, ConnInfo, FileRegion, Handler, Next, Notifier, Output, OutputFront,
-    Service, SocketOption, Step,
+    Chunk, CloseReason, ConnInfo, ControlMessage, FileRegion, Handler, Next, Notifier, Output,
+    OutputFront, Service, SocketOption, Step,
 };
 pub use netstat::{NetCounters, NetSampler};
 pub use server::{

@@ -261,6 +261,91 @@ fn send_flags(fd: RawFd, buf: &[u8], flags: SendFlags) -> io::Result<usize> {
     Ok(net::send(borrow(fd), buf, SendFlags::NOSIGNAL | flags)?)
 }
 
+/// A `msghdr` with one iovec (the payload) and one control message, in one box so that the
+/// pointers inside stay valid while it is handed to the kernel (`sendmsg`, or io_uring's
+/// `SENDMSG` until its completion).
+pub struct ControlSend {
+    hdr: libc::msghdr,
+    iov: libc::iovec,
+    /// The cmsghdr and its data (u64s: the alignment `cmsghdr` needs).
+    cmsg: [u64; 8],
+    payload: Vec<u8>,
+}
+
+impl std::fmt::Debug for ControlSend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ControlSend")
+            .field("payload_len", &self.payload.len())
+            .finish_non_exhaustive()
+    }
+}
+
+// SAFETY: the raw pointers inside point into the box itself (its iovec, its control buffer,
+// its payload's heap buffer); nothing else shares them.
+unsafe impl Send for ControlSend {}
+
+impl ControlSend {
+    /// The message for `payload` with the control message (`level`, `kind`, `data`);
+    /// `data` of at most 32 bytes.
+    pub fn new(level: i32, kind: i32, data: &[u8], payload: Vec<u8>) -> Box<ControlSend> {
+        assert!(data.len() <= 32, "control data too long");
+        // SAFETY: all-zero is a valid msghdr and iovec (null pointers, zero lengths).
+        let mut msg = Box::new(unsafe {
+            ControlSend {
+                hdr: std::mem::zeroed(),
+                iov: std::mem::zeroed(),
+                cmsg: [0; 8],
+                payload,
+            }
+        });
+        let m = &mut *msg;
+        m.iov.iov_base = m.payload.as_mut_ptr().cast();
+        m.iov.iov_len = m.payload.len();
+        m.hdr.msg_iov = &mut m.iov;
+        m.hdr.msg_iovlen = 1;
+        m.hdr.msg_control = m.cmsg.as_mut_ptr().cast();
+        // SAFETY: CMSG_SPACE/CMSG_LEN compute sizes; the buffer (64 bytes) holds a cmsghdr
+        // (16) and 32 bytes of data, so CMSG_FIRSTHDR is non-null and CMSG_DATA has room for
+        // `data`.
+        unsafe {
+            m.hdr.msg_controllen = libc::CMSG_SPACE(data.len() as u32) as usize;
+            let c = libc::CMSG_FIRSTHDR(&m.hdr);
+            (*c).cmsg_level = level;
+            (*c).cmsg_type = kind;
+            (*c).cmsg_len = libc::CMSG_LEN(data.len() as u32) as usize;
+            std::ptr::copy_nonoverlapping(data.as_ptr(), libc::CMSG_DATA(c), data.len());
+        }
+        msg
+    }
+
+    /// The `msghdr` to hand to the kernel.
+    pub fn hdr(&self) -> *const libc::msghdr {
+        &self.hdr
+    }
+
+    /// The payload (given back once sent).
+    pub fn into_payload(self) -> Vec<u8> {
+        self.payload
+    }
+
+    /// The payload's length.
+    pub fn len(&self) -> usize {
+        self.payload.len()
+    }
+
+    /// Whether the payload is empty.
+    pub fn is_empty(&self) -> bool {
+        self.payload.is_empty()
+    }
+
+    /// `sendmsg` of the whole message, nonblocking, without SIGPIPE.
+    pub fn send(&self, fd: RawFd) -> io::Result<usize> {
+        // SAFETY: `hdr` points into this live box (see `new`).
+        let n = unsafe { libc::sendmsg(fd, &self.hdr, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) };
+        cvt(n as libc::c_int).map(|_| n as usize)
+    }
+}
+
 /// `sendfile` of up to `len` bytes of `file` from `offset`.
 pub fn sendfile(fd: RawFd, file: RawFd, offset: u64, len: usize) -> io::Result<usize> {
     let mut off = offset;

@@ -115,6 +115,15 @@ impl<S: Service, B: Backend> Worker<S, B> {
                 conn.in_flight = region.len;
                 self.backend.push(Op::SendFile { conn: id, region });
             }
+            Some(Chunk::Control(control, payload)) => {
+                conn.sending = true;
+                conn.in_flight = payload.len() as u64;
+                self.backend.push(Op::SendControl {
+                    conn: id,
+                    control,
+                    payload,
+                });
+            }
             Some(Chunk::Options(options)) => {
                 // Set once what came before is sent; the next output waits for it like a send.
                 conn.sending = true;

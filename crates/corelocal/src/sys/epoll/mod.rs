@@ -200,6 +200,19 @@ impl EpollBackend {
                 self.start_send(conn, PendingSend::File { region, sent: 0 })?
             }
             Op::SetOptions { conn, options } => self.set_options(conn, &options),
+            Op::SendControl {
+                conn,
+                control,
+                payload,
+            } => {
+                let msg = crate::sys::socket::ControlSend::new(
+                    control.level,
+                    control.kind,
+                    &control.data,
+                    payload,
+                );
+                self.start_send(conn, PendingSend::Control { msg, sent: false })?
+            }
             Op::Shutdown { conn } => {
                 // A failure (the peer reset already) shows up in the next receive.
                 if let Some(c) = self.conn_mut(conn) {

@@ -14,8 +14,19 @@ const SENDFILE_CHUNK_BYTES: usize = 1 << 20;
 /// A send in progress (the socket buffer filled before all of it went out).
 #[derive(Debug)]
 pub(super) enum PendingSend {
-    Bytes { buf: Vec<u8>, sent: usize },
-    File { region: FileRegion, sent: u64 },
+    Bytes {
+        buf: Vec<u8>,
+        sent: usize,
+    },
+    File {
+        region: FileRegion,
+        sent: u64,
+    },
+    /// Bytes with a control message: all of them in one `sendmsg`.
+    Control {
+        msg: Box<socket::ControlSend>,
+        sent: bool,
+    },
 }
 
 impl EpollBackend {
@@ -52,6 +63,11 @@ impl EpollBackend {
                     result: result.map(|n| n as usize),
                 },
                 PendingSend::File { .. } => Completion::SentFile { conn, result },
+                PendingSend::Control { msg, .. } => Completion::Sent {
+                    conn,
+                    buf: msg.into_payload(),
+                    result: result.map(|n| n as usize),
+                },
             }),
         }
         let done = self.conn_mut(conn).is_some_and(|c| c.pending.is_none());
@@ -85,6 +101,19 @@ fn drive_send(fd: RawFd, pending: &mut PendingSend, last: bool) -> io::Result<u6
                 } else {
                     socket::send(fd, &buf[*sent..])?
                 };
+            }
+            PendingSend::Control { msg, sent } => {
+                if *sent {
+                    return Ok(msg.len() as u64);
+                }
+                if msg.send(fd)? < msg.len() {
+                    // A control message's bytes go whole (one TLS record) or not at all.
+                    return Err(io::Error::new(
+                        io::ErrorKind::WriteZero,
+                        "a message with a control message went out in part",
+                    ));
+                }
+                *sent = true;
             }
             PendingSend::File { region, sent } => {
                 if *sent == region.len {

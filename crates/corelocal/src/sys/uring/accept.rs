@@ -167,7 +167,11 @@ impl UringBackend {
         slot.close_linked = false;
         slot.detaching = None;
         slot.detach_closing = false;
-        slot.options = None;
+        if slot.options.is_some() {
+            // Options of a connection closed before their CQEs came (a test, not a call to
+            // drop glue, on every new connection).
+            slot.options = None;
+        }
         slot.ulp = false;
         debug_assert!(!slot.shutdown_in_flight && !slot.close_after_shutdown);
     }

@@ -19,7 +19,7 @@ impl UringBackend {
         if let Some(send) = slot.send.take() {
             let ud = user_data(send.buf_owner(), key);
             self.cancel(ud);
-            self.graveyard.push((ud, send.buf));
+            self.graveyard.push((ud, send));
         }
     }
 
@@ -43,7 +43,7 @@ impl UringBackend {
             // completion: keep it till then.
             let ud = user_data(send.buf_owner(), key);
             self.cancel(ud);
-            self.graveyard.push((ud, send.buf));
+            self.graveyard.push((ud, send));
         }
         if self.slots[conn].shutdown_in_flight {
             self.slots[conn].close_after_shutdown = true;

@@ -80,7 +80,7 @@ pub struct UringBackend {
     listeners: Vec<Option<ListenerState>>,
     ready: VecDeque<Completion>,
     /// Send buffers of closed connections, kept until the kernel is done with them.
-    graveyard: Vec<(u64, Vec<u8>)>,
+    graveyard: Vec<(u64, state::SendState)>,
     starved: Vec<ConnId>,
     /// Connections whose first receive completed, see `ArmAtSubmit`.
     arm_at_submit: Vec<ConnKey>,
@@ -223,6 +223,19 @@ impl UringBackend {
                 buf,
                 close_after,
             } => self.start_send(conn, buf, None, close_after),
+            Op::SendControl {
+                conn,
+                control,
+                payload,
+            } => {
+                let msg = crate::sys::socket::ControlSend::new(
+                    control.level,
+                    control.kind,
+                    &control.data,
+                    payload,
+                );
+                self.start_control_send(conn, msg);
+            }
             Op::SendFile { conn, region } => {
                 let total = region.len;
                 self.start_send(conn, Vec::new(), Some((region, total)), false);

@@ -65,10 +65,9 @@ impl UringBackend {
         // the close (MSG_MORE), whose FIN then rides in the data's last segment — unless a
         // ULP is attached (kTLS would hold MSG_MORE's data as an open record); unread input
         // is discarded just before (`drain_entry`).
-        let flags = if last && slot.ulp {
-            libc::MSG_NOSIGNAL | libc::MSG_WAITALL
-        } else if last {
-            libc::MSG_NOSIGNAL | libc::MSG_WAITALL | libc::MSG_MORE
+        let flags = if last {
+            let cork = if slot.ulp { 0 } else { libc::MSG_MORE };
+            libc::MSG_NOSIGNAL | libc::MSG_WAITALL | cork
         } else {
             libc::MSG_NOSIGNAL
         };
@@ -113,8 +112,35 @@ impl UringBackend {
             file,
             close_after,
             reading: false,
+            control: None,
         });
         self.continue_send(conn);
+    }
+
+    /// Bytes with a control message: one `SENDMSG`, all of it or an error.
+    pub(super) fn start_control_send(
+        &mut self,
+        conn: ConnId,
+        msg: Box<crate::sys::socket::ControlSend>,
+    ) {
+        let key = self.slots.key(conn);
+        let slot = &mut self.slots[conn];
+        assert!(slot.send.is_none(), "one send at a time per connection");
+        // The message (its msghdr, iovec, control buffer, payload) stays in the slot, or in
+        // the graveyard if the connection closes first, until the completion.
+        let entry = opcode::SendMsg::new(types::Fixed(conn), msg.hdr())
+            .flags(libc::MSG_NOSIGNAL as u32)
+            .build()
+            .user_data(user_data(KIND_SEND, key));
+        slot.send = Some(SendState {
+            buf: Vec::new(),
+            sent: 0,
+            file: None,
+            close_after: false,
+            reading: false,
+            control: Some(msg),
+        });
+        self.sqe(entry);
     }
 
     /// Sends what is left; refills from the file region when the buffer is done.
@@ -194,6 +220,9 @@ impl UringBackend {
         let Some(send) = slot.send.as_mut() else {
             return;
         };
+        if send.control.is_some() {
+            return self.on_control_sent(conn, res);
+        }
         if res < 0 {
             let send = slot.send.take().expect("send in flight");
             let error = io::Error::from_raw_os_error(-res);
@@ -212,5 +241,24 @@ impl UringBackend {
         }
         send.sent += res as usize;
         self.continue_send(conn);
+    }
+
+    /// A message with a control message went (all of it), or not.
+    fn on_control_sent(&mut self, conn: ConnId, res: i32) {
+        let send = self.slots[conn].send.take().expect("send in flight");
+        let msg = send.control.expect("a control send");
+        let result = match res {
+            n if n < 0 => Err(io::Error::from_raw_os_error(-n)),
+            n if (n as usize) < msg.len() => Err(io::Error::new(
+                io::ErrorKind::WriteZero,
+                "a message with a control message went out in part",
+            )),
+            n => Ok(n as usize),
+        };
+        self.ready.push_back(Completion::Sent {
+            conn,
+            buf: msg.into_payload(),
+            result,
+        });
     }
 }

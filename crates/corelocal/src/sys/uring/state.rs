@@ -69,6 +69,8 @@ pub(super) struct SendState {
     pub(super) file: Option<(FileRegion, u64)>,
     /// A read of the file's next chunk into `buf` is with the kernel (`KIND_FILE_READ`).
     pub(super) reading: bool,
+    /// Bytes with a control message (`IORING_OP_SENDMSG`; `buf` is empty then).
+    pub(super) control: Option<Box<crate::sys::socket::ControlSend>>,
 }
 
 impl SendState {
