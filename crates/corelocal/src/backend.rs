@@ -167,8 +167,8 @@ pub enum Op {
     SendControl {
         /// The connection.
         conn: ConnId,
-        /// The control message.
-        control: ControlMessage,
+        /// The control message (boxed: the common operations stay small).
+        control: Box<ControlMessage>,
         /// The bytes (a TLS alert's two).
         payload: Vec<u8>,
     },

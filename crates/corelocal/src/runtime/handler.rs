@@ -228,7 +228,7 @@ impl Output {
     /// everything queued so far and before anything queued after: a TLS alert record through
     /// the kernel's TLS (kTLS's `TLS_SET_RECORD_TYPE`). Its failure closes the connection.
     pub fn push_control_message(&mut self, control: ControlMessage, payload: Vec<u8>) {
-        self.push_mark(Mark::Control(control, payload));
+        self.push_mark(Mark::Control(Box::new(control), payload));
     }
 
     /// A mark at the end: after the bytes and after the file regions queued so far at the
@@ -449,15 +449,16 @@ pub enum Chunk {
     File(FileRegion),
     /// Socket options to set (see [`Output::push_socket_options`]).
     Options(Vec<SocketOption>),
-    /// Bytes to send with a control message (see [`Output::push_control_message`]).
-    Control(ControlMessage, Vec<u8>),
+    /// Bytes to send with a control message (see [`Output::push_control_message`]); boxed,
+    /// so that the common chunks stay small.
+    Control(Box<ControlMessage>, Vec<u8>),
 }
 
 /// What waits in an [`Output`] at a place among its bytes.
 #[derive(Debug)]
 enum Mark {
     Options(Vec<SocketOption>),
-    Control(ControlMessage, Vec<u8>),
+    Control(Box<ControlMessage>, Vec<u8>),
 }
 
 /// A mark and its place: after `at` bytes and after `files_ahead` file regions anchored there.
@@ -945,7 +946,7 @@ mod tests {
         assert!(matches!(out.take_front(Vec::new()), Some(Chunk::Bytes(b)) if b == b"head"));
         assert!(matches!(out.take_front(Vec::new()), Some(Chunk::File(f)) if f.len == 3));
         assert!(
-            matches!(out.take_front(Vec::new()), Some(Chunk::Control(c, p)) if c == control && p == [1, 0])
+            matches!(out.take_front(Vec::new()), Some(Chunk::Control(c, p)) if *c == control && p == [1, 0])
         );
         assert!(out.is_empty());
         let mut out = build();
