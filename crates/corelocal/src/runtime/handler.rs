@@ -159,7 +159,9 @@ pub struct Output {
     files: Vec<(usize, FileRegion)>,
     /// Socket options and messages with a control message, at the byte offset where they go
     /// (before the file regions anchored there). Sorted by offset.
-    options: Vec<Placed>,
+    /// Absent when there is none (never `Some` and empty): an output without any (nearly
+    /// every one) costs one test to look at and to drop.
+    options: Option<Vec<Placed>>,
     /// Total length at which the runtime applies back-pressure.
     limit: u64,
 }
@@ -169,7 +171,7 @@ impl Default for Output {
         Output {
             bytes: Vec::new(),
             files: Vec::new(),
-            options: Vec::new(),
+            options: None,
             limit: u64::MAX,
         }
     }
@@ -231,6 +233,25 @@ impl Output {
         self.push_mark(Mark::Control(Box::new(control), payload));
     }
 
+    /// The marks waiting (none, nearly always).
+    fn marks(&self) -> &[Placed] {
+        self.options.as_deref().unwrap_or(&[])
+    }
+
+    fn marks_mut(&mut self) -> &mut Vec<Placed> {
+        self.options.get_or_insert_with(Vec::new)
+    }
+
+    /// Takes the first mark; none left: none at all (`options` is `None`).
+    fn pop_front_mark(&mut self) -> Placed {
+        let marks = self.options.as_mut().expect("a mark in front");
+        let first = marks.remove(0);
+        if marks.is_empty() {
+            self.options = None;
+        }
+        first
+    }
+
     /// A mark at the end: after the bytes and after the file regions queued so far at the
     /// same place (`files_ahead` of them).
     fn push_mark(&mut self, mark: Mark) {
@@ -241,7 +262,7 @@ impl Output {
             .rev()
             .take_while(|(f, _)| *f == at)
             .count();
-        self.options.push(Placed {
+        self.marks_mut().push(Placed {
             at,
             files_ahead,
             mark,
@@ -260,13 +281,13 @@ impl Output {
 
     /// Whether nothing is waiting.
     pub fn is_empty(&self) -> bool {
-        self.bytes.is_empty() && self.files.is_empty() && self.options.is_empty()
+        self.bytes.is_empty() && self.files.is_empty() && self.options.is_none()
     }
 
     /// The next thing to send: the bytes before the first file region (or socket options),
     /// or that region, or the options.
     pub fn front(&self) -> OutputFront<'_> {
-        let options_at = match self.options.first() {
+        let options_at = match self.marks().first() {
             Some(p) if p.in_front() => {
                 return match &p.mark {
                     Mark::Options(options) => OutputFront::Options(options),
@@ -287,7 +308,7 @@ impl Output {
     /// Where the bytes in front end: at the first file region or the socket options.
     fn bytes_front_len(&self) -> usize {
         let files_at = self.files.first().map_or(self.bytes.len(), |(at, _)| *at);
-        self.options
+        self.marks()
             .first()
             .map_or(files_at, |p| files_at.min(p.at))
     }
@@ -296,7 +317,7 @@ impl Output {
     ///
     /// [`front`]: Output::front
     pub fn advance(&mut self, n: usize) {
-        if let Some(p) = self.options.first().filter(|p| p.in_front()) {
+        if let Some(p) = self.marks().first().filter(|p| p.in_front()) {
             // Taken whole: `n` is 0 for options, the payload's length for a control message.
             let whole = match &p.mark {
                 Mark::Options(_) => 0,
@@ -306,7 +327,7 @@ impl Output {
                 n == whole,
                 "advanced past socket options or a control message"
             );
-            self.options.remove(0);
+            self.pop_front_mark();
             return;
         }
         if let Some((0, region)) = self.files.first_mut() {
@@ -326,7 +347,7 @@ impl Output {
         for (at, _) in &mut self.files {
             *at -= n;
         }
-        for p in &mut self.options {
+        for p in self.options.iter_mut().flat_map(|m| m.iter_mut()) {
             p.at -= n;
         }
     }
@@ -334,11 +355,8 @@ impl Output {
     /// The file region in front is done: the marks queued after it at the same place move up.
     fn remove_front_file(&mut self) {
         let (at, _) = self.files.remove(0);
-        for p in self
-            .options
-            .iter_mut()
-            .filter(|p| p.at == at && p.files_ahead > 0)
-        {
+        let marks = self.options.iter_mut().flat_map(|m| m.iter_mut());
+        for p in marks.filter(|p| p.at == at && p.files_ahead > 0) {
             p.files_ahead -= 1;
         }
     }
@@ -346,7 +364,7 @@ impl Output {
     /// Removes and returns the next thing to send: the bytes before the first file region
     /// (reusing `spare`'s allocation when the whole buffer goes), or that region.
     pub fn take_front(&mut self, mut spare: Vec<u8>) -> Option<Chunk> {
-        if !self.options.is_empty() {
+        if self.options.is_some() {
             return self.take_front_before_options(spare);
         }
         match self.files.first() {
@@ -369,8 +387,8 @@ impl Output {
     /// [`Output::take_front`] while socket options wait (rare: once per kTLS connection).
     #[cold]
     fn take_front_before_options(&mut self, mut spare: Vec<u8>) -> Option<Chunk> {
-        if self.options.first().is_some_and(Placed::in_front) {
-            return Some(match self.options.remove(0).mark {
+        if self.marks().first().is_some_and(Placed::in_front) {
+            return Some(match self.pop_front_mark().mark {
                 Mark::Options(options) => Chunk::Options(options),
                 Mark::Control(control, payload) => Chunk::Control(control, payload),
             });
@@ -397,12 +415,14 @@ impl Output {
             .rev()
             .take_while(|(f, _)| *f == base)
             .count();
-        self.options.extend(other.options.drain(..).map(|p| Placed {
-            at: base + p.at,
-            // Marks at `other`'s start come after this output's file regions at its end.
-            files_ahead: p.files_ahead + if p.at == 0 { files_at_end } else { 0 },
-            mark: p.mark,
-        }));
+        if let Some(theirs) = other.options.take() {
+            self.marks_mut().extend(theirs.into_iter().map(|p| Placed {
+                at: base + p.at,
+                // Marks at `other`'s start come after this output's file regions at its end.
+                files_ahead: p.files_ahead + if p.at == 0 { files_at_end } else { 0 },
+                mark: p.mark,
+            }));
+        }
         self.files.extend(
             other
                 .files
@@ -436,7 +456,7 @@ impl Output {
     pub fn clear(&mut self) {
         self.bytes.clear();
         self.files.clear();
-        self.options.clear();
+        self.options = None;
     }
 }
 

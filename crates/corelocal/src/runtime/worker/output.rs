@@ -115,8 +115,28 @@ impl<S: Service, B: Backend> Worker<S, B> {
                 conn.in_flight = region.len;
                 self.backend.push(Op::SendFile { conn: id, region });
             }
-            Some(Chunk::Control(control, payload)) => {
-                conn.sending = true;
+            Some(mark) => self.send_mark(id, mark),
+            None => {
+                if matches!(conn.closing, Closing::Flushing(_)) {
+                    self.finish_close(id);
+                }
+            }
+        }
+    }
+}
+
+impl<S: Service, B: Backend> Worker<S, B> {
+    /// Socket options or a control message in the output (rare: kTLS, once or twice per
+    /// connection): they go like a send, the next output waits for them.
+    #[cold]
+    #[inline(never)]
+    fn send_mark(&mut self, id: ConnId, mark: Chunk) {
+        let Some(conn) = self.conns.occupant_mut(id) else {
+            return;
+        };
+        conn.sending = true;
+        match mark {
+            Chunk::Control(control, payload) => {
                 conn.in_flight = payload.len() as u64;
                 self.backend.push(Op::SendControl {
                     conn: id,
@@ -124,17 +144,11 @@ impl<S: Service, B: Backend> Worker<S, B> {
                     payload,
                 });
             }
-            Some(Chunk::Options(options)) => {
-                // Set once what came before is sent; the next output waits for it like a send.
-                conn.sending = true;
+            Chunk::Options(options) => {
                 conn.in_flight = 0;
                 self.backend.push(Op::SetOptions { conn: id, options });
             }
-            None => {
-                if matches!(conn.closing, Closing::Flushing(_)) {
-                    self.finish_close(id);
-                }
-            }
+            Chunk::Bytes(_) | Chunk::File(_) => unreachable!("sent by `flush`"),
         }
     }
 }

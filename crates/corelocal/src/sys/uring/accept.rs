@@ -157,6 +157,7 @@ impl UringBackend {
 
     /// A slot taken by a new connection: a new generation (the last connection's requests
     /// still with the kernel become stale), nothing in flight.
+    #[inline]
     pub(super) fn reset_slot(&mut self, conn: ConnId, origin: Origin) {
         self.slots.renew(conn);
         let slot = &mut self.slots[conn];
