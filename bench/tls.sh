@@ -11,11 +11,22 @@
 # client completed. s_time is one connection at a time: the server is far from saturated, so
 # this is CPU per operation at low load, the same for both servers.
 # usage: bench/tls.sh [ROUNDS] [SECONDS]  (needs root for unshare -n; nginx, h2o, wrk, openssl)
-# writes: results/tls/tls-cpu.json and results/tls/tls-cpu.md
+#   env: CERT=ecdsa|rsa (the chain: ECDSA P-256 or RSA 2048), TLS=1.3|1.2 (what s_time asks
+#        for; wrk's keep-alive row is TLS 1.3 only, so TLS=1.2 measures full and resumed),
+#        NAME (the result file's name; default tls-cpu, or tls-cpu-CERT-TLS when either is set)
+# writes: results/tls/NAME.json and results/tls/NAME.md
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-3}
 secs=${2:-5}
+cert=${CERT:-ecdsa}
+tls=${TLS:-1.3}
+name=${NAME:-tls-cpu}
+if [ "$cert" != ecdsa ] || [ "$tls" != 1.3 ]; then name=${NAME:-tls-cpu-$cert-tls${tls/./}}; fi
+workloads="full resumed ka"
+[ "$tls" = 1.2 ] && workloads="full resumed"
+s_time_version=-tls1_3
+[ "$tls" = 1.2 ] && s_time_version=-tls1_2
 cargo build --release -q -p corelocal-cli
 bin=$PWD/target/release/corelocal
 certs=$PWD/crates/corelocal-apps/tests/tls
@@ -35,8 +46,8 @@ listen:
   host: 127.0.0.1
   port: 8443
   ssl:
-    certificate-file: $certs/ecdsa.pem
-    key-file: $certs/ecdsa.key
+    certificate-file: $certs/$cert.pem
+    key-file: $certs/$cert.key
     minimum-version: TLSv1.2
     ocsp-update-interval: 0
 hosts:
@@ -61,8 +72,8 @@ http {
   fastcgi_temp_path $out/nginx/tmp; uwsgi_temp_path $out/nginx/tmp; scgi_temp_path $out/nginx/tmp;
   server {
     listen 127.0.0.1:8443 ssl reuseport backlog=4096;
-    ssl_certificate $certs/ecdsa.pem;
-    ssl_certificate_key $certs/ecdsa.key;
+    ssl_certificate $certs/$cert.pem;
+    ssl_certificate_key $certs/$cert.key;
     ssl_protocols TLSv1.2 TLSv1.3;
     ssl_ecdh_curve X25519:prime256v1:secp384r1;
     ssl_session_cache shared:SSL:10m;
@@ -75,14 +86,14 @@ http {
 }
 CONF
 corelocal_cmd="$bin serve http --listen 127.0.0.1:8080 --tls-listen 127.0.0.1:8443 --cpus 1 \
---stats-interval 0 --root $out/www --tls-cert $certs/ecdsa.pem --tls-key $certs/ecdsa.key"
+--stats-interval 0 --root $out/www --tls-cert $certs/$cert.pem --tls-key $certs/$cert.key"
 nginx_cmd="taskset -c 1 nginx -c $out/nginx/nginx.conf"
 h2o_cmd="taskset -c 1 h2o -c $out/h2o.conf"
 
 # One measurement, run inside a fresh network namespace: SERVER WORKLOAD CMD → a JSON line.
 cat >"$out/one.sh" <<'ONE'
 set -euo pipefail
-server=$1 workload=$2 cmd=$3 secs=$4 out=$5
+server=$1 workload=$2 cmd=$3 secs=$4 out=$5 version=$6
 ip link set lo up
 $cmd >"$out/server.log" 2>&1 &
 pid=$!
@@ -95,7 +106,7 @@ before=$(cpu)
 case $workload in
 full | resumed)
     flag=-new; [ "$workload" = resumed ] && flag=-reuse
-    text=$(taskset -c 0 openssl s_time -connect 127.0.0.1:8443 $flag -time "$secs" -www /hello \
+    text=$(taskset -c 0 openssl s_time -connect 127.0.0.1:8443 $flag $version -time "$secs" -www /hello \
         2>&1 </dev/null)
     ops=$(printf '%s\n' "$text" | awk '/connections in .* real seconds/ {print $1; exit}')
     # s_time prints `r` for each resumed connection, `*` for each full handshake.
@@ -116,28 +127,31 @@ ONE
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 : >"$out/rows.jsonl"
 for r in $(seq 1 "$rounds"); do
-    for w in full resumed ka; do
+    for w in $workloads; do
         for s in corelocal nginx h2o; do
             cmd=$corelocal_cmd; [ "$s" = nginx ] && cmd=$nginx_cmd; [ "$s" = h2o ] && cmd=$h2o_cmd
-            unshare -n bash "$out/one.sh" "$s" "$w" "$cmd" "$secs" "$out" | tee -a "$out/rows.jsonl"
+            unshare -n bash "$out/one.sh" "$s" "$w" "$cmd" "$secs" "$out" "$s_time_version" \
+                | tee -a "$out/rows.jsonl"
         done
     done
 done
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 mkdir -p results/tls
-python3 - "$out/rows.jsonl" "$rounds" "$secs" "$load_before" "$load_after" "$*" <<'PY'
+python3 - "$out/rows.jsonl" "$rounds" "$secs" "$load_before" "$load_after" "$*" "$name" "$cert" "$tls" <<'PY'
 import json, statistics, sys, platform, subprocess
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-rounds, secs, load_before, load_after, args = sys.argv[2:7]
+rounds, secs, load_before, load_after, args, name, cert, tls = sys.argv[2:10]
 table = {}
 for r in rows:
     if r["ops"] > 0:
         table.setdefault((r["workload"], r["server"]), []).append(r["server_cpu_ns"] / r["ops"] / 1000)
 ver = lambda c: subprocess.run(c, capture_output=True, text=True, shell=True).stdout.strip()
 result = {
-    "command": f"bench/tls.sh {args}".strip(),
+    "command": (f"CERT={cert} TLS={tls} " if (cert, tls) != ("ecdsa", "1.3") else "")
+               + f"bench/tls.sh {args}".strip(),
     "what": "server CPU (us) per HTTPS operation, schedstat of the server's threads / client ops",
-    "tls": "TLS 1.3, X25519, ECDSA P-256 chain (crates/corelocal-apps/tests/tls/ecdsa.pem)",
+    "tls": f"TLS {tls}, X25519, " + ("ECDSA P-256" if cert == "ecdsa" else "RSA 2048")
+           + f" chain (crates/corelocal-apps/tests/tls/{cert}.pem)",
     "servers": {"corelocal": "serve http --tls-listen (rustls 0.23, ring), 1 worker on CPU 1",
                 "nginx": ver("nginx -v 2>&1") + ", OpenSSL, 1 worker, taskset CPU 1, "
                          "ssl_session_cache shared:SSL:10m, tickets on",
@@ -152,8 +166,8 @@ result = {
     "rows": rows,
     "median_us_per_op": {f"{w}/{s}": round(statistics.median(v), 2) for (w, s), v in table.items()},
 }
-json.dump(result, open("results/tls/tls-cpu.json", "w"), indent=1)
-with open("results/tls/tls-cpu.md", "w") as md:
+json.dump(result, open(f"results/tls/{name}.json", "w"), indent=1)
+with open(f"results/tls/{name}.md", "w") as md:
     md.write(f"# Server CPU per HTTPS operation (µs, median of {rounds} rounds of {secs} s)\n\n")
     md.write(f"`{result['command']}`; {result['tls']}; load average {load_before} → {load_after} "
              "(a shared 2-CPU VM).\n\n")
@@ -167,5 +181,5 @@ with open("results/tls/tls-cpu.md", "w") as md:
             runs = "; ".join(", ".join(f"{x:.1f}" for x in v) for v in (c, n, h))
             md.write(f"| {w} | {cm:.1f} | {nm:.1f} | {hm:.1f} | {cm / nm:.2f}× | {cm / hm:.2f}× "
                      f"| {runs} |\n")
-print(open("results/tls/tls-cpu.md").read())
+print(open(f"results/tls/{name}.md").read())
 PY
