@@ -154,7 +154,7 @@ impl<H: Handler> TlsConn<H> {
             if super::kernel::not_a_record(rest) {
                 return Err(self.refuse(rest, out));
             }
-            let Some(len) = super::kernel::whole_record(rest) else {
+            let Some(len) = super::ktls::record_len(rest) else {
                 break;
             };
             let mut record = &rest[..len];

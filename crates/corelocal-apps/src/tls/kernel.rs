@@ -18,7 +18,7 @@
 //! - What this gives up: no key update from the peer (the connection closes), and no move at
 //!   an upgrade (the keys stay in this process). TLS 1.2 connections stay with rustls.
 
-use super::ktls::{self, KernelCipher, RecordError, RecordOpener};
+use super::ktls::{KernelCipher, RecordError, RecordOpener};
 use corelocal::runtime::{CloseReason, ControlMessage, Handler, Next, Output, SocketOption, Step};
 use std::time::{Duration, Instant};
 
@@ -93,15 +93,10 @@ impl KernelCiphers {
 
     /// The ciphers by name, for the start line.
     pub fn names(self) -> Vec<&'static str> {
-        let name = |c: &KernelCipher| match c {
-            KernelCipher::Aes128Gcm => "AES-128-GCM",
-            KernelCipher::Aes256Gcm => "AES-256-GCM",
-            KernelCipher::Chacha20Poly1305 => "CHACHA20-POLY1305",
-        };
         Self::ALL
-            .iter()
-            .filter(|c| self.0 & Self::bit(**c) != 0)
-            .map(name)
+            .into_iter()
+            .filter(|c| self.0 & Self::bit(*c) != 0)
+            .map(KernelCipher::name)
             .collect()
     }
 }
@@ -308,11 +303,6 @@ pub(super) fn not_a_record(input: &[u8]) -> bool {
     let too_long = input.len() >= 5
         && 5 + u16::from_be_bytes([input[3], input[4]]) as usize > RECORD_BYTES_MAX;
     bad_type || bad_version || too_long
-}
-
-/// Whole records at the front of `input`: the first one's length, if it is all there.
-pub(super) fn whole_record(input: &[u8]) -> Option<usize> {
-    ktls::record_len(input)
 }
 
 /// Connections driven in memory: a rustls client on one side, [`super::MaybeTls`] on the

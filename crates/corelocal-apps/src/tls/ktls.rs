@@ -53,12 +53,6 @@ pub enum KernelCipher {
 }
 
 impl KernelCipher {
-    /// The cipher of `secrets`; `None` for one this module does not know (rustls's enum is
-    /// non-exhaustive).
-    pub fn of(secrets: &ConnectionTrafficSecrets) -> Option<KernelCipher> {
-        parts(secrets).map(|(cipher, _, _)| cipher)
-    }
-
     /// A TLS 1.3 crypto_info for this cipher with zero key, IV and sequence number: enough
     /// for `setsockopt(SOL_TLS, TLS_TX)` to say whether the kernel supports the cipher.
     pub fn probe_info(self) -> Vec<u8> {
@@ -68,9 +62,9 @@ impl KernelCipher {
     /// The cipher's name, as TLS 1.3 suites spell it.
     pub fn name(self) -> &'static str {
         match self {
-            KernelCipher::Aes128Gcm => "AES_128_GCM",
-            KernelCipher::Aes256Gcm => "AES_256_GCM",
-            KernelCipher::Chacha20Poly1305 => "CHACHA20_POLY1305",
+            KernelCipher::Aes128Gcm => "AES-128-GCM",
+            KernelCipher::Aes256Gcm => "AES-256-GCM",
+            KernelCipher::Chacha20Poly1305 => "CHACHA20-POLY1305",
         }
     }
 
@@ -129,11 +123,6 @@ fn parts(secrets: &ConnectionTrafficSecrets) -> Option<(KernelCipher, &[u8], &[u
         _ => return None,
     };
     Some((cipher, key.as_ref(), iv.as_ref()))
-}
-
-/// The AEAD's name of `secrets` (`"unknown"` for a suite this module does not know).
-pub fn suite_name(secrets: &ConnectionTrafficSecrets) -> &'static str {
-    KernelCipher::of(secrets).map_or("unknown", KernelCipher::name)
 }
 
 /// The bytes `setsockopt(SOL_TLS, TLS_TX)` takes to send TLS 1.3 records with `secrets`,

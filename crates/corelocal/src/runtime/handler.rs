@@ -252,16 +252,21 @@ impl Output {
         first
     }
 
+    /// File regions anchored at the end of the bytes (what a mark pushed now comes after).
+    fn files_at_end(&self) -> usize {
+        let end = self.bytes.len();
+        self.files
+            .iter()
+            .rev()
+            .take_while(|(f, _)| *f == end)
+            .count()
+    }
+
     /// A mark at the end: after the bytes and after the file regions queued so far at the
     /// same place (`files_ahead` of them).
     fn push_mark(&mut self, mark: Mark) {
         let at = self.bytes.len();
-        let files_ahead = self
-            .files
-            .iter()
-            .rev()
-            .take_while(|(f, _)| *f == at)
-            .count();
+        let files_ahead = self.files_at_end();
         self.marks_mut().push(Placed {
             at,
             files_ahead,
@@ -409,12 +414,7 @@ impl Output {
     /// this output, in order; `other` is left empty.
     pub fn append(&mut self, other: &mut Output) {
         let base = self.bytes.len();
-        let files_at_end = self
-            .files
-            .iter()
-            .rev()
-            .take_while(|(f, _)| *f == base)
-            .count();
+        let files_at_end = self.files_at_end();
         if let Some(theirs) = other.options.take() {
             self.marks_mut().extend(theirs.into_iter().map(|p| Placed {
                 at: base + p.at,

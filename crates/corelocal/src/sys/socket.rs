@@ -285,10 +285,13 @@ impl std::fmt::Debug for ControlSend {
 unsafe impl Send for ControlSend {}
 
 impl ControlSend {
-    /// The message for `payload` with the control message (`level`, `kind`, `data`);
-    /// `data` of at most 32 bytes.
-    pub fn new(level: i32, kind: i32, data: &[u8], payload: Vec<u8>) -> Box<ControlSend> {
-        assert!(data.len() <= 32, "control data too long");
+    /// The message for `payload` with `control` (data of at most 32 bytes).
+    pub fn new(control: &crate::backend::ControlMessage, payload: Vec<u8>) -> Box<ControlSend> {
+        let (level, kind, data) = (control.level, control.kind, &control.data[..]);
+        assert!(
+            data.len() <= crate::backend::ControlMessage::DATA_BYTES_MAX,
+            "control data too long"
+        );
         // SAFETY: all-zero is a valid msghdr and iovec (null pointers, zero lengths).
         let mut msg = Box::new(unsafe {
             ControlSend {
@@ -304,9 +307,8 @@ impl ControlSend {
         m.hdr.msg_iov = &mut m.iov;
         m.hdr.msg_iovlen = 1;
         m.hdr.msg_control = m.cmsg.as_mut_ptr().cast();
-        // SAFETY: CMSG_SPACE/CMSG_LEN compute sizes; the buffer (64 bytes) holds a cmsghdr
-        // (16) and 32 bytes of data, so CMSG_FIRSTHDR is non-null and CMSG_DATA has room for
-        // `data`.
+        // The buffer (64 bytes) holds a cmsghdr (16) and 32 bytes of data.
+        // SAFETY: CMSG_FIRSTHDR is then non-null and CMSG_DATA has room for `data`.
         unsafe {
             m.hdr.msg_controllen = libc::CMSG_SPACE(data.len() as u32) as usize;
             let c = libc::CMSG_FIRSTHDR(&m.hdr);

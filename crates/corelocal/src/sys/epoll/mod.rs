@@ -205,12 +205,7 @@ impl EpollBackend {
                 control,
                 payload,
             } => {
-                let msg = crate::sys::socket::ControlSend::new(
-                    control.level,
-                    control.kind,
-                    &control.data,
-                    payload,
-                );
+                let msg = crate::sys::socket::ControlSend::new(&control, payload);
                 self.start_send(conn, PendingSend::Control { msg, sent: false })?
             }
             Op::Shutdown { conn } => {

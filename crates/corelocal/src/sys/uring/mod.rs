@@ -228,12 +228,7 @@ impl UringBackend {
                 control,
                 payload,
             } => {
-                let msg = crate::sys::socket::ControlSend::new(
-                    control.level,
-                    control.kind,
-                    &control.data,
-                    payload,
-                );
+                let msg = crate::sys::socket::ControlSend::new(&control, payload);
                 self.start_control_send(conn, msg);
             }
             Op::SendFile { conn, region } => {
