@@ -6,7 +6,7 @@
 //!   sequence number ([`Output::push_socket_options`]), and everything after is written as
 //!   plaintext: the kernel makes the records, and a file region goes from the page cache
 //!   (sendfile on epoll) without passing through a user-space encryption buffer.
-//! - **RX in user space** ([`ktls::RecordOpener`]): the runtime's receive is armed all along and
+//! - **RX in user space** ([`RecordOpener`]): the runtime's receive is armed all along and
 //!   may already hold bytes past the handshake, so the kernel could not start reading at a
 //!   record boundary; records are opened here with the extracted keys, as rustls would.
 //! - rustls is fed whole records, one at a time, until its handshake completes (see
