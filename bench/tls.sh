@@ -6,8 +6,9 @@
 #   full:    openssl s_time -new   (a full handshake + GET /hello per connection)
 #   resumed: openssl s_time -reuse (a resumed handshake, by ticket, + GET /hello)
 #   ka:      wrk -t1 -c16 over HTTPS (keep-alive requests; handshakes are 16 of millions)
-# Server CPU: the sum over the server's threads of /proc/PID/task/*/schedstat (ns, exact)
-# from just before the client starts to just after it ends, divided by the operations the
+# Server CPU: the sum over the threads of the server and every process below it of
+# /proc/PID/task/*/schedstat (ns, exact) — h2o forks a `neverbleed` process that does its RSA
+# private-key operations (its ECDSA ones stay in the worker on 2.2.5) — from just before the client starts to just after it ends, divided by the operations the
 # client completed. s_time is one connection at a time: the server is far from saturated, so
 # this is CPU per operation at low load, the same for both servers.
 # usage: bench/tls.sh [ROUNDS] [SECONDS]  (needs root for unshare -n; nginx, h2o, wrk, openssl)
@@ -101,7 +102,11 @@ for _ in $(seq 1 200); do
     (exec 3<>/dev/tcp/127.0.0.1/8443) 2>/dev/null && break
     sleep 0.05
 done
-cpu() { cat /proc/"$pid"/task/*/schedstat | awk '{s += $1} END {printf "%.0f", s}'; }
+tree() { echo "$1"; for c in $(pgrep -P "$1" || true); do tree "$c"; done; }
+cpu() {
+    for p in $(tree "$pid"); do cat /proc/"$p"/task/*/schedstat 2>/dev/null || true; done |
+        awk '{s += $1} END {printf "%.0f", s}'
+}
 before=$(cpu)
 case $workload in
 full | resumed)
@@ -149,7 +154,7 @@ ver = lambda c: subprocess.run(c, capture_output=True, text=True, shell=True).st
 result = {
     "command": (f"CERT={cert} TLS={tls} " if (cert, tls) != ("ecdsa", "1.3") else "")
                + f"bench/tls.sh {args}".strip(),
-    "what": "server CPU (us) per HTTPS operation, schedstat of the server's threads / client ops",
+    "what": "server CPU (us) per HTTPS operation, schedstat of the threads of the server's process tree (h2o's neverbleed included) / client ops",
     "tls": f"TLS {tls}, X25519, " + ("ECDSA P-256" if cert == "ecdsa" else "RSA 2048")
            + f" chain (crates/corelocal-apps/tests/tls/{cert}.pem)",
     "servers": {"corelocal": "serve http --tls-listen (rustls 0.23, ring), 1 worker on CPU 1",
