@@ -46,7 +46,11 @@ pub struct FileRegion {
 /// A socket option the runtime sets on a connection between two parts of its output
 /// ([`crate::runtime::Output::push_socket_options`]): what a handler changes about its socket
 /// once the bytes before it are sent (the kernel's TLS records after a user-space handshake).
-#[derive(Debug, Clone, PartialEq, Eq)]
+///
+/// A value may be a secret (kTLS's `TLS_TX` carries the connection's traffic key): it is
+/// overwritten with zeros when the option is dropped, once the kernel has it, and `Debug`
+/// prints its length only.
+#[derive(Clone, PartialEq, Eq)]
 pub struct SocketOption {
     /// `setsockopt`'s level (`SOL_TCP`, `SOL_TLS`, ...).
     pub level: i32,
@@ -54,6 +58,31 @@ pub struct SocketOption {
     pub name: i32,
     /// Its value, as the kernel reads it.
     pub value: Vec<u8>,
+}
+
+impl Drop for SocketOption {
+    fn drop(&mut self) {
+        wipe(&mut self.value);
+    }
+}
+
+/// Zeros `bytes` with stores the compiler may not remove, though the memory is freed next.
+fn wipe(bytes: &mut [u8]) {
+    for byte in bytes.iter_mut() {
+        // SAFETY: `byte` is a valid, aligned, exclusive reference into `bytes`.
+        unsafe { std::ptr::write_volatile(byte, 0) };
+    }
+    std::sync::atomic::compiler_fence(std::sync::atomic::Ordering::SeqCst);
+}
+
+impl std::fmt::Debug for SocketOption {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SocketOption")
+            .field("level", &self.level)
+            .field("name", &self.name)
+            .field("value_len", &self.value.len())
+            .finish()
+    }
 }
 
 impl SocketOption {
@@ -350,4 +379,27 @@ pub struct BackendEvents {
     pub rearms: u64,
     /// Receives starved of buffers (re-armed once buffers came back).
     pub recv_starved: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_secret_option_value_is_wiped_and_not_printed() {
+        let mut key = vec![0xa5u8; 40];
+        wipe(&mut key[..]);
+        assert_eq!(key, vec![0u8; 40]);
+        let option = SocketOption {
+            level: 282,
+            name: 1,
+            value: vec![0xa5; 40],
+        };
+        let printed = format!("{option:?}");
+        assert!(printed.contains("value_len: 40"), "{printed}");
+        assert!(
+            !printed.contains("165"),
+            "the value's bytes are printed: {printed}"
+        );
+    }
 }
