@@ -259,13 +259,59 @@ fn memcached_command_line_z_serves_tls_beside_a_notls_listener() {
     let tls: SocketAddr = format!("127.0.0.1:{secure}").parse().unwrap();
     let out = finish(
         s_client(tls, "-tls1_3"),
-        b"set z 0 0 3\r\nabc\r\nstats settings\r\nquit\r\n",
+        b"set z 0 0 3\r\nabc\r\nstats settings\r\nstats\r\nquit\r\n",
     );
     assert!(out.contains("STORED\r\n"), "{out}");
     assert!(out.contains("STAT ssl_enabled yes\r\n"), "{out}");
     assert!(out.contains("STAT ssl_session_cache no\r\n"), "{out}");
+    assert!(out.contains("STAT ssl_kernel_tls no\r\n"), "{out}");
+    // As memcached: new sessions are counted only with ssl_session_cache.
+    assert!(out.contains("STAT ssl_handshake_errors 0\r\n"), "{out}");
+    assert!(!out.contains("ssl_new_sessions"), "{out}");
     let plain: SocketAddr = format!("127.0.0.1:{plain}").parse().unwrap();
     assert!(plain_get(plain, "z").contains("VALUE z 0 3\r\nabc\r\n"));
+    let (code, _) = served.terminate();
+    assert_eq!(code, 0);
+}
+
+/// memcached's `ssl_new_sessions` with `-o ssl_session_cache`: a full handshake counts, a
+/// resumed one (openssl s_client -sess_in, TLS 1.2 as memcached's own test) does not.
+#[test]
+fn memcached_ssl_session_cache_counts_new_sessions_not_resumptions() {
+    if !need(&["openssl"]) {
+        return;
+    }
+    let secure = free_port();
+    let files = format!(
+        "ssl_chain_cert={},ssl_key={},ssl_session_cache",
+        cert_path("ecdsa.pem"),
+        cert_path("ecdsa.key")
+    );
+    let listen = format!("127.0.0.1:{secure}");
+    let mut cmd = Command::new(common::BIN);
+    cmd.args(["memcached", "-U", "0", "-Z", "-l", &listen, "-o", &files]);
+    cmd.stdout(Stdio::null());
+    let served = Served::spawn(cmd, false);
+    let tls: SocketAddr = listen.parse().unwrap();
+    let session =
+        std::env::temp_dir().join(format!("corelocal-sess-{}-{secure}", std::process::id()));
+    let session = session.to_str().unwrap();
+    let first = finish(
+        s_client_with(tls, &["-tls1_2", "-sess_out", session]),
+        b"stats\r\nquit\r\n",
+    );
+    assert!(first.contains("STAT ssl_new_sessions 1\r\n"), "{first}");
+    let second = finish(
+        s_client_with(tls, &["-tls1_2", "-sess_in", session]),
+        b"stats\r\nstats settings\r\nquit\r\n",
+    );
+    let _ = std::fs::remove_file(session);
+    assert!(second.contains("Reused, TLSv1.2"), "{second}");
+    assert!(second.contains("STAT ssl_new_sessions 1\r\n"), "{second}");
+    assert!(
+        second.contains("STAT ssl_session_cache yes\r\n"),
+        "{second}"
+    );
     let (code, _) = served.terminate();
     assert_eq!(code, 0);
 }

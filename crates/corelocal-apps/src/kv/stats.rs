@@ -369,7 +369,14 @@ impl Inner {
             ("lrutail_reflocked", 0),
         ]);
         if let Some(tls) = &self.config.tls {
-            // memcached's TLS build adds these two when -Z is on.
+            // memcached's TLS build adds these when -Z is on, the first with ssl_session_cache.
+            let resumes = r
+                .tls
+                .iter()
+                .any(|(n, v)| n == "ssl_session_cache" && v == "yes");
+            if resumes {
+                rows.push(("ssl_new_sessions", tls.new_sessions()));
+            }
             rows.push(("ssl_handshake_errors", tls.handshake_errors()));
             rows.push((
                 "time_since_server_cert_refresh",

@@ -130,6 +130,9 @@ impl<H: Handler> TlsConn<H> {
                 self.write_records(out);
                 return Err(CloseReason::BadRequest);
             }
+            if handshaking && !self.tls.is_handshaking() {
+                self.handle.count_handshake_done(self.tls.handshake_kind());
+            }
             self.take_plaintext()?;
         }
         Ok(taken)
@@ -169,6 +172,9 @@ impl<H: Handler> TlsConn<H> {
                 self.handle.count_handshake_error();
                 self.write_records(out);
                 return Err(CloseReason::BadRequest);
+            }
+            if !self.tls.is_handshaking() {
+                self.handle.count_handshake_done(self.tls.handshake_kind());
             }
         }
         Ok(taken)

@@ -130,10 +130,11 @@ pub struct TlsHandle {
     counters: Arc<Counters>,
 }
 
-/// Counted across workers: written once per failed handshake, reload or kTLS connection.
+/// Counted across workers: written once per handshake, reload or kTLS connection.
 #[derive(Debug)]
 struct Counters {
     handshake_errors: AtomicU64,
+    new_sessions: AtomicU64,
     kernel_connections: AtomicU64,
     refreshed: Mutex<Instant>,
 }
@@ -145,6 +146,7 @@ impl TlsHandle {
             certs: Arc::new(CertStore::load(config.certs.clone())?),
             counters: Arc::new(Counters {
                 handshake_errors: AtomicU64::new(0),
+                new_sessions: AtomicU64::new(0),
                 kernel_connections: AtomicU64::new(0),
                 refreshed: Mutex::new(Instant::now()),
             }),
@@ -167,6 +169,12 @@ impl TlsHandle {
         self.counters.handshake_errors.load(Ordering::Relaxed)
     }
 
+    /// Full (not resumed) handshakes completed: the new sessions (memcached's
+    /// `ssl_new_sessions`).
+    pub fn new_sessions(&self) -> u64 {
+        self.counters.new_sessions.load(Ordering::Relaxed)
+    }
+
     /// Time since the certificates were loaded or last reloaded.
     pub fn since_reload(&self) -> Duration {
         let at = *self
@@ -186,6 +194,13 @@ impl TlsHandle {
         self.counters
             .kernel_connections
             .fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a completed handshake that made a new session (not a resumption).
+    pub(crate) fn count_handshake_done(&self, kind: Option<rustls::HandshakeKind>) {
+        if kind != Some(rustls::HandshakeKind::Resumed) {
+            self.counters.new_sessions.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     pub(crate) fn count_handshake_error(&self) {

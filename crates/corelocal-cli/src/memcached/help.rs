@@ -75,8 +75,9 @@ pub fn usage() -> String {
    - ssl_verify_mode:     0 none (default), 1 ask for a client certificate, 2 and 3
                           require one (checked against ssl_ca_cert)
    - ssl_ca_cert:         PEM format file of acceptable client CA's
-   - ssl_keyformat:       1 (PEM) only; ssl_kernel_tls: no effect (records in user
-     space); ssl_ciphers: refused (rustls's own AEAD suites)
+   - ssl_kernel_tls:      the kernel makes the TLS 1.3 records it sends where it has
+                          the tls module (printed at start); off by default
+   - ssl_keyformat:       1 (PEM) only; ssl_ciphers: refused (rustls's own AEAD suites)
    - memcached's allocator, hash table, LRU and crawler tuning (maxconns_fast,
      hashpower, tail_repair_time, hash_algorithm, lru_maintainer, hot_lru_pct,
      warm_lru_pct, temporary_ttl, slab_reassign, slab_automove, slab_chunk_max,

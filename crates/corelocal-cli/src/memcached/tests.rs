@@ -493,7 +493,11 @@ fn tls_options_map_onto_serve_kv() {
     assert!(holds(&p.args, "--tls-cert /dev/null --tls-key /dev/null"));
     assert!(holds(&p.args, "--tls-min-version 1.2"));
     assert!(holds(&p.args, "--tls-session-cache 0 --tls-no-tickets"));
+    assert!(holds(&p.args, "--tls-ktls off"), "{:?}", p.args);
     assert!(!p.args.iter().any(|a| a == "--tls-listen"));
+    let p = plan(&format!("-Z -p 11211 -o {files},ssl_kernel_tls"));
+    assert!(holds(&p.args, "--tls-ktls auto"), "{:?}", p.args);
+    assert!(p.notes.is_empty(), "{:?}", p.notes);
     let line = format!(
         "-Z -p 5 -l notls:127.0.0.1:7,127.0.0.1:8 -o {files},ssl_min_version=3 \
          -o ssl_session_cache,ssl_wbuf_size=4,ssl_kernel_tls,ssl_verify_mode=0,ssl_keyformat=1 \
@@ -507,7 +511,11 @@ fn tls_options_map_onto_serve_kv() {
     assert!(!p.args.iter().any(|a| a == "--tls-no-tickets"));
     assert!(!p.args.iter().any(|a| a == "--tls-client-ca"));
     let notes = p.notes.join("\n");
-    assert!(notes.contains("ssl_kernel_tls: no effect"), "{notes}");
+    assert!(holds(&p.args, "--tls-ktls auto"), "{:?}", p.args);
+    assert!(
+        notes.contains("ssl_kernel_tls: records stay in user space"),
+        "{notes}"
+    );
     assert!(
         notes.contains("ssl_ca_cert=/dev/null: no effect"),
         "{notes}"

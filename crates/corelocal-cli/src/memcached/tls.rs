@@ -3,10 +3,10 @@
 //!
 //! Accepted: what `serve kv` does (a certificate chain and its key, TLS 1.2/1.3 as the minimum
 //! version, resumption with `ssl_session_cache`, the record size from `ssl_wbuf_size`, client
-//! certificates checked against `ssl_ca_cert` with `ssl_verify_mode` 1 to 3), and what changes
-//! nothing a client could see or rely on (`ssl_kernel_tls`: records are made in user space
-//! instead; `ssl_ca_cert` while `ssl_verify_mode` is 0, as memcached asks no client for a
-//! certificate then). Refused with the option named: what would change who may connect or how
+//! certificates checked against `ssl_ca_cert` with `ssl_verify_mode` 1 to 3, the kernel's
+//! records with `ssl_kernel_tls` — as memcached, only when asked: `serve kv --tls-ktls auto`,
+//! else `off`), and what changes nothing a client could see or rely on (`ssl_ca_cert` while
+//! `ssl_verify_mode` is 0, as memcached asks no client for a certificate then). Refused with the option named: what would change who may connect or how
 //! and is not done here (`ssl_ciphers`, a key format other than PEM, a verify mode without a
 //! CA) — never accepted silently.
 
@@ -26,6 +26,9 @@ pub(super) struct TlsOptions {
     /// `ssl_verify_mode`: 0 (none, the default) to 3.
     verify_mode: u8,
     session_cache: bool,
+    /// `ssl_kernel_tls`: the kernel makes the records it can (OpenSSL's `SSL_OP_ENABLE_KTLS`
+    /// in memcached), off by default as there.
+    kernel_tls: bool,
     wbuf_kib: Option<u64>,
     /// Suboptions given, for the note when `-Z` is not.
     given: Vec<String>,
@@ -41,12 +44,7 @@ pub(super) fn apply(s: &mut Settings, name: &str, value: Option<&str>) -> Result
         "ssl_key" => tls.key = Some(text()),
         "ssl_ca_cert" => tls.ca_cert = Some(text()),
         "ssl_session_cache" => tls.session_cache = true,
-        "ssl_kernel_tls" => s.note(
-            "o:ssl_kernel_tls",
-            "-o ssl_kernel_tls: no effect: records are encrypted in user space (rustls); the \
-             bytes on the wire are the same"
-                .into(),
-        ),
+        "ssl_kernel_tls" => tls.kernel_tls = true,
         "ssl_min_version" => tls.min_version = Some(min_version(value)?),
         "ssl_verify_mode" => tls.verify_mode = verify_mode(value)?,
         "ssl_keyformat" => keyformat(value)?,
@@ -163,6 +161,8 @@ pub(super) fn finish(s: &mut Settings, tcp: bool) -> Result<Vec<String>, Refusal
     if let Some(kib) = tls.wbuf_kib {
         args.extend(["--tls-record-bytes".into(), (kib << 10).to_string()]);
     }
+    let ktls = if tls.kernel_tls { "auto" } else { "off" };
+    args.extend(["--tls-ktls".into(), ktls.into()]);
     args.extend(client_certs(tls)?);
     notes(s);
     Ok(args)
@@ -190,6 +190,14 @@ fn client_certs(tls: &TlsOptions) -> Result<Vec<String>, Refusal> {
 
 /// What is accepted with no effect, said once.
 fn notes(s: &mut Settings) {
+    if s.tls.kernel_tls && s.tls.wbuf_kib.is_some() {
+        s.note(
+            "o:ssl_kernel_tls",
+            "-o ssl_kernel_tls: records stay in user space, as ssl_wbuf_size sets their size \
+             (the kernel makes records of its own size)"
+                .into(),
+        );
+    }
     if matches!(s.tls.min_version, Some(0 | 1)) {
         s.note(
             "o:ssl_min_version",

@@ -212,6 +212,12 @@ fn kv_tls(args: &mut KvArgs, input_limit: u64) -> Result<Option<(TlsConfig, TlsH
     Ok(Some((config, handle)))
 }
 
+/// Whether these flags let the kernel make records (`--tls-ktls auto` and no record size of
+/// our own): memcached's `ssl_kernel_tls` setting.
+fn ktls_asked(tls: &TlsArgs) -> bool {
+    tls.tls_ktls == "auto" && tls.tls_record_bytes.is_none()
+}
+
 /// memcached's `ssl_*` rows of `stats settings` for these TLS flags (memcached 1.6.18's names
 /// and forms).
 fn tls_settings(tls: &TlsArgs) -> Vec<(String, String)> {
@@ -242,7 +248,10 @@ fn tls_settings(tls: &TlsArgs) -> Vec<(String, String)> {
             "ssl_session_cache",
             if resumes { "yes" } else { "no" }.into(),
         ),
-        ("ssl_kernel_tls", "no".into()),
+        (
+            "ssl_kernel_tls",
+            if ktls_asked(tls) { "yes" } else { "no" }.into(),
+        ),
         ("ssl_min_version", format!("tlsv{}", tls.tls_min_version)),
     ];
     rows.into_iter().map(|(n, v)| (n.to_string(), v)).collect()
