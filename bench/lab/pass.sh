@@ -5,6 +5,7 @@
 #   LAB_STALL_ROUNDS=3 bench/lab/pass.sh --checks stall --name lab-16cpu-stall   # issue 35's stall hunt
 # Writes results/lab/lab-<N>cpu.json and .md (guest kernel, vCPUs, accelerator, host load before
 # and after, each check PASS/FAIL with its numbers); exit code 0 when every check passed.
+# LAB_RESULTS=DIR writes them there instead (CI's bounded pass: nothing to commit).
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
@@ -25,7 +26,8 @@ done
 name=${name:-lab-${cpus}cpu}
 [ -x "$REPO/target/release/corelocal" ] || { echo "pass.sh: build first: cargo build --release -p corelocal-cli" >&2; exit 2; }
 out=$REPO/target/lab/pass-$name-$(date -u +%Y%m%dT%H%M%S)
-mkdir -p "$out" "$REPO/results/lab"
+results=${LAB_RESULTS:-$REPO/results/lab}
+mkdir -p "$out" "$results"
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 # The commit the guest runs (taken now: the tree may move on while a long pass runs).
 commit=$(git -C "$REPO" rev-parse --short HEAD)$(git -C "$REPO" diff --quiet HEAD -- bench/lab crates || echo "+changes")
@@ -37,7 +39,7 @@ rc=0
 took=$(($(date +%s) - t0))
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 [ -f "$out/result.json" ] || { echo "pass.sh: no result.json (lab exit $rc); see $out" >&2; exit 1; }
-python3 - "$out" "$REPO/results/lab/$name" "$load_before" "$load_after" "$took" "$(nproc)" "$commit" <<'PY'
+python3 - "$out" "$results/$name" "$load_before" "$load_after" "$took" "$(nproc)" "$commit" <<'PY'
 import json, sys, shutil, os
 out, dest, lb, la, took, host_cpus, commit = sys.argv[1:]
 r = json.load(open(f"{out}/result.json"))
@@ -62,6 +64,6 @@ for c in r["checks"]:
 open(dest + ".md", "w").write("\n".join(lines) + "\n")
 print("\n".join(lines))
 PY
-for f in "$out"/threads-*.txt "$out"/stall-*.json; do [ -e "$f" ] && cp "$f" "$REPO/results/lab/$name-$(basename "$f")"; done
-echo "pass.sh: results/lab/$name.json and .md; guest files in $out"
+for f in "$out"/threads-*.txt "$out"/stall-*.json; do [ -e "$f" ] && cp "$f" "$results/$name-$(basename "$f")"; done
+echo "pass.sh: $results/$name.json and .md; guest files in $out"
 exit "$rc"
