@@ -246,16 +246,8 @@ fn memcached_command_line_z_serves_tls_beside_a_notls_listener() {
 
     let plain = free_port();
     let secure = free_port();
-    let files = format!(
-        "ssl_chain_cert={},ssl_key={}",
-        cert_path("ecdsa.pem"),
-        cert_path("ecdsa.key")
-    );
     let listen = format!("notls:127.0.0.1:{plain},127.0.0.1:{secure}");
-    let mut cmd = Command::new(common::BIN);
-    cmd.args(["memcached", "-U", "0", "-Z", "-l", &listen, "-o", &files]);
-    cmd.stdout(Stdio::null());
-    let served = Served::spawn(cmd, false);
+    let served = memcached_z(&listen, "");
     let tls: SocketAddr = format!("127.0.0.1:{secure}").parse().unwrap();
     let out = finish(
         s_client(tls, "-tls1_3"),
@@ -282,16 +274,8 @@ fn memcached_ssl_session_cache_counts_new_sessions_not_resumptions() {
         return;
     }
     let secure = free_port();
-    let files = format!(
-        "ssl_chain_cert={},ssl_key={},ssl_session_cache",
-        cert_path("ecdsa.pem"),
-        cert_path("ecdsa.key")
-    );
     let listen = format!("127.0.0.1:{secure}");
-    let mut cmd = Command::new(common::BIN);
-    cmd.args(["memcached", "-U", "0", "-Z", "-l", &listen, "-o", &files]);
-    cmd.stdout(Stdio::null());
-    let served = Served::spawn(cmd, false);
+    let served = memcached_z(&listen, ",ssl_session_cache");
     let tls: SocketAddr = listen.parse().unwrap();
     let session =
         std::env::temp_dir().join(format!("corelocal-sess-{}-{secure}", std::process::id()));
@@ -314,6 +298,20 @@ fn memcached_ssl_session_cache_counts_new_sessions_not_resumptions() {
     );
     let (code, _) = served.terminate();
     assert_eq!(code, 0);
+}
+
+/// `corelocal memcached -Z -l LISTEN -o ssl_chain_cert=…,ssl_key=…` (the ECDSA chain) with
+/// `more` appended to the `-o` list (`,ssl_session_cache`, or nothing); no UDP.
+fn memcached_z(listen: &str, more: &str) -> Served {
+    let files = format!(
+        "ssl_chain_cert={},ssl_key={}{more}",
+        cert_path("ecdsa.pem"),
+        cert_path("ecdsa.key")
+    );
+    let mut cmd = Command::new(common::BIN);
+    cmd.args(["memcached", "-U", "0", "-Z", "-l", listen, "-o", &files]);
+    cmd.stdout(Stdio::null());
+    Served::spawn(cmd, false)
 }
 
 /// A port free now (bound and released), for command lines that need a fixed one.
