@@ -13,6 +13,7 @@ use corelocal::runtime::{
 };
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -258,4 +259,121 @@ fn flow_groups_migrate_at_packet_level_with_xdp() {
         w1.accepted_local > stats.workers[0].accepted_local,
         "moved groups did not bring their packets: {stats:?}"
     );
+}
+
+/// Worker 0's first request blocks its thread until the test opens the gate (10 s at most);
+/// every other request is answered at once.
+struct GatedZero {
+    gate_open: Arc<AtomicBool>,
+    blocked: Arc<AtomicBool>,
+}
+
+struct GatedZeroConn {
+    gate: Option<(Arc<AtomicBool>, Arc<AtomicBool>)>,
+}
+
+impl Handler for GatedZeroConn {
+    fn on_input(&mut self, input: &[u8], out: &mut Output, _now: Instant) -> Step {
+        if let Some((gate_open, blocked)) = self.gate.take() {
+            blocked.store(true, Ordering::SeqCst);
+            let t = Instant::now();
+            while !gate_open.load(Ordering::SeqCst) && t.elapsed() < Duration::from_secs(10) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        out.write(b"ok\n");
+        Step::close(input.len(), 1, CloseReason::Done)
+    }
+}
+
+impl Service for GatedZero {
+    type Conn = GatedZeroConn;
+    fn name(&self) -> &'static str {
+        "gated-zero"
+    }
+    fn connect(&self, info: &ConnInfo) -> GatedZeroConn {
+        let first_on_zero = info.worker == 0 && !self.blocked.load(Ordering::SeqCst);
+        GatedZeroConn {
+            gate: first_on_zero.then(|| (self.gate_open.clone(), self.blocked.clone())),
+        }
+    }
+}
+
+/// A worker that stops serving with a short queue — 5 connections, far below the 75% mark of
+/// its 32 — is stolen from once its queue has waited 5 ms with nothing accepted (the stall
+/// rule): the 5 are answered while worker 0 is still blocked, all by worker 1. Before the rule
+/// they waited for worker 0 (issue 35's lab: a starved worker's 5 of 8 waited 55 s and more).
+fn steals_from_a_stalled_worker_with_a_short_queue(backend: BackendKind) {
+    let Some(cpus) = two_cpus() else {
+        eprintln!("skipping: needs 2 CPUs");
+        return;
+    };
+    let first = cpus.iter().next().unwrap();
+    let mut config = ServerConfig::new(vec!["127.0.0.1:0".parse().unwrap()], &cpus, Mode::Local);
+    config.listen.steering = Some(Steering::IncomingCpu);
+    config.listen.backlog_total = 64;
+    config.backend = backend;
+    config.balance = Some(BalanceConfig::new(2));
+    let gate_open = Arc::new(AtomicBool::new(false));
+    let blocked = Arc::new(AtomicBool::new(false));
+    let service = GatedZero {
+        gate_open: gate_open.clone(),
+        blocked: blocked.clone(),
+    };
+    let server = Server::start(config, Arc::new(service)).unwrap();
+    let addr = server.local_addrs()[0];
+    let client = std::thread::spawn(move || {
+        pin_current_thread(&CpuSet::single(first)).unwrap();
+        let mut first_conn = TcpStream::connect(addr).unwrap();
+        first_conn.write_all(b"x").unwrap();
+        let t = Instant::now();
+        while !blocked.load(Ordering::SeqCst) && t.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(
+            blocked.load(Ordering::SeqCst),
+            "worker 0 never took the first request"
+        );
+        let conns: Vec<TcpStream> = (0..5)
+            .map(|_| {
+                let mut c = TcpStream::connect(addr).unwrap();
+                c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+                c.write_all(b"x").unwrap();
+                c
+            })
+            .collect();
+        // Answered while worker 0 is still blocked: only worker 1 can have answered.
+        let answered_while_blocked = conns
+            .into_iter()
+            .map(|mut c| {
+                let mut v = Vec::new();
+                c.read_to_end(&mut v).is_ok() && v == b"ok\n"
+            })
+            .filter(|ok| *ok)
+            .count();
+        let still_blocked = !gate_open.load(Ordering::SeqCst);
+        gate_open.store(true, Ordering::SeqCst);
+        let mut v = Vec::new();
+        first_conn.read_to_end(&mut v).unwrap();
+        assert_eq!(v, b"ok\n");
+        (answered_while_blocked, still_blocked)
+    });
+    let (answered, still_blocked) = client.join().unwrap();
+    let stats = finish(server);
+    assert!(still_blocked, "the gate opened before the answers came");
+    assert_eq!(answered, 5, "{stats:?}");
+    assert_eq!(stats.workers[1].stolen, 5, "{stats:?}");
+    assert!(stats.workers[0].busy_transitions >= 1, "{stats:?}");
+}
+
+#[test]
+fn a_stalled_worker_with_a_short_queue_is_stolen_from_epoll() {
+    let _serial = serial();
+    steals_from_a_stalled_worker_with_a_short_queue(BackendKind::Epoll);
+}
+
+#[test]
+fn a_stalled_worker_with_a_short_queue_is_stolen_from_uring() {
+    let _serial = serial();
+    steals_from_a_stalled_worker_with_a_short_queue(BackendKind::Uring);
 }

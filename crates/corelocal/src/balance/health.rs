@@ -1,6 +1,8 @@
 //! Busy seen from outside the worker: the paper's watermarks plus two rules that react within
 //! milliseconds to a worker that stopped serving — for servers whose queues we cannot steal
-//! from (`corelocal steer`) and for runtimes whose workers can block (`corelocal-tokio`).
+//! from (`corelocal steer`), for runtimes whose workers can block (`corelocal-tokio`), and for
+//! corelocal's own runtime, whose workers can be starved of CPU (the queue rules only: it does
+//! not read the threads' state).
 //!
 //! The paper's busy bit ([`BusyTracker`]) only fires once the accept queue is 75% full: 384
 //! connections with nginx's default backlog of 511, each waiting for a worker that may never

@@ -3,7 +3,11 @@
 //!
 //! Per loop turn of a worker (never per connection):
 //! - at most every [`SAMPLE_INTERVAL`], read its own accept-queue depth (TCP_INFO) and feed
-//!   its [`BusyTracker`]; on becoming busy, or while still busy above the high watermark,
+//!   its [`WorkerHealth`]: the paper's watermarks, plus the stall rule — a queue that held
+//!   connections at every observation for 5 ms while its owner accepted none is busy however
+//!   short it is (a worker starved of CPU holding 5 of 8 is not serving them, and below the
+//!   75% watermark nobody would steal them); on becoming busy, or while still busy above the
+//!   high watermark,
 //!   wake the non-busy workers so they steal before the kernel drops SYNs (it never spills a
 //!   full listener's SYNs to a sibling);
 //! - if not busy, watch the others: any worker whose queue nobody observed for
@@ -29,8 +33,8 @@
 use super::backend::Wake;
 use super::stats::WorkerStats;
 use crate::balance::{
-    AcceptFrom, BalanceConfig, Balancer, BusyChange, BusySet, BusyTracker, ConfigError,
-    FlowGroupTable,
+    AcceptFrom, Activity, BalanceConfig, Balancer, BusySet, ConfigError, FlowGroupTable,
+    Observation, StallConfig, WorkerHealth,
 };
 use crate::listen::ListenerGroup;
 use crate::steer::XdpSteering;
@@ -51,7 +55,7 @@ pub const WATCH_INTERVAL_MAX: Duration = Duration::from_millis(32);
 /// One worker's busy tracking, shared: whoever observes the worker's queue updates it.
 #[derive(Debug)]
 pub struct WorkerWatch {
-    tracker: Mutex<BusyTracker>,
+    health: Mutex<WorkerHealth>,
     /// When the queue was last observed, in ns since [`BalanceShared::epoch`] (by anyone).
     observed_ns: AtomicU64,
     /// The worker cannot accept (at its connection limit, or paused after accept failed):
@@ -143,7 +147,7 @@ impl BalanceShared {
         config.validate().map_err(BalanceError::Config)?;
         let watches = (0..config.workers)
             .map(|w| WorkerWatch {
-                tracker: Mutex::new(BusyTracker::new(w, &config)),
+                health: Mutex::new(WorkerHealth::new(w, &config, StallConfig::default())),
                 observed_ns: AtomicU64::new(0),
                 blocked: AtomicBool::new(false),
             })
@@ -184,14 +188,28 @@ impl BalanceShared {
         let depth = self.group.queue_depth(worker).ok()?;
         let blocked = watch.blocked.load(Ordering::Relaxed) && depth.len > 0;
         let seen_len = if blocked { depth.cap } else { depth.len };
-        let (change, busy) = {
-            let mut tracker = watch.tracker.lock().unwrap_or_else(|p| p.into_inner());
-            let change = tracker.observe(&self.busy, seen_len, depth.cap);
-            (change, tracker.is_busy())
+        let stats = self.stats.get(worker);
+        let observation = Observation {
+            queue_len: seen_len,
+            queue_cap: depth.cap,
+            accepted: stats.map(|s| s.accepted_total()),
+            // The thread's state is not read here: the queue rules decide.
+            activity: Activity::Unknown,
         };
+        let (change, busy) = {
+            let mut health = watch.health.lock().unwrap_or_else(|p| p.into_inner());
+            let change = health.observe(&self.busy, observation, now_ns);
+            (change, health.busy().is_some())
+        };
+        let became_busy = change.is_some_and(|c| c.busy);
+        if became_busy {
+            if let Some(stats) = stats {
+                stats.busy_transition();
+            }
+        }
         let high = depth.cap as u64 * self.config.busy_high_pct as u64 / 100;
         let still_over = busy && seen_len as u64 > high;
-        if change == Some(BusyChange::BecameBusy) || still_over {
+        if became_busy || still_over {
             self.wake_non_busy(worker);
         }
         Some(QueueGauge {

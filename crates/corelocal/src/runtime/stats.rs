@@ -143,9 +143,14 @@ impl WorkerStats {
         self.busy.store(busy as u64, Ordering::Relaxed);
     }
 
-    /// Counts a change of busy state.
+    /// Counts a change to busy (by whichever worker observed it: an atomic add).
     pub fn busy_transition(&self) {
-        bump(&self.busy_transitions, 1);
+        self.busy_transitions.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Connections this worker accepted so far (monotonic), for the balancer's stall rule.
+    pub fn accepted_total(&self) -> u64 {
+        self.accepted.load(Ordering::Relaxed)
     }
 
     /// Counts a connection stolen from `victim`.
