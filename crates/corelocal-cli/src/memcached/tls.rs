@@ -6,9 +6,10 @@
 //! certificates checked against `ssl_ca_cert` with `ssl_verify_mode` 1 to 3, the kernel's
 //! records with `ssl_kernel_tls` — as memcached, only when asked: `serve kv --tls-ktls auto`,
 //! else `off`), and what changes nothing a client could see or rely on (`ssl_ca_cert` while
-//! `ssl_verify_mode` is 0, as memcached asks no client for a certificate then). Refused with the option named: what would change who may connect or how
-//! and is not done here (`ssl_ciphers`, a key format other than PEM, a verify mode without a
-//! CA) — never accepted silently.
+//! `ssl_verify_mode` is 0, as memcached asks no client for a certificate then). Refused with
+//! the option named: what would change who may connect or how and is not done here
+//! (`ssl_ciphers`, a key format other than PEM, a verify mode without a CA) — never accepted
+//! silently.
 
 use super::parse::Settings;
 use super::{Refusal, EX_USAGE};
