@@ -4,9 +4,9 @@
 //! Per loop turn of a worker (never per connection):
 //! - at most every [`SAMPLE_INTERVAL`], read its own accept-queue depth (TCP_INFO) and feed
 //!   its [`WorkerHealth`]: the paper's watermarks, plus the stall rule — a queue that held
-//!   connections at every observation for 5 ms while its owner accepted none is busy however
-//!   short it is (a worker starved of CPU holding 5 of 8 is not serving them, and below the
-//!   75% watermark nobody would steal them); on becoming busy, or while still busy above the
+//!   connections at every observation for [`STALL_AFTER`] while its owner accepted none is
+//!   busy however short it is (a worker starved of CPU holding 5 of 8 is not serving them, and
+//!   below the 75% watermark nobody would steal them); on becoming busy, or while still busy above the
 //!   high watermark,
 //!   wake the non-busy workers so they steal before the kernel drops SYNs (it never spills a
 //!   full listener's SYNs to a sibling);
@@ -47,6 +47,15 @@ use std::time::{Duration, Instant};
 pub const SAMPLE_INTERVAL: Duration = Duration::from_micros(200);
 /// A queue nobody observed for this long is observed by the next non-busy worker that looks.
 pub const STALE_AFTER: Duration = Duration::from_millis(1);
+/// The runtime's stall window: a queue that held connections this long while its owner
+/// accepted none is busy. `steer` and `corelocal-tokio` use 5 ms because they also read the
+/// worker thread's state; the runtime reads only its queues, so a worker merely waiting its
+/// turn for a busy but fair CPU (several workers per CPU, clients beside them: a few scheduler
+/// slices, ~10 ms) must not count — stealing it gains nothing and costs locality. 50 ms is the
+/// shared rules' threshold for a starved thread (`StallConfig::starved_after_ns`): a worker
+/// reniced behind a busy loop, or blocked in its handler, waits hundreds of ms and is still
+/// caught.
+pub const STALL_AFTER: Duration = Duration::from_millis(50);
 /// An idle non-busy worker wakes this soon to watch the others' queues …
 pub const WATCH_INTERVAL_MIN: Duration = Duration::from_millis(1);
 /// … and at least this often while every queue it watched stayed empty.
@@ -147,7 +156,7 @@ impl BalanceShared {
         config.validate().map_err(BalanceError::Config)?;
         let watches = (0..config.workers)
             .map(|w| WorkerWatch {
-                health: Mutex::new(WorkerHealth::new(w, &config, StallConfig::default())),
+                health: Mutex::new(WorkerHealth::new(w, &config, runtime_stall_config())),
                 observed_ns: AtomicU64::new(0),
                 blocked: AtomicBool::new(false),
             })
@@ -228,6 +237,14 @@ impl BalanceShared {
                 waker.wake();
             }
         }
+    }
+}
+
+/// The shared stall rules with the runtime's window ([`STALL_AFTER`]).
+fn runtime_stall_config() -> StallConfig {
+    StallConfig {
+        stall_after_ns: STALL_AFTER.as_nanos() as u64,
+        ..StallConfig::default()
     }
 }
 
