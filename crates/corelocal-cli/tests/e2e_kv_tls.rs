@@ -300,6 +300,44 @@ fn memcached_ssl_session_cache_counts_new_sessions_not_resumptions() {
     assert_eq!(code, 0);
 }
 
+/// memcached's `ssl_ciphers` (an OpenSSL cipher list) chooses the TLS 1.2 suites: the one it
+/// names is negotiated, a client offering only another is refused, TLS 1.3 is not affected.
+#[test]
+fn memcached_ssl_ciphers_chooses_the_tls12_suites() {
+    if !need(&["openssl"]) {
+        return;
+    }
+    let secure = free_port();
+    let listen = format!("127.0.0.1:{secure}");
+    let served = memcached_z(
+        &listen,
+        ",ssl_ciphers=ECDHE-ECDSA-CHACHA20-POLY1305:!AESGCM",
+    );
+    let tls: SocketAddr = listen.parse().unwrap();
+    let chosen = finish(s_client(tls, "-tls1_2"), b"stats settings\r\nquit\r\n");
+    assert!(
+        chosen.contains("Cipher is ECDHE-ECDSA-CHACHA20-POLY1305"),
+        "{chosen}"
+    );
+    assert!(
+        chosen.contains("STAT ssl_ciphers ECDHE-ECDSA-CHACHA20-POLY1305:!AESGCM\r\n"),
+        "{chosen}"
+    );
+    let other = finish(
+        s_client_with(
+            tls,
+            &["-tls1_2", "-cipher", "ECDHE-ECDSA-AES128-GCM-SHA256"],
+        ),
+        b"version\r\nquit\r\n",
+    );
+    assert!(!other.contains("VERSION"), "{other}");
+    assert!(other.contains("handshake failure"), "{other}");
+    let tls13 = finish(s_client(tls, "-tls1_3"), b"version\r\nquit\r\n");
+    assert!(tls13.contains("VERSION "), "{tls13}");
+    let (code, _) = served.terminate();
+    assert_eq!(code, 0);
+}
+
 /// `corelocal memcached -Z -l LISTEN -o ssl_chain_cert=…,ssl_key=…` (the ECDSA chain) with
 /// `more` appended to the `-o` list (`,ssl_session_cache`, or nothing); no UDP.
 fn memcached_z(listen: &str, more: &str) -> Served {

@@ -24,6 +24,7 @@
 //! same keys rustls derived ([`ktls`]); otherwise rustls does the records.
 
 mod certs;
+pub mod ciphers;
 mod conn;
 pub mod kernel;
 pub mod ktls;
@@ -85,6 +86,9 @@ pub struct TlsConfig {
     /// Hand TLS 1.3 records to the kernel (kTLS) where it takes them: probed at start,
     /// records in user space where it does not (see [`kernel`]).
     pub ktls: bool,
+    /// The TLS 1.2 suites offered, in this order (from an OpenSSL cipher list:
+    /// [`ciphers::tls12_suites`]); `None`: rustls's six. TLS 1.3's suites are not affected.
+    pub tls12_suites: Option<Vec<rustls::CipherSuite>>,
 }
 
 impl Default for TlsConfig {
@@ -104,6 +108,7 @@ impl Default for TlsConfig {
             client_ca: None,
             client_cert_required: false,
             ktls: true,
+            tls12_suites: None,
         }
     }
 }
@@ -342,10 +347,28 @@ fn client_verifier(config: &TlsConfig) -> Result<Option<Arc<dyn ClientCertVerifi
         .map_err(|e| format!("{shown}: {e}"))
 }
 
+/// ring's provider, its TLS 1.2 suites narrowed to `tls12` in that order when given.
+fn provider(tls12: Option<&[rustls::CipherSuite]>) -> rustls::crypto::CryptoProvider {
+    let mut provider = rustls::crypto::ring::default_provider();
+    if let Some(wanted) = tls12 {
+        let all = std::mem::take(&mut provider.cipher_suites);
+        let (tls13, tls12): (Vec<_>, Vec<_>) = all
+            .into_iter()
+            .partition(|s| matches!(s, rustls::SupportedCipherSuite::Tls13(_)));
+        provider.cipher_suites = tls13;
+        provider.cipher_suites.extend(
+            wanted
+                .iter()
+                .filter_map(|id| tls12.iter().find(|s| s.suite() == *id).copied()),
+        );
+    }
+    provider
+}
+
 /// One worker's rustls configuration: its own session cache and ticketer.
 fn worker_config(shared: &Shared) -> Result<Arc<ServerConfig>, String> {
     let config = &shared.config;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let provider = Arc::new(provider(config.tls12_suites.as_deref()));
     let versions: &[&rustls::SupportedProtocolVersion] = if config.tls12 {
         &[&rustls::version::TLS13, &rustls::version::TLS12]
     } else {

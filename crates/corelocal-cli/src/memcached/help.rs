@@ -77,7 +77,9 @@ pub fn usage() -> String {
    - ssl_ca_cert:         PEM format file of acceptable client CA's
    - ssl_kernel_tls:      the kernel makes the TLS 1.3 records it sends where it has
                           the tls module (printed at start); off by default
-   - ssl_keyformat:       1 (PEM) only; ssl_ciphers: refused (rustls's own AEAD suites)
+   - ssl_ciphers:         OpenSSL cipher list for TLS 1.2 (of rustls's six ECDHE
+                          AES-GCM/ChaCha20 suites; a list with none of them exits)
+   - ssl_keyformat:       1 (PEM) only
    - memcached's allocator, hash table, LRU and crawler tuning (maxconns_fast,
      hashpower, tail_repair_time, hash_algorithm, lru_maintainer, hot_lru_pct,
      warm_lru_pct, temporary_ttl, slab_reassign, slab_automove, slab_chunk_max,

@@ -321,9 +321,9 @@ fn refusals_name_the_option_and_exit_as_memcached() {
         ("-o ssl_verify_mode=9", 1, "Invalid ssl_verify_mode"),
         ("-o ssl_min_version=4", 1, "Invalid ssl_min_version"),
         (
-            "-o ssl_ciphers=HIGH",
+            "-Z -o ssl_ciphers=AES128-SHA:RC4,ssl_chain_cert=/dev/null,ssl_key=/dev/null",
             EX_USAGE,
-            "-o ssl_ciphers: not supported",
+            "Error setting the provided cipher(s): AES128-SHA:RC4",
         ),
         (
             "-o ssl_keyformat=2",
@@ -495,6 +495,14 @@ fn tls_options_map_onto_serve_kv() {
     assert!(holds(&p.args, "--tls-session-cache 0 --tls-no-tickets"));
     assert!(holds(&p.args, "--tls-ktls off"), "{:?}", p.args);
     assert!(!p.args.iter().any(|a| a == "--tls-listen"));
+    let p = plan(&format!(
+        "-Z -p 11211 -o {files},ssl_ciphers=ECDHE+AESGCM:!ECDSA"
+    ));
+    assert!(
+        holds(&p.args, "--tls-ciphers ECDHE+AESGCM:!ECDSA"),
+        "{:?}",
+        p.args
+    );
     let p = plan(&format!("-Z -p 11211 -o {files},ssl_kernel_tls"));
     assert!(holds(&p.args, "--tls-ktls auto"), "{:?}", p.args);
     assert!(p.notes.is_empty(), "{:?}", p.notes);

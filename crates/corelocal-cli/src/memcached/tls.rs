@@ -2,13 +2,14 @@
 //! prefix of `-l`, mapped onto `serve kv --tls-*` (rustls on each worker).
 //!
 //! Accepted: what `serve kv` does (a certificate chain and its key, TLS 1.2/1.3 as the minimum
-//! version, resumption with `ssl_session_cache`, the record size from `ssl_wbuf_size`, client
+//! version, the TLS 1.2 suites from an OpenSSL cipher list in `ssl_ciphers` (rustls's six ECDHE
+//! AEAD suites: a list that chooses none of them is refused, as OpenSSL refuses one), resumption with `ssl_session_cache`, the record size from `ssl_wbuf_size`, client
 //! certificates checked against `ssl_ca_cert` with `ssl_verify_mode` 1 to 3, the kernel's
 //! records with `ssl_kernel_tls` — as memcached, only when asked: `serve kv --tls-ktls auto`,
 //! else `off`), and what changes nothing a client could see or rely on (`ssl_ca_cert` while
 //! `ssl_verify_mode` is 0, as memcached asks no client for a certificate then). Refused with
 //! the option named: what would change who may connect or how and is not done here
-//! (`ssl_ciphers`, a key format other than PEM, a verify mode without a CA) — never accepted
+//! (a key format other than PEM, a verify mode without a CA) — never accepted
 //! silently.
 
 use super::parse::Settings;
@@ -31,6 +32,9 @@ pub(super) struct TlsOptions {
     /// in memcached), off by default as there.
     kernel_tls: bool,
     wbuf_kib: Option<u64>,
+    /// `ssl_ciphers`: an OpenSSL cipher list, for the TLS 1.2 suites (as memcached's
+    /// `SSL_CTX_set_cipher_list`).
+    ciphers: Option<String>,
     /// Suboptions given, for the note when `-Z` is not.
     given: Vec<String>,
 }
@@ -50,13 +54,7 @@ pub(super) fn apply(s: &mut Settings, name: &str, value: Option<&str>) -> Result
         "ssl_verify_mode" => tls.verify_mode = verify_mode(value)?,
         "ssl_keyformat" => keyformat(value)?,
         "ssl_wbuf_size" => tls.wbuf_kib = Some(wbuf_kib(value)?),
-        "ssl_ciphers" => {
-            return Err(refused(
-                name,
-                "OpenSSL cipher lists are not read here: rustls offers its own fixed set of \
-                 TLS 1.3 and 1.2 AEAD suites; leave ssl_ciphers out",
-            ))
-        }
+        "ssl_ciphers" => tls.ciphers = Some(text()),
         _ => return Err(Refusal::new(1, format!("Illegal suboption \"{name}\""))),
     }
     Ok(())
@@ -151,6 +149,16 @@ pub(super) fn finish(s: &mut Settings, tcp: bool) -> Result<Vec<String>, Refusal
         _ => "1.2",
     };
     args.extend(["--tls-min-version".into(), min.into()]);
+    if let Some(list) = &tls.ciphers {
+        // memcached's words (it exits when OpenSSL takes none of the list), then why.
+        corelocal_apps::tls::ciphers::tls12_suites(list).map_err(|why| {
+            Refusal::new(
+                EX_USAGE,
+                format!("Error setting the provided cipher(s): {list}\n{why}"),
+            )
+        })?;
+        args.extend(["--tls-ciphers".into(), list.clone()]);
+    }
     if !tls.session_cache {
         // memcached resumes no session unless ssl_session_cache is given.
         args.extend([

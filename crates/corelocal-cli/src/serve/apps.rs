@@ -238,7 +238,10 @@ fn tls_settings(tls: &TlsArgs) -> Vec<(String, String)> {
         ("ssl_key", path(tls.tls_key.first())),
         ("ssl_verify_mode", verify_mode.into()),
         ("ssl_keyformat", "1".into()),
-        ("ssl_ciphers", "NULL".into()),
+        (
+            "ssl_ciphers",
+            tls.tls_ciphers.clone().unwrap_or_else(|| "NULL".into()),
+        ),
         ("ssl_ca_cert", path(tls.tls_client_ca.as_ref())),
         (
             "ssl_wbuf_size",
@@ -477,6 +480,13 @@ fn tls_config(
         client_ca: tls.tls_client_ca.clone(),
         client_cert_required: !tls.tls_client_cert_optional,
         ktls: tls.tls_ktls == "auto",
+        tls12_suites: match &tls.tls_ciphers {
+            Some(list) => Some(
+                corelocal_apps::tls::ciphers::tls12_suites(list)
+                    .map_err(|e| format!("--tls-ciphers: {e}"))?,
+            ),
+            None => None,
+        },
         ..TlsConfig::default()
     })
 }

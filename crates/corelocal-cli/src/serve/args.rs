@@ -140,6 +140,12 @@ pub(super) struct TlsArgs {
     /// The oldest TLS version accepted: 1.2 (1.2 and 1.3) or 1.3 (1.3 only).
     #[arg(long, default_value = "1.2", value_parser = ["1.2", "1.3"], help_heading = "TLS")]
     pub(super) tls_min_version: String,
+    /// The TLS 1.2 suites offered, as an OpenSSL cipher list (nginx's ssl_ciphers,
+    /// memcached's ssl_ciphers: `ECDHE+AESGCM`, `HIGH:!aNULL`, names joined by `:`), from
+    /// rustls's six ECDHE AES-GCM / ChaCha20-Poly1305 suites, in the list's order; a list
+    /// that chooses none of them is refused. TLS 1.3's suites are not affected.
+    #[arg(long, value_name = "LIST", requires = "tls_cert", help_heading = "TLS")]
+    pub(super) tls_ciphers: Option<String>,
     /// Plaintext per TLS record at most (memcached's ssl_wbuf_size): 32 to 16384; more is
     /// TLS's own 16 KiB.
     #[arg(long, value_name = "BYTES", help_heading = "TLS",
