@@ -163,6 +163,20 @@ pub enum Op {
         /// The connection.
         conn: ConnId,
     },
+    /// Stop receiving on a connection and hold it stopped: no byte is read from the socket
+    /// until [`Op::RecvRelease`] (an [`Op::Recv`] meanwhile does nothing). Completes with
+    /// [`Completion::RecvStopped`] once no receive is in flight any more — after every byte
+    /// already read was reported — so that what is in the socket is what was never read
+    /// (kTLS RX needs the socket at a record boundary).
+    RecvStop {
+        /// The connection.
+        conn: ConnId,
+    },
+    /// Ends the hold of [`Op::RecvStop`]; receiving stays off until an [`Op::Recv`].
+    RecvRelease {
+        /// The connection.
+        conn: ConnId,
+    },
     /// Send all of `buf`; completes once everything is sent or on error.
     Send {
         /// The connection.
@@ -297,6 +311,12 @@ pub enum Completion {
         conn: ConnId,
         /// Bytes sent, or the error.
         result: io::Result<u64>,
+    },
+    /// A [`Op::RecvStop`] took effect: no receive is in flight, and none starts before
+    /// [`Op::RecvRelease`].
+    RecvStopped {
+        /// The connection.
+        conn: ConnId,
     },
     /// A [`Op::SetOptions`] finished.
     OptionsSet {

@@ -1,6 +1,7 @@
 //! Behaviour of the runtime over real sockets, with a tiny line protocol as the service:
 //! `PING\n` → `PONG\n`, `BIG n\n` → n bytes, `QUIT\n` → close, `OPT ok|bad|last\n` → `A`,
-//! socket options, `B\n`; `CTL ok|bad\n` → `A`, `ctl` with a control message, `B\n`; anything
+//! socket options, `B\n`; `STOP\n` → `S`, a receive stop, `STOPPED <unread>\n`, an option,
+//! `R\n`; `CTL ok|bad\n` → `A`, `ctl` with a control message, `B\n`; anything
 //! else → `ERR\n` and close as a bad request.
 
 use corelocal::cpu::{current_affinity, pin_current_thread, CpuSet};
@@ -91,6 +92,11 @@ impl Handler for LineConn {
                 b"last" => Step::close(consumed, 1, CloseReason::Done),
                 _ => Step::read(consumed, 1),
             }
+        } else if line == b"STOP" {
+            // A receive stop: `on_recv_stopped` answers with what was left unread.
+            out.write(b"S");
+            out.stop_receiving();
+            Step::read(consumed, 1)
         } else if let Some(n) = line.strip_prefix(b"BIG ") {
             let n: usize = std::str::from_utf8(n).unwrap().parse().unwrap();
             out.write(&vec![b'b'; n]);
@@ -104,6 +110,12 @@ impl Handler for LineConn {
     fn on_drain(&mut self) -> bool {
         self.draining = self.announce;
         self.announce
+    }
+
+    fn on_recv_stopped(&mut self, input: &[u8], out: &mut Output, _now: Instant) {
+        out.write(format!("STOPPED {}\n", String::from_utf8_lossy(input)).as_bytes());
+        out.push_socket_options(vec![test_option(b"ok")]);
+        out.write(b"R\n");
     }
 
     fn on_input_limit(&mut self, _input: &[u8], out: &mut Output, _now: Instant) {
@@ -397,6 +409,39 @@ fn socket_options_are_set_between_two_parts_of_the_output(backend: BackendKind) 
     s.write_all(b"OPT bad\nPING\n").unwrap();
     assert_eq!(read_to_end(s), b"A", "nothing after the option that failed");
     eventually(&server, |st| st.total.errors.io > errors_before);
+    let mut s = connect(addr(&server));
+    s.write_all(b"PING\nQUIT\n").unwrap();
+    assert_eq!(read_to_end(s), b"PONG\n", "the worker serves on");
+    stop(server);
+}
+
+/// A handler's receive stop: it is told once reading stopped, with the input not consumed
+/// then (a partial line), its socket options are set, and reading resumes after them —
+/// nothing lost or reordered, several stops in a row on one connection.
+fn a_receive_stop_tells_the_handler_and_reading_resumes(backend: BackendKind) {
+    let server = start(backend);
+    let mut s = connect(addr(&server));
+    let mut reader = BufReader::new(s.try_clone().unwrap());
+    for round in 0..3 {
+        // One write, one segment on loopback: "PI" is read before the stop takes effect.
+        s.write_all(b"STOP\nPI").unwrap();
+        let mut line = String::new();
+        reader.read_line(&mut line).unwrap();
+        assert_eq!(line, "SSTOPPED PI\n", "round {round}");
+        line.clear();
+        reader.read_line(&mut line).unwrap();
+        assert_eq!(line, "R\n");
+        s.write_all(b"NG\nPING\n").unwrap();
+        for _ in 0..2 {
+            line.clear();
+            reader.read_line(&mut line).unwrap();
+            assert_eq!(line, "PONG\n", "round {round}: reading resumed");
+        }
+    }
+    s.write_all(b"STOP\nQUIT\n").unwrap();
+    let mut rest = Vec::new();
+    let _ = reader.read_to_end(&mut rest);
+    assert_eq!(rest, b"S", "a connection closing is not told of its stop");
     let mut s = connect(addr(&server));
     s.write_all(b"PING\nQUIT\n").unwrap();
     assert_eq!(read_to_end(s), b"PONG\n", "the worker serves on");
@@ -697,6 +742,7 @@ corelocal::on_every_backend!(
     starved_receives_recover,
     file_regions_are_sent_in_order_with_the_bytes_around_them,
     socket_options_are_set_between_two_parts_of_the_output,
+    a_receive_stop_tells_the_handler_and_reading_resumes,
     control_messages_go_with_their_bytes_in_order,
     serves_keep_alive_requests_on_many_connections,
     pipelined_requests_are_answered_in_order,

@@ -164,6 +164,8 @@ pub struct Output {
     options: Option<Vec<Placed>>,
     /// Total length at which the runtime applies back-pressure.
     limit: u64,
+    /// The handler asked the runtime to stop receiving ([`Output::stop_receiving`]).
+    recv_stop: bool,
 }
 
 impl Default for Output {
@@ -173,6 +175,7 @@ impl Default for Output {
             files: Vec::new(),
             options: None,
             limit: u64::MAX,
+            recv_stop: false,
         }
     }
 }
@@ -217,6 +220,29 @@ impl Output {
         if region.len > 0 {
             self.files.push((self.bytes.len(), region));
         }
+    }
+
+    /// Asks the runtime to stop reading from the socket, at once (not in the output's order):
+    /// once no receive is in flight and every byte read so far was given to
+    /// [`Handler::on_input`], it calls [`Handler::on_recv_stopped`]; reading resumes after
+    /// that call, and after the socket options it queued are set. For a protocol that
+    /// hands its receiving side to the kernel at a boundary it must see (kTLS RX: the next
+    /// byte in the socket must start a record). At most one stop at a time; asked again
+    /// while one is under way, it is the same stop.
+    pub fn stop_receiving(&mut self) {
+        self.recv_stop = true;
+    }
+
+    /// Takes the handler's [`Output::stop_receiving`] request.
+    pub(crate) fn take_recv_stop(&mut self) -> bool {
+        std::mem::take(&mut self.recv_stop)
+    }
+
+    /// Whether socket options wait in this output (not control messages).
+    pub(crate) fn has_socket_options(&self) -> bool {
+        self.marks()
+            .iter()
+            .any(|p| matches!(p.mark, Mark::Options(_)))
     }
 
     /// Sets socket options on the connection once everything queued so far is sent, before
@@ -431,6 +457,7 @@ impl Output {
         );
         self.bytes.extend_from_slice(&other.bytes);
         other.bytes.clear();
+        self.recv_stop |= other.take_recv_stop();
     }
 
     /// The byte buffer, emptied, leaving none (the runtime reuses a closed connection's).
@@ -613,6 +640,15 @@ pub trait Handler: Send + 'static {
     /// default (false) suits protocols with no such signal: idle connections close at once.
     fn on_drain(&mut self) -> bool {
         false
+    }
+
+    /// The receive stop asked for with [`Output::stop_receiving`] took effect: nothing is
+    /// read from the socket until this returns and the socket options it queues
+    /// ([`Output::push_socket_options`]) are set; `input` is the input not consumed yet
+    /// (every byte read from the socket so far has been offered to `on_input`). Not called
+    /// on a connection that is closing or whose peer's end came. The default does nothing.
+    fn on_recv_stopped(&mut self, input: &[u8], out: &mut Output, now: Instant) {
+        let _ = (input, out, now);
     }
 
     /// Asked when a normal close ([`CloseReason::Done`]) begins: whether the peer still has

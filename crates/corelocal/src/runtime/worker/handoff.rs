@@ -131,6 +131,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
             && !conn.sending
             && conn.output.is_empty()
             && !conn.recv_paused
+            && conn.recv_hold == super::RecvHold::Free
             && !conn.eof;
         if !quiet || conn.handler.handoff().is_none() {
             return;
@@ -192,6 +193,7 @@ impl<S: Service, B: Backend> Worker<S, B> {
             yielded: false,
             ready: false,
             input_paused: false,
+            recv_hold: super::RecvHold::Free,
         });
         self.open += 1;
         self.idle

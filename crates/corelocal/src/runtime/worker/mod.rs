@@ -13,6 +13,7 @@ mod input;
 mod lifecycle;
 mod notify;
 mod output;
+mod recv_hold;
 
 use super::accept::AcceptPath;
 use super::backend::key::Slots;
@@ -133,6 +134,19 @@ struct Conn<H> {
     ready: bool,
     /// Receiving is paused because yielded input piled up (not for output back-pressure).
     input_paused: bool,
+    /// Where a receive stop the handler asked for (`Output::stop_receiving`) stands.
+    recv_hold: RecvHold,
+}
+
+/// A handler's receive stop (`Output::stop_receiving`, `Handler::on_recv_stopped`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RecvHold {
+    /// None: receiving follows back-pressure and pauses only.
+    Free,
+    /// `Op::RecvStop` is with the backend.
+    Stopping,
+    /// Stopped; held until the socket options the handler queued then are set.
+    UntilOptions,
 }
 
 impl<H> Conn<H> {
@@ -402,16 +416,27 @@ impl<S: Service, B: Backend> Worker<S, B> {
                 self.backend.release(buf);
             }
             Completion::Eof { conn } => self.on_eof(conn, now),
+            // EIO is no TCP error: a kTLS RX socket says so of a record that is not data (the
+            // peer's close_notify, an alert, a KeyUpdate): the peer's stream ends there.
+            Completion::RecvFailed { conn, error } if error.raw_os_error() == Some(libc::EIO) => {
+                self.on_eof(conn, now)
+            }
             Completion::RecvFailed { conn, .. } => {
                 self.setup.stats.error(ErrorKind::Io);
                 self.force_close(conn);
             }
+            Completion::RecvStopped { conn } => self.on_recv_stopped(conn, now),
             Completion::Sent { conn, buf, result } => {
                 self.spare.give(buf);
                 self.on_sent(conn, result.map(|n| n as u64), now);
             }
             Completion::SentFile { conn, result } => self.on_sent(conn, result, now),
-            Completion::OptionsSet { conn, result } => self.on_sent(conn, result.map(|()| 0), now),
+            Completion::OptionsSet { conn, result } => {
+                if result.is_ok() {
+                    self.release_recv_after_options(conn);
+                }
+                self.on_sent(conn, result.map(|()| 0), now)
+            }
             Completion::Closed { conn } => self.on_closed(conn),
             Completion::Detached { conn, fd } => self.on_detached(conn, fd),
         }

@@ -82,6 +82,10 @@ impl<S: Service, B: Backend> Worker<S, B> {
         let Some(conn) = self.conns.occupant_mut(id) else {
             return;
         };
+        if conn.output.take_recv_stop() {
+            self.start_recv_stop(id);
+            return self.flush(id);
+        }
         if conn.sending || !matches!(conn.closing, Closing::Open | Closing::Flushing(_)) {
             return;
         }

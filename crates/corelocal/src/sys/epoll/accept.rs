@@ -70,6 +70,7 @@ impl EpollBackend {
         self.conns[slot] = Some(ConnIo {
             fd,
             recv_on: false,
+            recv_held: false,
             registered: false,
             interest: 0,
             dirty: false,

@@ -57,6 +57,8 @@ struct ListenerIo {
 struct ConnIo {
     fd: OwnedFd,
     recv_on: bool,
+    /// `Op::RecvStop` until `Op::RecvRelease`: `Op::Recv` does not turn reading on.
+    recv_held: bool,
     registered: bool,
     interest: u32,
     pending: Option<PendingSend>,
@@ -182,9 +184,23 @@ impl EpollBackend {
             Op::Recv { conn } | Op::RecvPause { conn } => {
                 let on = matches!(op, Op::Recv { .. });
                 if let Some(c) = self.conn_mut(conn) {
-                    c.recv_on = on;
+                    c.recv_on = on && !c.recv_held;
                 }
                 self.update_interest(conn)?;
+            }
+            Op::RecvStop { conn } => {
+                // Reading happens only in this thread's `read_once`: off now is stopped now.
+                if let Some(c) = self.conn_mut(conn) {
+                    c.recv_on = false;
+                    c.recv_held = true;
+                    self.ready.push_back(Completion::RecvStopped { conn });
+                }
+                self.update_interest(conn)?;
+            }
+            Op::RecvRelease { conn } => {
+                if let Some(c) = self.conn_mut(conn) {
+                    c.recv_held = false;
+                }
             }
             Op::Send {
                 conn,

@@ -31,7 +31,7 @@ impl UringBackend {
             "a close is already linked behind the last send"
         );
         slot.closing = true;
-        let in_flight = matches!(slot.recv, RecvState::Armed | RecvState::First);
+        let in_flight = slot.recv.in_flight();
         slot.recv = RecvState::Off;
         if in_flight {
             self.cancel(user_data(KIND_RECV, key));

@@ -25,7 +25,7 @@ impl UringBackend {
         let key = self.slots.key(conn);
         let slot = &mut self.slots[conn];
         debug_assert!(slot.send.is_none(), "detached with a send in flight");
-        let recv_live = matches!(slot.recv, RecvState::Armed | RecvState::First);
+        let recv_live = slot.recv.in_flight();
         slot.recv = RecvState::Off;
         slot.closing = true;
         slot.detaching = Some(Detaching {

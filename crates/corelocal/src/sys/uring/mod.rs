@@ -213,10 +213,20 @@ impl UringBackend {
                 }
             }
             Op::RecvPause { conn } => {
-                if matches!(self.slots[conn].recv, RecvState::Armed | RecvState::First) {
-                    self.cancel(user_data(KIND_RECV, self.slots.key(conn)));
+                let state = self.slots[conn].recv;
+                // Stopping or held: stopped already, and held.
+                if !matches!(state, RecvState::Stopping | RecvState::Held) {
+                    if state.in_flight() {
+                        self.cancel(user_data(KIND_RECV, self.slots.key(conn)));
+                    }
+                    self.slots[conn].recv = RecvState::Off;
                 }
-                self.slots[conn].recv = RecvState::Off;
+            }
+            Op::RecvStop { conn } => self.stop_recv(conn),
+            Op::RecvRelease { conn } => {
+                if self.slots[conn].recv == RecvState::Held {
+                    self.slots[conn].recv = RecvState::Off;
+                }
             }
             Op::Send {
                 conn,

@@ -17,6 +17,30 @@ impl UringBackend {
         self.sqe(entry);
     }
 
+    /// `Op::RecvStop`: cancels the receive in flight (its last CQE completes the stop) or,
+    /// with none, stops at once.
+    pub(super) fn stop_recv(&mut self, conn: ConnId) {
+        let state = self.slots[conn].recv;
+        match state {
+            RecvState::Stopping | RecvState::Held => {}
+            s if s.in_flight() => {
+                self.cancel(user_data(KIND_RECV, self.slots.key(conn)));
+                self.slots[conn].recv = RecvState::Stopping;
+            }
+            // Off, Starved (fed only while Starved), ArmAtSubmit (armed only while so).
+            _ => {
+                self.slots[conn].recv = RecvState::Held;
+                self.ready.push_back(Completion::RecvStopped { conn });
+            }
+        }
+    }
+
+    /// The stop's receive ended (its CQE without `F_MORE`): held from now on.
+    fn recv_stopped(&mut self, conn: ConnId) {
+        self.slots[conn].recv = RecvState::Held;
+        self.ready.push_back(Completion::RecvStopped { conn });
+    }
+
     pub(super) fn on_recv(&mut self, conn: ConnId, res: i32, flags: u32) {
         let more = cqueue::more(flags);
         if res > 0 {
@@ -27,6 +51,10 @@ impl UringBackend {
                 len: res as usize,
             });
             let state = self.slots[conn].recv;
+            if !more && state == RecvState::Stopping && self.slots[conn].detaching.is_none() {
+                self.recv_stopped(conn);
+                return;
+            }
             if !more && state == RecvState::Armed {
                 self.events.rearms += 1;
                 self.arm_recv(conn);
@@ -41,6 +69,7 @@ impl UringBackend {
         }
         let slot = &mut self.slots[conn];
         let was_armed = matches!(slot.recv, RecvState::Armed | RecvState::First);
+        let stopping = slot.recv == RecvState::Stopping;
         if !more {
             slot.recv = RecvState::Off;
             if slot.detaching.is_some() {
@@ -63,6 +92,9 @@ impl UringBackend {
                 conn,
                 error: io::Error::from_raw_os_error(-e),
             }),
+        }
+        if stopping && !more {
+            self.recv_stopped(conn);
         }
     }
 

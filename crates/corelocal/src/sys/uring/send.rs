@@ -83,7 +83,7 @@ impl UringBackend {
             self.sqe(entry);
             return;
         }
-        let recv_in_flight = matches!(slot.recv, RecvState::Armed | RecvState::First);
+        let recv_in_flight = slot.recv.in_flight();
         slot.recv = RecvState::Off;
         slot.closing = true;
         slot.close_linked = true;

@@ -57,6 +57,20 @@ pub(super) enum RecvState {
     /// connection is closing or paused by then — a one-shot connection, answered and closed
     /// in the same turn, never has a multishot receive to cancel before its close.
     ArmAtSubmit,
+    /// `Op::RecvStop`: the receive in flight was cancelled; its last CQE makes it `Held`.
+    Stopping,
+    /// Stopped and held (`Op::RecvStop`): nothing arms a receive until `Op::RecvRelease`.
+    Held,
+}
+
+impl RecvState {
+    /// A receive request is with the kernel (its last CQE is still to come).
+    pub(super) fn in_flight(self) -> bool {
+        matches!(
+            self,
+            RecvState::Armed | RecvState::First | RecvState::Stopping
+        )
+    }
 }
 
 #[derive(Debug)]
