@@ -1226,8 +1226,9 @@ def curl(url, *args, out=None, timeout=120):
 def check_ktls(backend):
     """serve http over TLS on the guest's kernel, which has the tls ULP: curl (OpenSSL) fetches a
     small and a 3 MiB file over TLS 1.3 with each of the kernel's ciphers, keep-alive, and over TLS
-    1.2 (user-space records); every body byte-equal, the kernel's TlsTxSw counts the TLS 1.3
-    connections, and the server's start line names the kernel path."""
+    1.2 (user-space records); every body byte-equal, the kernel's TlsTxSw (and TlsRxSw, where
+    the start line says kTLS RX) counts the TLS 1.3 connections, and the server's start line
+    names the kernel path."""
     numbers = {}
     root = "/tmp/ktls-root"
     os.makedirs(root, exist_ok=True)
@@ -1273,6 +1274,11 @@ def check_ktls(backend):
         numbers["server_exit"] = srv.stop()
     after = tls_stat()
     numbers["TlsTxSw_delta"] = after.get("TlsTxSw", 0) - before.get("TlsTxSw", 0)
+    # kTLS RX: the kernel opens a TLS 1.3 connection's records once the runtime stopped
+    # reading at a record boundary (each curl connection; the start line says so).
+    numbers["TlsRxSw_delta"] = after.get("TlsRxSw", 0) - before.get("TlsRxSw", 0)
+    if "kTLS RX" in numbers.get("start_line", ""):
+        ok &= numbers["TlsRxSw_delta"] >= tls13
     numbers["TlsCurrTxSw_after"] = after.get("TlsCurrTxSw")
     numbers["tls13_connections"] = tls13
     numbers["tls_stat"] = after

@@ -212,18 +212,29 @@ impl<H: Handler> TlsConn<H> {
         out: &mut Output,
     ) -> Result<super::KernelTlsConn<H>, rustls::Error> {
         self.write_records(out);
+        let suite = self.tls.negotiated_cipher_suite().map(|s| s.suite());
         let secrets = self.tls.dangerous_extract_secrets()?;
         let (tx_seq, tx) = secrets.tx;
         let (rx_seq, rx) = secrets.rx;
         let unknown = || rustls::Error::General("a suite the kernel does not know".into());
         let info = super::ktls::tls13_tx_info(tx_seq, &tx).ok_or_else(unknown)?;
+        // The same struct for the receiving keys (its sequence number is set at the switch).
+        let rx_info = suite
+            .is_some_and(|s| self.limits.kernel.takes_rx(s))
+            .then(|| super::ktls::tls13_tx_info(rx_seq, &rx))
+            .flatten();
         let opener = super::ktls::RecordOpener::new(rx_seq, rx).ok_or_else(unknown)?;
         out.push_socket_options(super::kernel::tx_options(info));
         out.append(&mut self.inner_out);
+        if rx_info.is_some() {
+            // The receiving side follows once the runtime stopped reading (`on_recv_stopped`).
+            out.stop_receiving();
+        }
         self.handle.count_kernel_connection();
         Ok(super::KernelTlsConn::new(
             self.inner,
             opener,
+            rx_info,
             self.limits.plain_bytes_max,
         ))
     }

@@ -25,7 +25,8 @@ use std::time::{Duration, Instant};
 /// Inner handler calls per `on_input`, as the runtime bounds its own.
 const INNER_ROUNDS_MAX: usize = 256;
 
-/// The ciphers this kernel takes as TLS_TX (probed once at start).
+/// The ciphers this kernel takes as TLS_TX, and as TLS_RX (probed once at start): one bit
+/// per cipher for TX, the same shifted by [`KernelCiphers::RX_SHIFT`] for RX.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct KernelCiphers(u8);
 
@@ -35,6 +36,9 @@ impl KernelCiphers {
         KernelCipher::Aes256Gcm,
         KernelCipher::Chacha20Poly1305,
     ];
+
+    const RX_SHIFT: u8 = 3;
+    const TX_BITS: u8 = 0b111;
 
     /// None: records stay in user space.
     pub fn none() -> KernelCiphers {
@@ -53,6 +57,12 @@ impl KernelCiphers {
             match corelocal::sys::ktls::tx_accepts(&cipher.probe_info()) {
                 Ok(()) => found.0 |= Self::bit(cipher),
                 Err(e) => why = format!("the kernel refuses TLS_TX: {e}"),
+            }
+            // RX only with TX: a connection hands its receiving side over after its sending.
+            if found.0 & Self::bit(cipher) != 0
+                && corelocal::sys::ktls::rx_accepts(&cipher.probe_info()).is_ok()
+            {
+                found.0 |= Self::bit(cipher) << Self::RX_SHIFT;
             }
         }
         if found.is_empty() {
@@ -75,27 +85,52 @@ impl KernelCiphers {
         }
     }
 
+    /// These, and as TLS_RX too (tests).
+    #[cfg(test)]
+    pub fn with_rx(self) -> KernelCiphers {
+        KernelCiphers(self.0 | (self.0 & Self::TX_BITS) << Self::RX_SHIFT)
+    }
+
     /// Whether none is taken.
     pub fn is_empty(self) -> bool {
-        self.0 == 0
+        self.0 & Self::TX_BITS == 0
     }
 
-    /// Whether the kernel takes the TLS 1.3 suite a connection negotiated.
+    fn cipher_of(suite: rustls::CipherSuite) -> Option<KernelCipher> {
+        match suite {
+            rustls::CipherSuite::TLS13_AES_128_GCM_SHA256 => Some(KernelCipher::Aes128Gcm),
+            rustls::CipherSuite::TLS13_AES_256_GCM_SHA384 => Some(KernelCipher::Aes256Gcm),
+            rustls::CipherSuite::TLS13_CHACHA20_POLY1305_SHA256 => {
+                Some(KernelCipher::Chacha20Poly1305)
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether the kernel takes the TLS 1.3 suite a connection negotiated (as TLS_TX).
     pub fn takes(self, suite: rustls::CipherSuite) -> bool {
-        let cipher = match suite {
-            rustls::CipherSuite::TLS13_AES_128_GCM_SHA256 => KernelCipher::Aes128Gcm,
-            rustls::CipherSuite::TLS13_AES_256_GCM_SHA384 => KernelCipher::Aes256Gcm,
-            rustls::CipherSuite::TLS13_CHACHA20_POLY1305_SHA256 => KernelCipher::Chacha20Poly1305,
-            _ => return false,
-        };
-        self.0 & Self::bit(cipher) != 0
+        Self::cipher_of(suite).is_some_and(|c| self.0 & Self::bit(c) != 0)
     }
 
-    /// The ciphers by name, for the start line.
+    /// Whether the kernel also opens that suite's records (TLS_RX).
+    pub fn takes_rx(self, suite: rustls::CipherSuite) -> bool {
+        Self::cipher_of(suite).is_some_and(|c| self.0 & Self::bit(c) << Self::RX_SHIFT != 0)
+    }
+
+    /// The TX ciphers by name, for the start line.
     pub fn names(self) -> Vec<&'static str> {
+        self.names_at(0)
+    }
+
+    /// The RX ciphers by name.
+    pub fn rx_names(self) -> Vec<&'static str> {
+        self.names_at(Self::RX_SHIFT)
+    }
+
+    fn names_at(self, shift: u8) -> Vec<&'static str> {
         Self::ALL
             .into_iter()
-            .filter(|c| self.0 & Self::bit(*c) != 0)
+            .filter(|c| self.0 & Self::bit(*c) << shift != 0)
             .map(KernelCipher::name)
             .collect()
     }
@@ -149,11 +184,30 @@ pub(super) fn tx_options(info: Vec<u8>) -> Vec<SocketOption> {
     ]
 }
 
-/// A TLS 1.3 connection after its handshake: the kernel makes the records it sends, its
-/// records received are opened here; the inner handler reads plaintext and writes plaintext.
+/// The TLS_RX option: `info` (a crypto_info made for the receiving keys) with its record
+/// sequence number, the struct's last 8 bytes in every cipher's layout, set to `seq`.
+fn rx_option(mut info: Vec<u8>, seq: u64) -> SocketOption {
+    let at = info.len() - 8;
+    info[at..].copy_from_slice(&seq.to_be_bytes());
+    SocketOption {
+        level: corelocal::sys::ktls::SOL_TLS,
+        name: corelocal::sys::ktls::TLS_RX,
+        value: info,
+    }
+}
+
+/// A TLS 1.3 connection after its handshake: the kernel makes the records it sends; the
+/// records it receives are opened here until the kernel takes them too (kTLS RX, where it
+/// can: see [`KernelTlsConn::on_recv_stopped`]); the inner handler reads plaintext and
+/// writes plaintext.
 pub struct KernelTlsConn<H> {
     inner: H,
     rx: RecordOpener,
+    /// The receiving keys as a TLS_RX crypto_info (sequence number set at the switch), while
+    /// the switch may still happen; wiped when dropped (a [`SocketOption`]).
+    rx_info: Option<SocketOption>,
+    /// TLS_RX is set: the input is plaintext the kernel opened.
+    rx_in_kernel: bool,
     /// Opened input the inner handler has not consumed.
     plain: Vec<u8>,
     plain_bytes_max: usize,
@@ -162,10 +216,19 @@ pub struct KernelTlsConn<H> {
 }
 
 impl<H: Handler> KernelTlsConn<H> {
-    pub(super) fn new(inner: H, rx: RecordOpener, plain_bytes_max: usize) -> KernelTlsConn<H> {
+    /// With `rx_info` (the receiving keys' crypto_info), the receiving side goes to the
+    /// kernel too once the runtime stopped reading at a record boundary.
+    pub(super) fn new(
+        inner: H,
+        rx: RecordOpener,
+        rx_info: Option<Vec<u8>>,
+        plain_bytes_max: usize,
+    ) -> KernelTlsConn<H> {
         KernelTlsConn {
             inner,
             rx,
+            rx_info: rx_info.map(|info| rx_option(info, 0)),
+            rx_in_kernel: false,
             plain: Vec::new(),
             plain_bytes_max,
             peer_closed: false,
@@ -177,6 +240,13 @@ impl<H: Handler> KernelTlsConn<H> {
     fn open(&mut self, input: &[u8], out: &mut Output) -> Result<usize, CloseReason> {
         if self.peer_closed {
             return Ok(0);
+        }
+        if self.rx_in_kernel {
+            let n = input
+                .len()
+                .min(self.plain_bytes_max.saturating_sub(self.plain.len()));
+            self.plain.extend_from_slice(&input[..n]);
+            return Ok(n);
         }
         match self.rx.open(input, &mut self.plain, self.plain_bytes_max) {
             Ok(opened) => {
@@ -252,6 +322,22 @@ impl<H: Handler> Handler for KernelTlsConn<H> {
         // Ciphertext piled up while `plain` stayed full: nothing to say in the clear.
     }
 
+    /// The runtime stopped reading (asked for when the handshake handed TX over): every
+    /// record read so far was offered to `on_input`. With none of them left partial or
+    /// unopened here, the socket's next byte starts a record: TLS_RX with the next record's
+    /// sequence number, set before anything more is read. Else the records stay here.
+    fn on_recv_stopped(&mut self, input: &[u8], out: &mut Output, _now: Instant) {
+        let Some(mut option) = self.rx_info.take() else {
+            return;
+        };
+        if !input.is_empty() || self.peer_closed {
+            return; // A partial record (or the end): opened here, as before.
+        }
+        option = rx_option(std::mem::take(&mut option.value), self.rx.seq());
+        out.push_socket_options(vec![option]);
+        self.rx_in_kernel = true;
+    }
+
     fn on_eof(&mut self, _input: &[u8], out: &mut Output, now: Instant) -> Next {
         let next = self.inner.on_eof(&self.plain, out, now);
         self.plain.clear();
@@ -313,6 +399,7 @@ mod tests {
     use super::super::ktls::tests::{cert_dir, Sealer, SUITES};
     use super::super::{CertFiles, MaybeTls, TlsConfig, TlsService};
     use super::*;
+    use crate::tls::ktls::tests::parse_info;
     use corelocal::runtime::{Chunk, ConnInfo, Service};
     use rustls::crypto::ring::default_provider;
     use rustls::crypto::CryptoProvider;
@@ -362,6 +449,12 @@ mod tests {
         service_timing_out_after(Duration::from_secs(10))
     }
 
+    fn service_with(ciphers: KernelCiphers) -> TlsService<Lines> {
+        let mut service = service();
+        service.assume_kernel_ciphers(ciphers);
+        service
+    }
+
     fn service_timing_out_after(handshake_timeout: Duration) -> TlsService<Lines> {
         let config = TlsConfig {
             handshake_timeout,
@@ -408,6 +501,9 @@ mod tests {
         server: MaybeTls<LineConn>,
         client: ClientConnection,
         kernel: Option<Sealer>,
+        /// The TLS_TX and TLS_RX crypto_infos the server set, if it did.
+        tx_info: Option<Vec<u8>>,
+        rx_info: Option<Vec<u8>>,
         input: Vec<u8>,
         /// Plaintext the client read.
         received: Vec<u8>,
@@ -431,6 +527,8 @@ mod tests {
                 server,
                 client,
                 kernel: None,
+                tx_info: None,
+                rx_info: None,
                 input: Vec::new(),
                 received: Vec::new(),
                 saw_close_notify: false,
@@ -457,7 +555,15 @@ mod tests {
                 if let Next::Close(reason) = step.next {
                     self.closed = Some(reason);
                 }
+                let stop = out.recv_stop_asked();
                 self.deliver(&mut out);
+                if stop {
+                    // As the runtime: reading stops, the handler is told with what is unread.
+                    let mut out = Output::new();
+                    self.server
+                        .on_recv_stopped(&self.input, &mut out, Instant::now());
+                    self.deliver(&mut out);
+                }
             }
             panic!("no end to the exchange");
         }
@@ -467,8 +573,14 @@ mod tests {
         fn deliver(&mut self, out: &mut Output) {
             while let Some(chunk) = out.take_front(Vec::new()) {
                 match chunk {
+                    Chunk::Options(options) if options[0].name == corelocal::sys::ktls::TLS_RX => {
+                        assert!(self.kernel.is_some(), "RX after TX");
+                        assert!(self.rx_info.is_none(), "once per connection");
+                        self.rx_info = Some(options[0].value.clone());
+                    }
                     Chunk::Options(options) => {
                         assert_eq!(options[0].value, b"tls", "the ULP first");
+                        self.tx_info = Some(options[1].value.clone());
                         assert!(self.kernel.is_none(), "once per connection");
                         self.kernel = Some(Sealer::from_info(&options[1].value));
                     }
@@ -564,6 +676,88 @@ mod tests {
             );
             assert_eq!(service.handle().kernel_connections(), 1);
         }
+    }
+
+    /// With the kernel taking TLS_RX too: once the runtime stopped reading with no record
+    /// left partial, the handler sets TLS_RX with the next record's sequence number (one
+    /// record, the first request, was opened here) and the TX crypto_info's cipher; from
+    /// then its input is plaintext, which it serves; the peer's end (the kernel's EIO for
+    /// close_notify) ends with its close_notify. A partial record at the stop keeps RX here.
+    #[test]
+    fn tls13_rx_goes_to_the_kernel_at_a_record_boundary() {
+        for (suite, _) in SUITES {
+            let service = service_with(KernelCiphers::all().with_rx());
+            let mut pair = Pair::new(&service, client(suite, false));
+            pair.client.writer().write_all(b"first\n").unwrap();
+            pair.pump();
+            assert_eq!(pair.read(), b"got first\n", "{suite:?}");
+            let info = pair.rx_info.clone().expect("TLS_RX set");
+            let (cipher, _, _, seq) = parse_info(&info);
+            assert_eq!(seq, 1, "{suite:?}: one record opened in user space");
+            let tx_cipher = parse_info(pair.tx_info.as_ref().unwrap()).0;
+            assert_eq!(cipher, tx_cipher, "{suite:?}");
+            // What the kernel gives now: plaintext.
+            let mut out = Output::new();
+            let step = pair.server.on_input(b"second\n", &mut out, Instant::now());
+            assert_eq!(step.consumed, 7);
+            pair.deliver(&mut out);
+            assert_eq!(pair.read(), b"got second\n", "{suite:?}");
+            let mut out = Output::new();
+            pair.server.on_eof(&[], &mut out, Instant::now());
+            pair.deliver(&mut out);
+            assert!(pair.saw_close_notify, "{suite:?}");
+        }
+        let service = service_with(KernelCiphers::all().with_rx());
+        let mut server = service.connect(&ConnInfo {
+            listener: 0,
+            worker: 0,
+            peer: None,
+            now: Instant::now(),
+            notify: None,
+        });
+        let mut out = Output::new();
+        server.on_recv_stopped(&[23, 3, 3], &mut out, Instant::now());
+        assert!(out.is_empty(), "not a kTLS connection: nothing to do");
+    }
+
+    /// A partial record unread when reading stopped: no TLS_RX, the records are opened here
+    /// as before (the rest of that record, then another); at a boundary, TLS_RX carries the
+    /// next record's sequence number.
+    #[test]
+    fn a_partial_record_at_the_stop_keeps_rx_in_user_space() {
+        let (opener, mut sealer, info) = crate::tls::ktls::tests::made_up_with_info(5);
+        let mut k = KernelTlsConn::new(LineConn, opener, Some(info.clone()), 1 << 16);
+        let record = sealer.seal(23, b"one\n", 0);
+        let mut out = Output::new();
+        k.on_recv_stopped(&record[..3], &mut out, Instant::now());
+        assert!(
+            out.is_empty() && !k.rx_in_kernel,
+            "no TLS_RX with a partial record"
+        );
+        let step = k.on_input(&record, &mut out, Instant::now());
+        assert_eq!(
+            (step.consumed, out.as_bytes()),
+            (record.len(), &b"got one\n"[..])
+        );
+        // A stop later finds nothing to switch: the keys went with the first stop.
+        let mut out = Output::new();
+        k.on_recv_stopped(&[], &mut out, Instant::now());
+        assert!(out.is_empty());
+
+        let (opener, mut sealer, info) = crate::tls::ktls::tests::made_up_with_info(5);
+        let mut k = KernelTlsConn::new(LineConn, opener, Some(info), 1 << 16);
+        let record = sealer.seal(23, b"two\n", 0);
+        let mut out = Output::new();
+        k.on_input(&record, &mut out, Instant::now());
+        let mut out = Output::new();
+        k.on_recv_stopped(&[], &mut out, Instant::now());
+        let Some(Chunk::Options(options)) = out.take_front(Vec::new()) else {
+            panic!("TLS_RX queued");
+        };
+        assert_eq!(options[0].name, corelocal::sys::ktls::TLS_RX);
+        assert_eq!(parse_info(&options[0].value).3, 6, "after record 5");
+        let step = k.on_input(b"three\n", &mut out, Instant::now());
+        assert_eq!((step.consumed, out.as_bytes()), (6, &b"got three\n"[..]));
     }
 
     /// A tampered record after the move closes the connection as a bad request.

@@ -586,7 +586,7 @@ pub(crate) mod tests {
 
     /// The fields of a crypto_info, read back per `linux/tls.h` (independently of how
     /// [`tls13_tx_info`] writes them): cipher, key, salt||iv, rec_seq.
-    fn parse_info(info: &[u8]) -> (KernelCipher, Vec<u8>, [u8; 12], u64) {
+    pub(crate) fn parse_info(info: &[u8]) -> (KernelCipher, Vec<u8>, [u8; 12], u64) {
         assert_eq!(u16::from_ne_bytes([info[0], info[1]]), 0x0304);
         let (cipher, iv_len, key_len, salt_len) = match u16::from_ne_bytes([info[2], info[3]]) {
             51 => (KernelCipher::Aes128Gcm, 8, 16, 4),
@@ -690,13 +690,20 @@ pub(crate) mod tests {
 
     /// Secrets made up here (ChaCha20's key is the one rustls's `AeadKey` can be built as),
     /// and a sealer with them, both starting at `seq`.
-    fn made_up(seq: u64) -> (RecordOpener, Sealer) {
+    pub(crate) fn made_up(seq: u64) -> (RecordOpener, Sealer) {
+        let (opener, sealer, _) = made_up_with_info(seq);
+        (opener, sealer)
+    }
+
+    /// As [`made_up`], with the secrets' crypto_info too.
+    pub(crate) fn made_up_with_info(seq: u64) -> (RecordOpener, Sealer, Vec<u8>) {
         let secrets = || ConnectionTrafficSecrets::Chacha20Poly1305 {
             key: [7; 32].into(),
             iv: [9; 12].into(),
         };
-        let sealer = Sealer::from_info(&tls13_tx_info(seq, &secrets()).unwrap());
-        (RecordOpener::new(seq, secrets()).unwrap(), sealer)
+        let info = tls13_tx_info(seq, &secrets()).unwrap();
+        let sealer = Sealer::from_info(&info);
+        (RecordOpener::new(seq, secrets()).unwrap(), sealer, info)
     }
 
     /// What one `open` of `records` makes of them.

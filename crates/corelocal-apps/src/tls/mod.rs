@@ -284,10 +284,22 @@ impl<S: Service> TlsService<S> {
     /// with the ciphers it takes, or user space and why.
     pub fn record_path(&self) -> String {
         match &self.shared.kernel {
-            (found, _) if !found.is_empty() => format!(
-                "TLS 1.3 records sent by the kernel (kTLS TX: {}), received in user space; TLS 1.2 in user space",
-                found.names().join(", ")
-            ),
+            (found, _) if !found.is_empty() => {
+                let rx = found.rx_names();
+                let received = match rx.is_empty() {
+                    true => "received in user space".to_string(),
+                    false => format!(
+                        "received by the kernel once the handshake's last record is read \
+                         (kTLS RX: {})",
+                        rx.join(", ")
+                    ),
+                };
+                format!(
+                    "TLS 1.3 records sent by the kernel (kTLS TX: {}), {received}; TLS 1.2 in \
+                     user space",
+                    found.names().join(", ")
+                )
+            }
             (_, why) => format!(
                 "records in user space (kTLS: {})",
                 why.as_deref().unwrap_or("not taken")
@@ -586,6 +598,15 @@ impl<H: Handler> Handler for MaybeTls<H> {
             MaybeTls::Tls(t) => t.idle_timeout(),
             MaybeTls::Kernel(k) => k.idle_timeout(),
             MaybeTls::Refused => None,
+        }
+    }
+
+    fn on_recv_stopped(&mut self, input: &[u8], out: &mut Output, now: std::time::Instant) {
+        match self {
+            MaybeTls::Plain(h) => h.on_recv_stopped(input, out, now),
+            MaybeTls::Kernel(k) => k.on_recv_stopped(input, out, now),
+            // rustls's connections never ask for a stop.
+            MaybeTls::Tls(_) | MaybeTls::Refused => {}
         }
     }
 

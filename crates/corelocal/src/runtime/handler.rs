@@ -233,6 +233,12 @@ impl Output {
         self.recv_stop = true;
     }
 
+    /// Whether [`Output::stop_receiving`] was asked and the runtime has not taken the request
+    /// yet (for tests that drive a handler in memory).
+    pub fn recv_stop_asked(&self) -> bool {
+        self.recv_stop
+    }
+
     /// Takes the handler's [`Output::stop_receiving`] request.
     pub(crate) fn take_recv_stop(&mut self) -> bool {
         std::mem::take(&mut self.recv_stop)

@@ -53,17 +53,29 @@ pub fn tls_ulp() -> TlsUlp {
 pub const SOL_TLS: i32 = 282;
 /// `TLS_TX`: hands the sending direction's records to the kernel (a `tls12_crypto_info_*`).
 pub const TLS_TX: i32 = 1;
+/// `TLS_RX`: hands the receiving direction's records to the kernel (the same struct); the
+/// socket's next unread byte must start a record.
+pub const TLS_RX: i32 = 2;
 
 /// Whether the kernel takes `crypto_info` (a `struct tls12_crypto_info_*`, e.g. all-zero keys
 /// for a cipher) as TLS_TX: attaches the `tls` ULP to a throwaway loopback connection and sets
 /// it there. The error says why not (ENOENT: no `tls` ULP; EINVAL or ENOPROTOOPT: a cipher
 /// or version this kernel's TLS lacks).
 pub fn tx_accepts(crypto_info: &[u8]) -> io::Result<()> {
+    accepts(TLS_TX, crypto_info)
+}
+
+/// As [`tx_accepts`], for TLS_RX.
+pub fn rx_accepts(crypto_info: &[u8]) -> io::Result<()> {
+    accepts(TLS_RX, crypto_info)
+}
+
+fn accepts(direction: i32, crypto_info: &[u8]) -> io::Result<()> {
     let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
     let client = TcpStream::connect(listener.local_addr()?)?;
     let (_server, _) = listener.accept()?;
     super::socket::set_tcp_ulp(client.as_raw_fd(), b"tls")?;
-    super::socket::set_option_bytes(client.as_raw_fd(), SOL_TLS, TLS_TX, crypto_info)
+    super::socket::set_option_bytes(client.as_raw_fd(), SOL_TLS, direction, crypto_info)
 }
 
 fn probe() -> io::Result<()> {

@@ -125,6 +125,13 @@ impl<S: Service, B: Backend> Worker<S, B> {
         };
         conn.last_active = now;
         self.backend.push(Op::Shutdown { conn: id });
+        if conn.recv_hold == super::RecvHold::UntilOptions {
+            // Its options will not be set now: the lingering reads, to discard. (A stop
+            // still under way is released when it completes: `on_recv_stopped`.)
+            conn.recv_hold = super::RecvHold::Free;
+            self.backend.push(Op::RecvRelease { conn: id });
+            conn.recv_paused = true;
+        }
         if conn.recv_paused {
             conn.recv_paused = false;
             self.backend.push(Op::Recv { conn: id });

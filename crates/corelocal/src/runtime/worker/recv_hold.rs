@@ -28,12 +28,14 @@ impl<S: Service, B: Backend> Worker<S, B> {
         let Some(conn) = self.conns.occupant_mut(id) else {
             return;
         };
-        if conn.recv_hold != RecvHold::Stopping {
-            return; // Not asked here (a stale completion): nothing is held for it.
-        }
-        if conn.closing != Closing::Open || conn.eof {
+        if conn.recv_hold != RecvHold::Stopping || conn.closing != Closing::Open || conn.eof {
+            // Closing (or its end came) since the stop was asked: released, not told; a
+            // lingering close reads on, to discard.
             conn.recv_hold = RecvHold::Free;
             self.backend.push(Op::RecvRelease { conn: id });
+            if matches!(conn.closing, Closing::Lingering { .. }) && !conn.eof {
+                self.backend.push(Op::Recv { conn: id });
+            }
             return;
         }
         conn.handler
