@@ -211,3 +211,99 @@ fn sighup_reloads_the_certificate_files() {
     let (code, _) = served.terminate();
     assert_eq!(code, 0);
 }
+
+/// A keep-alive request over TLS 1.3 in Python (OpenSSL): answers one GET per line on stdin,
+/// printing each body; the certificate is checked against the test CA.
+const KEEP_ALIVE_CLIENT: &str = r#"
+import socket, ssl, sys
+ctx = ssl.create_default_context(cafile=sys.argv[2])
+s = ctx.wrap_socket(socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=20),
+                    server_hostname="localhost")
+def get():
+    s.sendall(b"GET /a.txt HTTP/1.1\r\nHost: localhost\r\n\r\n")
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        got = s.recv(4096)
+        if not got:
+            sys.exit("EOF before the answer")
+        buf += got
+    head, body = buf.split(b"\r\n\r\n", 1)
+    n = int([l for l in head.split(b"\r\n") if l.lower().startswith(b"content-length")][0].split(b":")[1])
+    while len(body) < n:
+        body += s.recv(4096)
+    return body.decode()
+for line in sys.stdin:
+    print(get(), s.version(), flush=True)
+"#;
+
+/// With both directions of its records in the kernel (kTLS TX and RX: the start line says
+/// so), a TLS connection moves at an upgrade as a plain one does: a keep-alive client's second
+/// request, after the old server handed over and exited, is answered by the new one on the
+/// same TLS session. Where the kernel has no `tls` module (this VM) it says so and skips: the
+/// many-core lab runs it on Debian's kernel (bench/lab, check `ktls-tests`).
+#[test]
+fn a_tls_connection_with_its_records_in_the_kernel_moves_at_an_upgrade() {
+    if !need(&["python3"]) {
+        return;
+    }
+    let t = TempDir::new("https-move");
+    std::fs::write(t.0.join("a.txt"), BODY).unwrap();
+    let root = t.0.to_str().unwrap().to_string();
+    let (cert, key) = (cert_path("ecdsa.pem"), cert_path("ecdsa.key"));
+    let sock = |n: u32| {
+        t.0.join(format!("up-{n}.sock"))
+            .to_str()
+            .unwrap()
+            .to_string()
+    };
+    let server = |listen: &str, extra: &[&str]| {
+        let mut cmd = std::process::Command::new(common::BIN);
+        cmd.args(["serve", "http", "--listen", listen, "--root", &root])
+            .args(["--stats-interval", "0", "--drain-timeout", "5s"])
+            .args(["--tls-cert", &cert, "--tls-key", &key])
+            .args(extra)
+            .stdout(std::process::Stdio::null());
+        Served::spawn(cmd, false)
+    };
+    let old = server("127.0.0.1:0", &["--upgrade-socket", &sock(0)]);
+    if !old.log.contains("kTLS RX") {
+        eprintln!("skipping: no kTLS RX on this kernel ({})", old.log.trim());
+        old.terminate();
+        return;
+    }
+    let addr = old.hostport();
+    let mut client = std::process::Command::new("python3")
+        .args(["-c", KEEP_ALIVE_CLIENT, &old.addr.port().to_string()])
+        .arg(cert_path("ca.pem"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut to_client = client.stdin.take().unwrap();
+    let mut from_client = std::io::BufReader::new(client.stdout.take().unwrap());
+    let mut ask = || {
+        use std::io::{BufRead, Write};
+        to_client.write_all(b"get\n").unwrap();
+        let mut line = String::new();
+        from_client.read_line(&mut line).unwrap();
+        line
+    };
+    assert_eq!(ask(), format!("{BODY} TLSv1.3\n"));
+    let new = server(
+        &addr,
+        &["--takeover", &sock(0), "--upgrade-socket", &sock(1)],
+    );
+    let (code, rest) = old.wait_exit(std::time::Duration::from_secs(20));
+    assert_eq!(code, 0, "{rest}");
+    assert!(rest.contains("moved to pid"), "{rest}");
+    // The old server is gone: only the new one can answer, on the same TLS session.
+    assert_eq!(
+        ask(),
+        format!("{BODY} TLSv1.3\n"),
+        "the moved connection: {rest}"
+    );
+    drop(to_client); // The client's loop ends.
+    let (code, _) = new.terminate();
+    assert_eq!(code, 0);
+    assert!(client.wait().unwrap().success());
+}

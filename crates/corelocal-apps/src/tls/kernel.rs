@@ -202,7 +202,9 @@ fn rx_option(mut info: Vec<u8>, seq: u64) -> SocketOption {
 /// writes plaintext.
 pub struct KernelTlsConn<H> {
     inner: H,
-    rx: RecordOpener,
+    /// Opens the received records until TLS_RX is set (`None`: the kernel had both
+    /// directions when this process got the connection at an upgrade).
+    rx: Option<RecordOpener>,
     /// The receiving keys as a TLS_RX crypto_info (sequence number set at the switch), while
     /// the switch may still happen; wiped when dropped (a [`SocketOption`]).
     rx_info: Option<SocketOption>,
@@ -226,9 +228,23 @@ impl<H: Handler> KernelTlsConn<H> {
     ) -> KernelTlsConn<H> {
         KernelTlsConn {
             inner,
-            rx,
+            rx: Some(rx),
             rx_info: rx_info.map(|info| rx_option(info, 0)),
             rx_in_kernel: false,
+            plain: Vec::new(),
+            plain_bytes_max,
+            peer_closed: false,
+        }
+    }
+
+    /// A connection moved from the predecessor at an upgrade with both directions in the
+    /// kernel (the socket carries the keys and sequence numbers): plaintext both ways.
+    pub(super) fn resumed(inner: H, plain_bytes_max: usize) -> KernelTlsConn<H> {
+        KernelTlsConn {
+            inner,
+            rx: None,
+            rx_info: None,
+            rx_in_kernel: true,
             plain: Vec::new(),
             plain_bytes_max,
             peer_closed: false,
@@ -248,7 +264,10 @@ impl<H: Handler> KernelTlsConn<H> {
             self.plain.extend_from_slice(&input[..n]);
             return Ok(n);
         }
-        match self.rx.open(input, &mut self.plain, self.plain_bytes_max) {
+        let Some(rx) = self.rx.as_mut() else {
+            unreachable!("without an opener the kernel opens the records");
+        };
+        match rx.open(input, &mut self.plain, self.plain_bytes_max) {
             Ok(opened) => {
                 self.peer_closed |= opened.close_notify;
                 Ok(opened.consumed)
@@ -333,7 +352,10 @@ impl<H: Handler> Handler for KernelTlsConn<H> {
         if !input.is_empty() || self.peer_closed {
             return; // A partial record (or the end): opened here, as before.
         }
-        option = rx_option(std::mem::take(&mut option.value), self.rx.seq());
+        let Some(rx) = self.rx.take() else {
+            return;
+        };
+        option = rx_option(std::mem::take(&mut option.value), rx.seq());
         out.push_socket_options(vec![option]);
         self.rx_in_kernel = true;
     }
@@ -374,8 +396,13 @@ impl<H: Handler> Handler for KernelTlsConn<H> {
     }
 
     fn handoff(&self) -> Option<Vec<u8>> {
-        // The receiving keys live in this process: the connection stays until it closes.
-        None
+        // With both directions in the kernel the socket carries all of TLS's state (no open
+        // record: the last send went without MSG_MORE), and the connection moves as a plain
+        // one does, between two requests. While the receiving keys live here, it stays.
+        if !self.rx_in_kernel || !self.plain.is_empty() || self.peer_closed {
+            return None;
+        }
+        self.inner.handoff()
     }
 }
 

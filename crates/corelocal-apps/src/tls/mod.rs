@@ -460,8 +460,17 @@ impl<S: Service> Service for TlsService<S> {
     }
 
     fn resume(&self, info: &ConnInfo, state: &[u8]) -> Self::Conn {
-        // Only plain connections move at an upgrade (`TlsConn::handoff`).
-        MaybeTls::Plain(self.inner.resume(info, state))
+        let inner = self.inner.resume(info, state);
+        if !self.shared.config.listeners.contains(&info.listener) {
+            return MaybeTls::Plain(inner);
+        }
+        // On a TLS port only a connection with both directions in the kernel moves
+        // (`KernelTlsConn::handoff`; rustls's never do): it goes on as one.
+        self.shared.handle.count_kernel_connection();
+        MaybeTls::Kernel(Box::new(KernelTlsConn::resumed(
+            inner,
+            self.shared.config.plain_bytes_max,
+        )))
     }
 
     fn export_state(self: Arc<Self>) -> Option<Box<dyn StateExport>> {

@@ -24,6 +24,8 @@ pub(super) struct Adopted {
     input: Vec<u8>,
     state: Vec<u8>,
     peer: Option<std::net::SocketAddr>,
+    /// Which of this worker's listeners has its local address (see `listener_of`).
+    listener: usize,
 }
 
 impl<S: Service, B: Backend> Worker<S, B> {
@@ -75,12 +77,14 @@ impl<S: Service, B: Backend> Worker<S, B> {
     /// Registers a moved connection with the backend (its descriptor closes here).
     fn register(&mut self, moved: MovedConn) -> Option<Adopted> {
         let peer = crate::sys::socket::peer_addr(moved.fd.as_raw_fd()).ok();
+        let listener = self.listener_of(moved.fd.as_raw_fd());
         match self.backend.adopt(moved.fd) {
             Ok(id) => Some(Adopted {
                 id,
                 input: moved.input,
                 state: moved.state,
                 peer,
+                listener,
             }),
             Err(e) => {
                 self.setup.stats.error(ErrorKind::Accept);
@@ -90,12 +94,34 @@ impl<S: Service, B: Backend> Worker<S, B> {
         }
     }
 
+    /// Which of this worker's listeners a moved connection came on (the predecessor does not
+    /// say): the one bound to the connection's local address, else one bound to the
+    /// wildcard address on its port; 0 when none is (a plain and a TLS port tell their
+    /// connections apart by it).
+    fn listener_of(&self, fd: std::os::fd::RawFd) -> usize {
+        let Ok(local) = crate::sys::socket::local_addr(fd) else {
+            return 0;
+        };
+        let bound: Vec<Option<std::net::SocketAddr>> = self
+            .setup
+            .listeners
+            .iter()
+            .map(|&l| crate::sys::socket::local_addr(l).ok())
+            .collect();
+        let exact = bound.iter().position(|b| *b == Some(local));
+        let wildcard = || {
+            bound.iter().position(|b| {
+                b.is_some_and(|b| b.port() == local.port() && b.ip().is_unspecified())
+            })
+        };
+        exact.or_else(wildcard).unwrap_or(0)
+    }
+
     /// A connection moved from the predecessor: its handler from the state it gave, the bytes
     /// the predecessor read handled first, then receiving.
     pub(super) fn on_adopted(&mut self, adopted: Adopted, now: Instant) {
         let id = adopted.id;
-        // Which address it came on is not handed over: the first (a TLS connection never moves).
-        let info = self.conn_info(id, 0, adopted.peer, now);
+        let info = self.conn_info(id, adopted.listener, adopted.peer, now);
         let handler = self.setup.service.resume(&info, &adopted.state);
         self.insert_conn(id, handler, now);
         self.setup.stats.adopted();
