@@ -270,7 +270,11 @@ fn a_tls_connection_with_its_records_in_the_kernel_moves_at_an_upgrade() {
     if !old.log.contains("kTLS RX") {
         // The lab runs this on a kernel with the module and says so: no skipping there.
         let expected = std::env::var_os("CORELOCAL_EXPECT_KTLS").is_some();
-        assert!(!expected, "CORELOCAL_EXPECT_KTLS set, no kTLS RX: {}", old.log);
+        assert!(
+            !expected,
+            "CORELOCAL_EXPECT_KTLS set, no kTLS RX: {}",
+            old.log
+        );
         eprintln!("skipping: no kTLS RX on this kernel ({})", old.log.trim());
         old.terminate();
         return;

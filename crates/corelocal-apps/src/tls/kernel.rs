@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 const INNER_ROUNDS_MAX: usize = 256;
 
 /// The ciphers this kernel takes as TLS_TX, and as TLS_RX (probed once at start): one bit
-/// per cipher for TX, the same shifted by [`KernelCiphers::RX_SHIFT`] for RX.
+/// per cipher for TX, the same three bits higher for RX.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct KernelCiphers(u8);
 
