@@ -7,7 +7,10 @@
 //! The worker [`push`](Backend::push)es operations (no syscall), [`submit`](Backend::submit)s
 //! the batch once per loop turn, [`wait`](Backend::wait)s for progress and
 //! [`reap`](Backend::reap)s completions in a batch. Accept and receive are multishot: armed once,
-//! they keep completing until paused, or (for receive) until end of stream or an error.
+//! they keep completing until paused, or (for receive) until end of stream or an error. A
+//! receive can also be stopped with a completion ([`Op::RecvStop`] → [`Completion::RecvStopped`]
+//! once no receive is in flight, held until [`Op::RecvRelease`]): what is then in the socket is
+//! exactly what was never read (kTLS RX is set at a record boundary this way).
 //! Buffers: received bytes live in the backend's pool until [`release`](Backend::release)d
 //! (io_uring's provided-buffer ring; epoll's fixed pool); send buffers are owned by the backend
 //! until their completion returns them.
