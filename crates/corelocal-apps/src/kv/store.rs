@@ -540,6 +540,8 @@ impl Store {
 
     /// Looks `key` up; on a hit calls `f(flags, value, cas)` under the stripe lock (so the
     /// value is copied straight into the response) and, for gat, sets a new expiry.
+    /// Inlined into the get path: left to thin LTO it moves out of line from build to build.
+    #[inline]
     pub fn get(
         &self,
         key: &[u8],
