@@ -202,14 +202,12 @@ fn rx_option(mut info: Vec<u8>, seq: u64) -> SocketOption {
 /// writes plaintext.
 pub struct KernelTlsConn<H> {
     inner: H,
-    /// Opens the received records until TLS_RX is set (`None`: the kernel had both
-    /// directions when this process got the connection at an upgrade).
+    /// Opens the received records until TLS_RX is set; `None` once it is (here, or in the
+    /// predecessor of a connection moved at an upgrade): the kernel opens them.
     rx: Option<RecordOpener>,
     /// The receiving keys as a TLS_RX crypto_info (sequence number set at the switch), while
     /// the switch may still happen; wiped when dropped (a [`SocketOption`]).
     rx_info: Option<SocketOption>,
-    /// TLS_RX is set: the input is plaintext the kernel opened.
-    rx_in_kernel: bool,
     /// Opened input the inner handler has not consumed.
     plain: Vec<u8>,
     plain_bytes_max: usize,
@@ -230,11 +228,15 @@ impl<H: Handler> KernelTlsConn<H> {
             inner,
             rx: Some(rx),
             rx_info: rx_info.map(|info| rx_option(info, 0)),
-            rx_in_kernel: false,
             plain: Vec::new(),
             plain_bytes_max,
             peer_closed: false,
         }
+    }
+
+    /// TLS_RX is set (or was, in the predecessor): the input is plaintext the kernel opened.
+    fn rx_in_kernel(&self) -> bool {
+        self.rx.is_none()
     }
 
     /// A connection moved from the predecessor at an upgrade with both directions in the
@@ -244,7 +246,6 @@ impl<H: Handler> KernelTlsConn<H> {
             inner,
             rx: None,
             rx_info: None,
-            rx_in_kernel: true,
             plain: Vec::new(),
             plain_bytes_max,
             peer_closed: false,
@@ -257,7 +258,7 @@ impl<H: Handler> KernelTlsConn<H> {
         if self.peer_closed {
             return Ok(0);
         }
-        if self.rx_in_kernel {
+        if self.rx_in_kernel() {
             let n = input
                 .len()
                 .min(self.plain_bytes_max.saturating_sub(self.plain.len()));
@@ -357,7 +358,6 @@ impl<H: Handler> Handler for KernelTlsConn<H> {
         };
         option = rx_option(std::mem::take(&mut option.value), rx.seq());
         out.push_socket_options(vec![option]);
-        self.rx_in_kernel = true;
     }
 
     fn on_eof(&mut self, _input: &[u8], out: &mut Output, now: Instant) -> Next {
@@ -399,7 +399,7 @@ impl<H: Handler> Handler for KernelTlsConn<H> {
         // With both directions in the kernel the socket carries all of TLS's state (no open
         // record: the last send went without MSG_MORE), and the connection moves as a plain
         // one does, between two requests. While the receiving keys live here, it stays.
-        if !self.rx_in_kernel || !self.plain.is_empty() || self.peer_closed {
+        if !self.rx_in_kernel() || !self.plain.is_empty() || self.peer_closed {
             return None;
         }
         self.inner.handoff()
@@ -758,7 +758,7 @@ mod tests {
         let mut out = Output::new();
         k.on_recv_stopped(&record[..3], &mut out, Instant::now());
         assert!(
-            out.is_empty() && !k.rx_in_kernel,
+            out.is_empty() && !k.rx_in_kernel(),
             "no TLS_RX with a partial record"
         );
         let step = k.on_input(&record, &mut out, Instant::now());
