@@ -9,6 +9,10 @@
 # TCP resets sent / received. Events are split by process (server / client) and thread kind (io-wq worker
 # or not) and divided by N.
 # usage: bench/oneshot-events.sh LABEL=BIN [LABEL=BIN ...]   (env: WARM, N, PROTOS, BACKENDS, JSON)
+# BIN `floor` runs the C io_uring floor of the protocol instead (http_uring_floor_server.c,
+# kv_uring_floor_server.c, from crates/corelocal-bench/src/compare; its backend column reads
+# uring whatever BACKENDS says, and it runs once), driven by the first other BIN's client or
+# target/release/corelocal's.
 # prints one block per run; JSON=FILE also writes the counts as JSON.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,6 +24,17 @@ backends=${BACKENDS:-"uring epoll"}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$tmp/www" && printf 'hello\n' >"$tmp/www/hello"
+driver=
+for spec in "$@"; do
+  if [ "${spec#*=}" = floor ]; then
+    for proto in http kv; do
+      gcc -O2 -pthread -o "$tmp/${proto}-floor" "crates/corelocal-bench/src/compare/${proto}_uring_floor_server.c"
+    done
+  elif [ -z "$driver" ]; then
+    driver=$(realpath "${spec#*=}")
+  fi
+done
+driver=${driver:-$PWD/target/release/corelocal}
 events=raw_syscalls:sys_enter,io_uring:io_uring_submit_req,io_uring:io_uring_queue_async_work
 events=$events,io_uring:io_uring_poll_arm,io_uring:io_uring_local_work_run
 events=$events,io_uring:io_uring_task_work_run,irq:softirq_entry,net:net_dev_xmit
@@ -31,18 +46,23 @@ run() {
   unshare -n bash -euo pipefail -c '
     ip link set lo up
     bin=$1; backend=$2; proto=$3; warm=$4; n=$5; out=$6; www=$7; events=$8; conns=$9
+    driver=${10}; floor=${11}
     case $proto in
       http) serve="serve http --root $www"
             client="crr --target 127.0.0.1:8080 --proto http --path /hello" ;;
       kv) serve="serve kv"
           client="kv --target 127.0.0.1:8080 --keys 1000 --get-ratio 1 --txns-per-conn 1" ;;
     esac
-    taskset -c 1 "$bin" $serve --listen 127.0.0.1:8080 --cpus 1 --stats-interval 0 \
-      --backend "$backend" >/dev/null 2>&1 &
+    if [ "$bin" = floor ]; then
+      taskset -c 1 "$floor" 8080 1 1 >/dev/null 2>&1 &
+    else
+      taskset -c 1 "$bin" $serve --listen 127.0.0.1:8080 --cpus 1 --stats-interval 0 \
+        --backend "$backend" >/dev/null 2>&1 &
+    fi
     server=$!
     for _ in $(seq 100); do ss -ltn | grep -q ":8080 " && break; sleep 0.05; done
     bench() {
-      "$bin" bench $client --cpus 0 --conns "$conns" --requests "$1" --warmup 0 --progress never \
+      "$driver" bench $client --cpus 0 --conns "$conns" --requests "$1" --warmup 0 --progress never \
         --json "$out.json" >/dev/null 2>&1 &
       echo $! >"$out.cpid"
       wait $!
@@ -56,7 +76,8 @@ run() {
     kill -INT $perf; wait $perf 2>/dev/null || true
     echo $server >"$out.pid"
     kill -KILL $server; wait $server 2>/dev/null || true
-  ' _ "$bin" "$backend" "$proto" "$warm" "$n" "$out" "$tmp/www" "$events" "$conns"
+  ' _ "$bin" "$backend" "$proto" "$warm" "$n" "$out" "$tmp/www" "$events" "$conns" \
+    "$driver" "$tmp/${proto}-floor"
   perf script -i "$out.perf" -F pid,tid,comm,event,trace 2>/dev/null |
     python3 bench/oneshot-events-tally.py "$(cat "$out.pid")" "$(cat "$out.cpid")" "$n" "$label" "$backend" "$proto"
   cat "$out.perflog" >&2
@@ -67,7 +88,9 @@ lines=()
 for spec in "$@"; do
   label=${spec%%=*}
   bin=${spec#*=}
-  for backend in $backends; do
+  backends_here=$backends
+  [ "$bin" = floor ] && backends_here=uring
+  for backend in $backends_here; do
     for proto in $protos; do
       line=$(run "$label" "$bin" "$backend" "$proto")
       lines+=("$line")

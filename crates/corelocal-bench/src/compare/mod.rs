@@ -92,7 +92,9 @@ impl CmpWorkload {
 /// `compare` arguments.
 #[derive(Debug, Clone, clap::Args, Serialize)]
 pub struct CompareArgs {
-    /// A preset server: floor (shared/tools/floor_server), kv-floor (its memcached-protocol
+    /// A preset server: floor (shared/tools/floor_server), http-uring-floor (its io_uring
+    /// counterpart: multishot accept into direct descriptors, DEFER_TASKRUN, TCP_DEFER_ACCEPT,
+    /// the answer linked to the close as `serve` does it), kv-floor (its memcached-protocol
     /// counterpart, for kv1/kv100), kv-uring-floor (the same with io_uring: multishot accept
     /// into direct descriptors, DEFER_TASKRUN, TCP_DEFER_ACCEPT as `serve` sets it), nginx,
     /// h2o, lighttpd, corelocal-rpc, corelocal-http, memcached, corelocal-kv,

@@ -129,6 +129,13 @@ fn kv_uring_floor_bin(work: &Path) -> Result<PathBuf, String> {
     compile_c(&src, &work.join("kv_uring_floor_server"))
 }
 
+/// The io_uring HTTP floor (raw syscalls, no liburing), built from the copy this crate carries.
+fn http_uring_floor_bin(work: &Path) -> Result<PathBuf, String> {
+    let src = work.join("http_uring_floor_server.c");
+    std::fs::write(&src, include_str!("http_uring_floor_server.c")).map_err(|e| e.to_string())?;
+    compile_c(&src, &work.join("http_uring_floor_server"))
+}
+
 /// Builds a one-file C server with gcc (-O2, pthreads) into `bin`.
 fn compile_c(src: &Path, bin: &Path) -> Result<PathBuf, String> {
     let st = Proc::new("gcc")
@@ -251,6 +258,10 @@ pub(super) fn preset(name: &str, a: &CompareArgs, work: &Path) -> Result<ServerD
             let b = floor_bin(a, work)?;
             def("http", format!("{} {{port}} 1 {{cpu}}{}", b.display(), if ka { " keepalive" } else { "" }))
         }
+        "http-uring-floor" => {
+            let b = http_uring_floor_bin(work)?;
+            def("http", format!("{} {{port}} 1 {{cpu}}{}", b.display(), if ka { " keepalive" } else { "" }))
+        }
         "kv-floor" => {
             let b = kv_floor_bin(work)?;
             def("kv", format!("{} {{port}} 1 {{cpu}}", b.display()))
@@ -348,6 +359,6 @@ pub(super) fn preset(name: &str, a: &CompareArgs, work: &Path) -> Result<ServerD
             "sockperf",
             format!("{} serve sockperf --listen 127.0.0.1:{{port}} --cpus {{cpu}} --stats-interval 0", cl.display()),
         ),
-        _ => Err(format!("unknown --peer {name:?}: floor, kv-floor, kv-uring-floor, nginx, h2o, lighttpd, corelocal-rpc, corelocal-http, memcached, corelocal-kv, corelocal-kv-example, sockperf, corelocal-sockperf")),
+        _ => Err(format!("unknown --peer {name:?}: floor, http-uring-floor, kv-floor, kv-uring-floor, nginx, h2o, lighttpd, corelocal-rpc, corelocal-http, memcached, corelocal-kv, corelocal-kv-example, sockperf, corelocal-sockperf")),
     }
 }

@@ -511,28 +511,7 @@ fn kv_floor_presets_answer_each_get_and_close_on_eof() {
     std::fs::create_dir_all(&work).unwrap();
     for name in ["kv-floor", "kv-uring-floor"] {
         let def = preset(name, &args(CmpWorkload::Kv1), &work).unwrap();
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let cmd = def
-            .cmd
-            .replace("{port}", &port.to_string())
-            .replace("{cpu}", "0");
-        let mut words = cmd.split_whitespace();
-        let mut server = std::process::Command::new(words.next().unwrap())
-            .args(words)
-            .spawn()
-            .unwrap();
-        let mut conn = (0..200)
-            .find_map(|_| {
-                std::thread::sleep(std::time::Duration::from_millis(10));
-                std::net::TcpStream::connect(("127.0.0.1", port)).ok()
-            })
-            .unwrap_or_else(|| panic!("{name} did not listen"));
-        conn.set_read_timeout(Some(std::time::Duration::from_secs(5)))
-            .unwrap();
+        let (mut server, mut conn) = start_preset(&def);
         conn.write_all(b"get a\r\n").unwrap();
         let mut first = [0u8; 5];
         conn.read_exact(&mut first).unwrap();
@@ -545,6 +524,73 @@ fn kv_floor_presets_answer_each_get_and_close_on_eof() {
         server.wait().unwrap();
         assert_eq!(rest, b"END\r\n".repeat(3), "{name}");
     }
+    std::fs::remove_dir_all(&work).unwrap();
+}
+
+/// Starts a preset's server on a free port (its `{cpu}` is 0), returns it and a connection.
+fn start_preset(def: &ServerDef) -> (std::process::Child, std::net::TcpStream) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let cmd = def
+        .cmd
+        .replace("{port}", &port.to_string())
+        .replace("{cpu}", "0");
+    let mut words = cmd.split_whitespace();
+    let server = std::process::Command::new(words.next().unwrap())
+        .args(words)
+        .spawn()
+        .unwrap();
+    let conn = (0..200)
+        .find_map(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            std::net::TcpStream::connect(("127.0.0.1", port)).ok()
+        })
+        .unwrap_or_else(|| panic!("{} did not listen", def.name));
+    conn.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .unwrap();
+    (server, conn)
+}
+
+/// The io_uring HTTP floor answers a request head split across reads (it counts
+/// "\r\n\r\n", not reads), closes after the answer in one-shot mode (the FIN linked to
+/// the answer) and answers pipelined heads on one connection with `keepalive`.
+#[test]
+fn http_uring_floor_answers_whole_heads_once_or_kept_alive() {
+    use std::io::{Read, Write};
+    let work = std::env::temp_dir().join(format!("corelocal-http-floor-{}", std::process::id()));
+    std::fs::create_dir_all(&work).unwrap();
+    const CLOSE: &[u8] =
+        b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\nConnection: close\r\n\r\nhello\n";
+    const KA: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nhello\n";
+
+    let def = preset("http-uring-floor", &args(CmpWorkload::Crr), &work).unwrap();
+    let (mut server, mut conn) = start_preset(&def);
+    conn.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r").unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    conn.write_all(b"\n").unwrap();
+    let mut got = Vec::new();
+    conn.read_to_end(&mut got).unwrap();
+    assert_eq!(got, CLOSE, "{}", String::from_utf8_lossy(&got));
+    server.kill().unwrap();
+    server.wait().unwrap();
+
+    let def = preset("http-uring-floor", &args(CmpWorkload::Ka), &work).unwrap();
+    assert!(def.cmd.ends_with(" keepalive"), "{}", def.cmd);
+    let (mut server, mut conn) = start_preset(&def);
+    conn.write_all(b"GET /a HTTP/1.1\r\n\r\nGET /b HTTP/1.1\r\n\r\n")
+        .unwrap();
+    let mut two = vec![0u8; 2 * KA.len()];
+    conn.read_exact(&mut two).unwrap();
+    assert_eq!(two, [KA, KA].concat());
+    conn.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut rest = Vec::new();
+    conn.read_to_end(&mut rest).unwrap();
+    assert!(rest.is_empty(), "{}", String::from_utf8_lossy(&rest));
+    server.kill().unwrap();
+    server.wait().unwrap();
     std::fs::remove_dir_all(&work).unwrap();
 }
 
