@@ -124,16 +124,30 @@ fn kv_floor_bin(work: &Path) -> Result<PathBuf, String> {
 
 /// The io_uring kv floor (raw syscalls, no liburing), built from the copy this crate carries.
 fn kv_uring_floor_bin(work: &Path) -> Result<PathBuf, String> {
-    let src = work.join("kv_uring_floor_server.c");
-    std::fs::write(&src, include_str!("kv_uring_floor_server.c")).map_err(|e| e.to_string())?;
-    compile_c(&src, &work.join("kv_uring_floor_server"))
+    uring_floor_bin(
+        work,
+        "kv_uring_floor_server",
+        include_str!("kv_uring_floor_server.c"),
+    )
 }
 
 /// The io_uring HTTP floor (raw syscalls, no liburing), built from the copy this crate carries.
 fn http_uring_floor_bin(work: &Path) -> Result<PathBuf, String> {
-    let src = work.join("http_uring_floor_server.c");
-    std::fs::write(&src, include_str!("http_uring_floor_server.c")).map_err(|e| e.to_string())?;
-    compile_c(&src, &work.join("http_uring_floor_server"))
+    uring_floor_bin(
+        work,
+        "http_uring_floor_server",
+        include_str!("http_uring_floor_server.c"),
+    )
+}
+
+/// Writes an io_uring floor's source and the header the floors share into `work`, builds it.
+fn uring_floor_bin(work: &Path, name: &str, source: &str) -> Result<PathBuf, String> {
+    let write =
+        |file: &str, text: &str| std::fs::write(work.join(file), text).map_err(|e| e.to_string());
+    write("uring_floor.h", include_str!("uring_floor.h"))?;
+    let src = format!("{name}.c");
+    write(&src, source)?;
+    compile_c(&work.join(src), &work.join(name))
 }
 
 /// Builds a one-file C server with gcc (-O2, pthreads) into `bin`.
