@@ -30,13 +30,14 @@ run() { # NAME ARGS… → results/oneshot/oneshot-NAME.{json,md}
 }
 mapfile -t b_http < <(with_before http "$http")
 mapfile -t b_kv < <(with_before kv "$kv")
-# One-shot HTTP at four concurrencies: corelocal (io_uring and epoll), nginx, the floor.
+# One-shot HTTP at four concurrencies: corelocal (io_uring and epoll), nginx, the floors (epoll
+# and io_uring: no user-space work).
 run http-crr --workload crr --conns 16,64,256,1024 --baseline nginx \
     --server "corelocal=http:$bin $http" --server "corelocal-epoll=http:$bin $http --backend epoll" \
-    "${b_http[@]}" --peer nginx --peer floor
+    "${b_http[@]}" --peer nginx --peer floor --peer http-uring-floor
 # Keep-alive HTTP.
 run http-ka --workload ka --conns 64 --baseline nginx \
-    --server "corelocal=http:$bin $http" "${b_http[@]}" --peer nginx --peer floor
+    --server "corelocal=http:$bin $http" "${b_http[@]}" --peer nginx --peer floor --peer http-uring-floor
 # memcached gets: 1 and 100 per connection; kv-floor and kv-uring-floor are the C epoll and
 # io_uring floors for this protocol (no user work: what the kernel and the interface cost).
 for w in kv1 kv100; do
