@@ -18,7 +18,9 @@ static const char RESP_CLOSE[] =
     "HTTP/1.1 200 OK\r\nContent-Length: 6\r\nConnection: close\r\n\r\nhello\n";
 static const char RESP_KA[] = "HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nhello\n";
 static const char HEAD_END[] = "\r\n\r\n";
-static unsigned char matched[FILES]; // bytes of HEAD_END matched so far, per slot
+// Bytes of HEAD_END matched so far, per slot of this thread's ring (each ring numbers its
+// direct descriptors from 0, so the array is the thread's own).
+static _Thread_local unsigned char matched[FILES];
 
 // The one-shot answer, hard-linked to the close: the FIN rides in its segment (MSG_MORE).
 static void answer_and_close(struct ring *r, unsigned slot) {
