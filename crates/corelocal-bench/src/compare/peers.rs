@@ -268,12 +268,8 @@ pub(super) fn preset(name: &str, a: &CompareArgs, work: &Path) -> Result<ServerD
         })
     };
     match name {
-        "floor" => {
-            let b = floor_bin(a, work)?;
-            def("http", format!("{} {{port}} 1 {{cpu}}{}", b.display(), if ka { " keepalive" } else { "" }))
-        }
-        "http-uring-floor" => {
-            let b = http_uring_floor_bin(work)?;
+        "floor" | "http-uring-floor" => {
+            let b = if name == "floor" { floor_bin(a, work)? } else { http_uring_floor_bin(work)? };
             def("http", format!("{} {{port}} 1 {{cpu}}{}", b.display(), if ka { " keepalive" } else { "" }))
         }
         "kv-floor" => {

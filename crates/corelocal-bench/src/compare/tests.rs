@@ -511,7 +511,7 @@ fn kv_floor_presets_answer_each_get_and_close_on_eof() {
     std::fs::create_dir_all(&work).unwrap();
     for name in ["kv-floor", "kv-uring-floor"] {
         let def = preset(name, &args(CmpWorkload::Kv1), &work).unwrap();
-        let (mut server, mut conn) = start_preset(&def);
+        let (server, mut conn) = start_preset(&def);
         conn.write_all(b"get a\r\n").unwrap();
         let mut first = [0u8; 5];
         conn.read_exact(&mut first).unwrap();
@@ -520,15 +520,25 @@ fn kv_floor_presets_answer_each_get_and_close_on_eof() {
         conn.shutdown(std::net::Shutdown::Write).unwrap();
         let mut rest = Vec::new();
         conn.read_to_end(&mut rest).unwrap();
-        server.kill().unwrap();
-        server.wait().unwrap();
+        drop(server);
         assert_eq!(rest, b"END\r\n".repeat(3), "{name}");
     }
     std::fs::remove_dir_all(&work).unwrap();
 }
 
+/// A preset's server process, killed when dropped — also when an assertion fails first, so a
+/// failing test does not leave it running (and holding the test's output open).
+struct PresetServer(std::process::Child);
+
+impl Drop for PresetServer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Starts a preset's server on a free port (its `{cpu}` is 0), returns it and a connection.
-fn start_preset(def: &ServerDef) -> (std::process::Child, std::net::TcpStream) {
+fn start_preset(def: &ServerDef) -> (PresetServer, std::net::TcpStream) {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -539,10 +549,12 @@ fn start_preset(def: &ServerDef) -> (std::process::Child, std::net::TcpStream) {
         .replace("{port}", &port.to_string())
         .replace("{cpu}", "0");
     let mut words = cmd.split_whitespace();
-    let server = std::process::Command::new(words.next().unwrap())
-        .args(words)
-        .spawn()
-        .unwrap();
+    let server = PresetServer(
+        std::process::Command::new(words.next().unwrap())
+            .args(words)
+            .spawn()
+            .unwrap(),
+    );
     let conn = (0..200)
         .find_map(|_| {
             std::thread::sleep(std::time::Duration::from_millis(10));
@@ -567,19 +579,28 @@ fn http_uring_floor_answers_whole_heads_once_or_kept_alive() {
     const KA: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nhello\n";
 
     let def = preset("http-uring-floor", &args(CmpWorkload::Crr), &work).unwrap();
-    let (mut server, mut conn) = start_preset(&def);
+    let (server, mut conn) = start_preset(&def);
     conn.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r").unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(50));
+    // Nothing before the head ends (a floor answering per read would answer here).
+    conn.set_read_timeout(Some(std::time::Duration::from_millis(200)))
+        .unwrap();
+    let early = conn.read(&mut [0u8; 64]);
+    assert!(
+        matches!(&early, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock
+            || e.kind() == std::io::ErrorKind::TimedOut),
+        "answered before the head ended: {early:?}"
+    );
+    conn.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .unwrap();
     conn.write_all(b"\n").unwrap();
     let mut got = Vec::new();
     conn.read_to_end(&mut got).unwrap();
     assert_eq!(got, CLOSE, "{}", String::from_utf8_lossy(&got));
-    server.kill().unwrap();
-    server.wait().unwrap();
+    drop(server);
 
     let def = preset("http-uring-floor", &args(CmpWorkload::Ka), &work).unwrap();
     assert!(def.cmd.ends_with(" keepalive"), "{}", def.cmd);
-    let (mut server, mut conn) = start_preset(&def);
+    let (server, mut conn) = start_preset(&def);
     conn.write_all(b"GET /a HTTP/1.1\r\n\r\nGET /b HTTP/1.1\r\n\r\n")
         .unwrap();
     let mut two = vec![0u8; 2 * KA.len()];
@@ -589,8 +610,7 @@ fn http_uring_floor_answers_whole_heads_once_or_kept_alive() {
     let mut rest = Vec::new();
     conn.read_to_end(&mut rest).unwrap();
     assert!(rest.is_empty(), "{}", String::from_utf8_lossy(&rest));
-    server.kill().unwrap();
-    server.wait().unwrap();
+    drop(server);
     std::fs::remove_dir_all(&work).unwrap();
 }
 
