@@ -7,7 +7,9 @@
 #         the C epoll floor server → results/oneshot/oneshot-profile.md
 #   kv1:  one memcached get per connection (client closes): corelocal (io_uring, epoll),
 #         memcached -t 1, the io_uring kv floor → results/oneshot/oneshot-profile-kv1.md
-# usage: bench/oneshot-profile.sh [SECONDS] [http|kv1]
+#   (http also has http-uring-floor, the io_uring HTTP floor, run only when ONLY names it)
+# usage: [ONLY="NAME ..."] [CONNS=64] [MD=FILE] bench/oneshot-profile.sh [SECONDS] [http|kv1]
+#   ONLY: these servers, in this order; MD: write there instead of the file above.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-4}
@@ -26,6 +28,8 @@ http { access_log off; client_body_temp_path $tmp/nginx/tmp; proxy_temp_path $tm
 CONF
 gcc -O2 -o "$tmp/floor" ../shared/tools/floor_server.c
 gcc -O2 -pthread -o "$tmp/kv-uring-floor" crates/corelocal-bench/src/compare/kv_uring_floor_server.c
+gcc -O2 -pthread -o "$tmp/http-uring-floor" crates/corelocal-bench/src/compare/http_uring_floor_server.c
+conns=${CONNS:-64}
 declare -A servers
 case $workload in
   http)
@@ -34,6 +38,7 @@ case $workload in
       [corelocal-epoll]="$bin serve http --listen 127.0.0.1:8080 --cpus 1 --stats-interval 0 --root $tmp/www --backend epoll"
       [nginx]="/usr/sbin/nginx -p $tmp/nginx -c $tmp/nginx/nginx.conf"
       [floor]="$tmp/floor 8080 1 1"
+      [http-uring-floor]="$tmp/http-uring-floor 8080 1 1"
     )
     order="corelocal-uring corelocal-epoll nginx floor"
     client="crr --target http://127.0.0.1:8080/hello"
@@ -52,22 +57,27 @@ case $workload in
     title="One memcached get per connection" ;;
   *) echo "usage: $0 [SECONDS] [http|kv1]" >&2; exit 2 ;;
 esac
+order=${ONLY:-$order}
+md=${MD:-$md}
+for name in $order; do
+  [ -n "${servers[$name]:-}" ] || { echo "no server $name for $workload" >&2; exit 2; }
+done
 {
   echo "# $title: where the server's CPU goes"
   echo
-  echo "\`bench/oneshot-profile.sh $secs $workload\` — 2-core VM, Linux $(uname -r). Server on CPU 1, \`corelocal bench $client --conns 64\` on CPU 0, fresh netns per server; \`perf record -e cpu-clock\` on the server process for ${secs} s (software clock: no hardware counters here), then \`strace -c -f\` for ${secs} s (its overhead slows the run; counts per connection are what matter)."
+  echo "\`${ONLY:+ONLY=\"$ONLY\" }${CONNS:+CONNS=$CONNS }bench/oneshot-profile.sh $secs $workload\` — 2-core VM, Linux $(uname -r). Server on CPU 1, \`corelocal bench $client --conns $conns\` on CPU 0, fresh netns per server; \`perf record -e cpu-clock\` on the server process for ${secs} s (software clock: no hardware counters here), then \`strace -c -f\` for ${secs} s (its overhead slows the run; counts per connection are what matter)."
 } >"$md"
 for name in $order; do
   unshare -n bash -euo pipefail -c '
     ip link set lo up
-    name=$1; cmd=$2; bin=$3; secs=$4; tmp=$5; client=$6
+    name=$1; cmd=$2; bin=$3; secs=$4; tmp=$5; client=$6; conns=$7
     $cmd >/dev/null 2>&1 &
     server=$!
     for _ in $(seq 100); do ss -ltn | grep -q ":8080 " && break; sleep 0.05; done
     # nginx: profile the worker, not the master.
     target=$server
     if [ "$name" = nginx ]; then target=$(pgrep -P $server | head -1); fi
-    "$bin" bench $client --cpus 0 --conns 64 \
+    "$bin" bench $client --cpus 0 --conns $conns \
         --duration $((2 * secs + 3))s --warmup 0 --progress never --json "$tmp/$name-bench.json" \
         >/dev/null 2>&1 &
     client=$!
@@ -76,8 +86,8 @@ for name in $order; do
     timeout "$secs" strace -c -f -p "$target" -o "$tmp/$name.strace" >/dev/null 2>&1 || true
     wait $client || true
     kill -TERM $server 2>/dev/null; wait $server 2>/dev/null || true
-  ' _ "$name" "${servers[$name]}" "$bin" "$secs" "$tmp" "$client"
-  conns=$(python3 -c "import json;print(json.load(open('$tmp/$name-bench.json'))['throughput']['units'])")
+  ' _ "$name" "${servers[$name]}" "$bin" "$secs" "$tmp" "$client" "$conns"
+  served=$(python3 -c "import json;print(json.load(open('$tmp/$name-bench.json'))['throughput']['units'])")
   {
     echo
     echo "## $name"
@@ -99,7 +109,7 @@ for name in $order; do
     { perf report -q -i "$tmp/$name.data" --no-children --sort sym --stdio -g none 2>/dev/null | grep -v "^$" | head -25; } || true
     echo '```'
     echo
-    echo "Syscalls (strace -c, whole ${secs} s window; the bench ran $conns connections over $((2 * secs + 3)) s):"
+    echo "Syscalls (strace -c, whole ${secs} s window; the bench ran $served connections over $((2 * secs + 3)) s):"
     echo
     echo '```'
     head -25 "$tmp/$name.strace"
