@@ -73,6 +73,11 @@ pub struct UringBackend {
     bufs: BufRing,
     waker: Arc<EventFdWaker>,
     wake_buf: Box<u64>,
+    /// A wake-up was reaped since `wait` last returned: the next `wait` returns at once, so
+    /// that the worker's turn sees what the waker announced. A wake reaped by `wait`'s first
+    /// drain (posted by the previous submit's task work) was otherwise followed by a sleep:
+    /// a notify made then waited for the next unrelated completion.
+    woken: bool,
     /// SO_INCOMING_CPU results, one per slot (stable addresses for in-flight getsockopt).
     cpu_vals: Box<[i32]>,
     /// The direct-descriptor table's slots, with the generation of each one's connection.
@@ -153,6 +158,7 @@ impl UringBackend {
             bufs,
             waker,
             wake_buf: Box::new(0),
+            woken: false,
             cpu_vals: vec![-1; config.files as usize].into_boxed_slice(),
             slots: Slots::with(config.files, || Slot {
                 origin: Origin::Local(0),
@@ -257,7 +263,10 @@ impl UringBackend {
         let (kind, key) = split(ud);
         let id = key.slot();
         match kind {
-            KIND_WAKE => self.arm_waker(),
+            KIND_WAKE => {
+                self.woken = true;
+                self.arm_waker();
+            }
             KIND_ACCEPT => self.on_accept(id, res, flags),
             KIND_ACCEPT_ONE => self.on_accept_one(id, res),
             KIND_STEAL => self.on_steal(id, res),
@@ -366,7 +375,7 @@ impl Backend for UringBackend {
 
     fn wait(&mut self, timeout: Option<Duration>) -> io::Result<()> {
         self.drain_cq();
-        if !self.ready.is_empty() {
+        if !self.ready.is_empty() || std::mem::take(&mut self.woken) {
             return Ok(());
         }
         // The enter below hands over whatever reaping queued (a new connection's query and
@@ -388,6 +397,8 @@ impl Backend for UringBackend {
             Err(e) => return Err(e),
         }
         self.drain_cq();
+        // The turn that follows handles whatever woke it.
+        self.woken = false;
         Ok(())
     }
 

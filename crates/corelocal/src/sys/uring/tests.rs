@@ -266,6 +266,26 @@ fn a_full_submission_queue_waits_instead_of_spinning() {
     assert!(b.accepts_settled());
 }
 
+/// A wake-up reaped just before the wait would sleep ends the wait: here the previous
+/// submit's enter completed the waker's read (its counter was already set), so the wait's
+/// first drain reaps it. The worker's turn after the wait is what sees the notify it
+/// announced; a wait that slept on left that notify to the next unrelated completion (a
+/// notified connection stalled until its client happened to send; found by
+/// `tests/notify.rs`, about 1 run in 80 under load).
+#[test]
+fn a_wake_reaped_before_the_wait_ends_the_wait() {
+    let mut b = backend();
+    b.waker().wake();
+    b.submit().unwrap(); // the waker's read goes, finds the counter set and completes
+    let limit = Duration::from_secs(20);
+    let start = std::time::Instant::now();
+    b.wait(Some(limit)).unwrap();
+    // A hang check, not a timing one: the bug waits out the whole limit.
+    assert!(start.elapsed() < limit / 2, "the wait slept through a wake-up");
+    // Handled once: the next wait sleeps again (a flag left set would spin the worker).
+    assert!(!b.woken);
+}
+
 /// `Accepted` completions over `turns` turns (received buffers released).
 fn accepted_in(b: &mut UringBackend, turns: usize) -> usize {
     let mut n = 0;
