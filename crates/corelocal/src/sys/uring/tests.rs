@@ -281,7 +281,10 @@ fn a_wake_reaped_before_the_wait_ends_the_wait() {
     let start = std::time::Instant::now();
     b.wait(Some(limit)).unwrap();
     // A hang check, not a timing one: the bug waits out the whole limit.
-    assert!(start.elapsed() < limit / 2, "the wait slept through a wake-up");
+    assert!(
+        start.elapsed() < limit / 2,
+        "the wait slept through a wake-up"
+    );
     // Handled once: the next wait sleeps again (a flag left set would spin the worker).
     assert!(!b.woken);
 }
