@@ -64,11 +64,8 @@ static void complete(struct ring *r, char (*bufs)[BUF_BYTES], int listener,
                      struct io_uring_cqe *c) {
   unsigned kind = (unsigned)(c->user_data >> 32), slot = (unsigned)c->user_data;
   if (kind == KIND_ACCEPT) {
-    if (c->res >= 0) {
-      matched[c->res] = 0;
-      arm_recv(r, bufs, (unsigned)c->res);
-    }
-    if (!(c->flags & IORING_CQE_F_MORE)) arm_accept(r, listener);
+    int accepted = on_accept(r, bufs, listener, c);
+    if (accepted >= 0) matched[accepted] = 0; // read once its receive completes, later
   } else if (kind == KIND_RECV) {
     if (c->res <= 0) { close_slot(r, slot); return; }
     int heads = heads_in(slot, bufs[slot], c->res);

@@ -30,8 +30,7 @@ static void complete(struct ring *r, char (*bufs)[BUF_BYTES], int listener,
                      struct io_uring_cqe *c) {
   unsigned kind = (unsigned)(c->user_data >> 32), slot = (unsigned)c->user_data;
   if (kind == KIND_ACCEPT) {
-    if (c->res >= 0) arm_recv(r, bufs, (unsigned)c->res);
-    if (!(c->flags & IORING_CQE_F_MORE)) arm_accept(r, listener);
+    on_accept(r, bufs, listener, c);
   } else if (kind == KIND_RECV) {
     if (c->res <= 0) { close_slot(r, slot); return; }
     int lines = 0;

@@ -108,6 +108,15 @@ static void arm_recv(struct ring *r, char (*bufs)[BUF_BYTES], unsigned slot) {
   s->user_data = ((uint64_t)KIND_RECV << 32) | slot;
 }
 
+// An accept completion: the new connection's first receive is armed, and the multishot accept
+// again once the kernel ended it. Returns the new slot, or the accept's error (< 0).
+static int on_accept(struct ring *r, char (*bufs)[BUF_BYTES], int listener,
+                     struct io_uring_cqe *c) {
+  if (c->res >= 0) arm_recv(r, bufs, (unsigned)c->res);
+  if (!(c->flags & IORING_CQE_F_MORE)) arm_accept(r, listener);
+  return c->res;
+}
+
 static void close_slot(struct ring *r, unsigned slot) {
   struct io_uring_sqe *s = sqe_get(r);
   s->opcode = IORING_OP_CLOSE;
