@@ -289,6 +289,22 @@ fn a_wake_reaped_before_the_wait_ends_the_wait() {
     assert!(!b.woken);
 }
 
+/// A wake-up reaped after the wait slept is handled by the turn that follows that wait: the
+/// flag is cleared as the wait returns, so the next wait sleeps instead of making an empty turn.
+#[test]
+fn a_wake_reaped_after_sleeping_is_not_carried_to_the_next_wait() {
+    let mut b = backend();
+    b.submit().unwrap(); // the waker's read is armed, its counter at 0
+    let waker = b.waker();
+    let wake = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(50));
+        waker.wake();
+    });
+    b.wait(Some(Duration::from_secs(20))).unwrap(); // reaps the wake after the enter
+    wake.join().unwrap();
+    assert!(!b.woken, "the next wait would return at once");
+}
+
 /// `Accepted` completions over `turns` turns (received buffers released).
 fn accepted_in(b: &mut UringBackend, turns: usize) -> usize {
     let mut n = 0;
